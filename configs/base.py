@@ -1,0 +1,117 @@
+"""The config schema every experiment file fills in (ml_collections).
+
+Experiment files (`configs/sudoku.py`, `configs/lm1b.py`, ...) call `get_base_config()` and override
+fields; they never add new top-level sections. Unknown keys given with `--config.a.b=...` are rejected
+by ml_collections itself; values are validated where they are used (schedules, models, data).
+"""
+
+from __future__ import annotations
+
+import ml_collections
+
+
+def get_base_config() -> ml_collections.ConfigDict:
+  c = ml_collections.ConfigDict()
+  c.seed = 0
+
+  # Model (SPEC 4). vocab_size counts the MASK row; mask_id = vocab_size - 1 when -1.
+  c.model = m = ml_collections.ConfigDict()
+  m.backbone = 'dit'  # 'dit' | 'gpt2'
+  m.num_levels = 2  # K; 1 = MDLM
+  m.vocab_size = 30523
+  m.mask_id = -1
+  m.seq_len = 128
+  m.num_layers = 12
+  m.hidden_size = 768
+  m.num_heads = 12
+  m.mlp_dim = 3072
+  m.cond_dim = 128
+  m.dropout = 0.1
+  m.time_conditioning = False
+  m.variant = 'two_pass'  # 'two_pass' (paper) | 'single_pass' (SPEC 4 extension)
+  m.prior_corrected_head = True
+  m.position_embedding = 'rotary'  # 'rotary' | 'learned' | 'sudoku' (row/col/box + rotary-free)
+  m.tie_embeddings = False
+  m.dtype = 'float32'  # compute dtype: 'float32' | 'bfloat16'; parameters stay float32
+
+  # Per-level schedule (SPEC 2).
+  c.schedule = s = ml_collections.ConfigDict()
+  s.kind = 'loglinear'  # 'loglinear' | 'power'
+  s.offsets = (0.0, 0.25)  # δ_k, loglinear only
+  s.exponents = (1.0, 2.0)  # ω_k, power only
+  s.eps = 1e-3
+  s.check_ordering = 'error'  # 'error' | 'warn' | 'off', checked on the sampling grid
+
+  # Loss (SPEC 3, 5).
+  c.loss = l = ml_collections.ConfigDict()
+  l.beta_hier = 1.0
+  l.beta_cons = 1.0
+  l.t_min = 1e-3
+  l.antithetic = True
+  l.train_steps_T = 1000  # T_train of Algorithm 1: s = max(t - 1/T_train, 0)
+
+  # Data; `kind` selects the pipeline from the registry in hmdlm_jax/data.
+  c.data = d = ml_collections.ConfigDict()
+  d.kind = 'sudoku'
+  d.batch_size = 64  # global batch
+  d.eval_batch_size = 64
+  d.train_path = ''
+  d.test_path = ''
+  d.cache_dir = ''
+  d.num_workers = 0
+  d.augment = True
+
+  # Optimiser (SPEC 9).
+  c.optim = o = ml_collections.ConfigDict()
+  o.lr = 3e-4
+  o.warmup_steps = 2500
+  o.decay = 'constant'  # 'constant' | 'cosine'
+  o.b1 = 0.9
+  o.b2 = 0.999
+  o.weight_decay = 0.0
+  o.grad_clip = 1.0
+  o.ema_decay = 0.9999
+
+  # Training loop.
+  c.train = t = ml_collections.ConfigDict()
+  t.num_steps = 1000
+  t.grad_accum = 1
+  t.log_every = 50
+  t.eval_every = 0  # 0 = only at the end
+  t.ckpt_every = 500
+  t.keep_last = 3
+  t.keep_period = 0  # also keep every k-th step forever; 0 = off
+  t.max_bad_steps = 10  # consecutive NaN/Inf steps before stopping
+  t.time_budget_s = 0.0  # stop (and checkpoint) after this wall time; 0 = off
+
+  # Device mesh: product must equal the device count; -1 = all remaining devices.
+  c.mesh = mesh = ml_collections.ConfigDict()
+  mesh.data = -1
+  mesh.fsdp = 1
+  mesh.tensor = 1
+
+  # Multi-host.
+  c.distributed = dist = ml_collections.ConfigDict()
+  dist.enabled = False
+  dist.coordinator_address = ''
+  dist.num_processes = 0
+  dist.process_id = -1
+
+  # Sampling (SPEC 7).
+  c.sample = sm = ml_collections.ConfigDict()
+  sm.num_steps = 128
+  sm.temperature = 1.0
+  sm.greedy = False
+  sm.ordering = 'ancestral'  # 'ancestral' (Algorithm 2) | 'confidence'
+  sm.use_cache = True
+  sm.num_samples = 16
+  sm.seeds = (0,)
+
+  # Evaluation; `kind` selects the evaluator ('sudoku' | 'perplexity').
+  c.eval = e = ml_collections.ConfigDict()
+  e.kind = 'sudoku'
+  e.num_examples = 500
+  e.use_ema = True
+  e.time_seed = 1234
+  e.num_t_samples = 1
+  return c

@@ -1,0 +1,374 @@
+"""Text rows and hierarchy labels for the language tasks (SPEC 6), plus the offline 'text' kind.
+
+Every language pipeline (this 'text' kind, 'lm1b', 'wikihow') runs the same Grain chain:
+
+  records -> [shard by process] -> [train: shuffle, repeat] -> EncodeRows -> drop None
+          -> AssignLevels -> batch
+
+`EncodeRows` (a Grain map) tokenises ONE example into ONE row of length L, no packing:
+  BERT style   [CLS] text [SEP] [PAD] ... [PAD]
+  GPT-2 style  BOS prompt summary body EOS EOS ... EOS    (BOS = EOS = <|endoftext|>, as MDLM)
+and records each position's segment (padding / prompt / summary / body). Rows longer than L are
+truncated (`data.overlong='truncate'`: the content is cut, the closing [SEP]/EOS kept, as MDLM's
+`truncation=True` does for LM1B) or dropped (`'drop'`: the paper's WikiHow filtering).
+
+`AssignLevels` (a Grain map) applies the hierarchy rule named by `config.data.hierarchy` and emits
+the batch contract of docs/design.md:
+  tokens [L] int32, levels [L] int32, given [L] bool, loss_mask [L] bool.
+- 'frequency' (K=2): a token occurring at most τ (`data.tau`) times among the real (non-padding)
+  positions of its own row -> level 1, else level 0. [CLS]/[SEP]/BOS/EOS and, for WikiHow, the
+  prompt count like any token; padding is level 0.
+- 'position' (K=2, WikiHow only): summary -> 1, body -> 0; the given prompt (title) -> 1, the top
+  level, as Sudoku givens carry the top level; padding 0.
+- 'none' (K=1, the MDLM twin): every position level 0.
+Padding is corrupted like any position but never carries loss (loss_mask False, given False, SPEC
+6); the prompt is given (never corrupted) and carries no loss.
+
+The offline 'text' kind reads what the user points to: `data.train_path` / `data.test_path`, each a
+plain-text file, a folder of `.txt` / `.jsonl` files (sorted, non-recursive), or a JSON-lines file
+of `{"text": ...}` objects. One example per non-blank line (`data.text_unit='line'`, default) or
+per paragraph (`'paragraph'`: blocks separated by blank lines, inner newlines become spaces);
+JSON-lines hold one example per object. With only `train_path`, `data.test_fraction` > 0 splits it
+deterministically by a hash of each example's text (stable under reordering and file growth).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import pathlib
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import grain
+import numpy as np
+
+from hmdlm_jax.data import tokenizers as tokenizers_lib
+
+# Segment of each row position (an internal field between EncodeRows and AssignLevels).
+SEG_PAD = 0
+SEG_PROMPT = 1
+SEG_SUMMARY = 2
+SEG_BODY = 3
+
+OVERLONG = ('truncate', 'drop')
+TEXT_UNITS = ('line', 'paragraph')
+SPLITS = ('train', 'test')
+BATCH_KEYS = ('tokens', 'levels', 'given', 'loss_mask')
+
+
+# ----------------------------------------------------------------------------- hierarchy rules
+
+
+def frequency_levels(tokens: np.ndarray, real: np.ndarray, tau: int) -> np.ndarray:
+  """Frequency rule (SPEC 6): level 1 iff the token occurs <= τ times among its row's real tokens.
+
+  Args:
+    tokens: int [..., L].
+    real: bool [..., L], False at padding (padding is neither counted nor labelled: level 0).
+    tau: τ >= 1 (τ=1: tokens occurring exactly once).
+
+  Returns:
+    int32 [..., L] levels in {0, 1}.
+  """
+  tokens, real = np.asarray(tokens), np.asarray(real, dtype=bool)
+  if tokens.shape != real.shape:
+    raise ValueError(f'tokens {tokens.shape} and real {real.shape} must have the same shape.')
+  flat_t = tokens.reshape(-1, tokens.shape[-1])
+  flat_r = real.reshape(-1, real.shape[-1])
+  out = np.zeros(flat_t.shape, np.int32)
+  for b in range(flat_t.shape[0]):
+    row = flat_t[b][flat_r[b]]
+    if row.size:
+      _, inverse, counts = np.unique(row, return_inverse=True, return_counts=True)
+      out[b, flat_r[b]] = counts[inverse] <= tau
+  return out.reshape(tokens.shape)
+
+
+def position_levels(segments: np.ndarray) -> np.ndarray:
+  """Position rule (SPEC 6, WikiHow-P): summary (and the given title) -> 1, body/padding -> 0.
+
+  Args:
+    segments: int [..., L] of SEG_* values.
+
+  Returns:
+    int32 [..., L].
+  """
+  segments = np.asarray(segments)
+  return ((segments == SEG_SUMMARY) | (segments == SEG_PROMPT)).astype(np.int32)
+
+
+def _rule_frequency(tokens: np.ndarray, segments: np.ndarray, tau: int) -> np.ndarray:
+  return frequency_levels(tokens, segments != SEG_PAD, tau)
+
+
+def _rule_position(tokens: np.ndarray, segments: np.ndarray, tau: int) -> np.ndarray:
+  del tokens, tau
+  return position_levels(segments)
+
+
+def _rule_none(tokens: np.ndarray, segments: np.ndarray, tau: int) -> np.ndarray:
+  del segments, tau
+  return np.zeros(np.shape(tokens), np.int32)
+
+
+# name -> (rule(tokens [L], segments [L], tau) -> levels [L], number of levels K it produces).
+HIERARCHY_RULES: dict[str, tuple[Callable[[np.ndarray, np.ndarray, int], np.ndarray], int]] = {
+    'frequency': (_rule_frequency, 2),
+    'position': (_rule_position, 2),
+    'none': (_rule_none, 1),
+}
+
+
+# ----------------------------------------------------------------------------- rows
+
+
+def build_row(tok: tokenizers_lib.TextTokenizer, pieces: Sequence[tuple[Sequence[int], int]],
+              seq_len: int, *, overlong: str) -> tuple[np.ndarray, np.ndarray] | None:
+  """BOS + pieces + EOS + padding -> (tokens [L] int32, segments [L] int8), or None if dropped.
+
+  BOS takes the first piece's segment and EOS the last one's. Overlong rows are cut at the end of
+  the content (EOS kept) for `overlong='truncate'`, or dropped (None) for `'drop'`.
+  """
+  if not pieces:
+    raise ValueError('build_row needs at least one piece.')
+  content = [int(i) for ids, _ in pieces for i in ids]
+  segs = [s for ids, s in pieces for _ in ids]
+  if len(content) + 2 > seq_len:
+    if overlong == 'drop':
+      return None
+    if overlong != 'truncate':
+      raise ValueError(f'config.data.overlong={overlong!r}; allowed: {OVERLONG}.')
+    content, segs = content[:seq_len - 2], segs[:seq_len - 2]
+  ids = [tok.bos_id] + content + [tok.eos_id]
+  seg = [pieces[0][1]] + segs + [pieces[-1][1]]
+  n = len(ids)
+  tokens = np.full((seq_len,), tok.pad_id, np.int32)
+  segments = np.full((seq_len,), SEG_PAD, np.int8)
+  tokens[:n] = ids
+  segments[:n] = seg
+  return tokens, segments
+
+
+class EncodeRows(grain.transforms.Map):
+  """Grain map: one raw record -> {'tokens' [L], 'segments' [L]} or None (dropped overlong row).
+
+  `to_pieces(record)` returns [(text, SEG_*), ...] in row order; each piece is tokenised on its own
+  (pieces should end with a separator such as '\\n' so that this equals joint tokenisation).
+  """
+
+  def __init__(self, tok: tokenizers_lib.TextTokenizer,
+               to_pieces: Callable[[Any], Sequence[tuple[str, int]]], seq_len: int,
+               overlong: str):
+    self._tok = tok
+    self._to_pieces = to_pieces
+    self._seq_len = seq_len
+    self._overlong = overlong
+
+  def map(self, record: Any) -> dict[str, np.ndarray] | None:
+    pieces = [(self._tok.encode(text), seg) for text, seg in self._to_pieces(record)]
+    row = build_row(self._tok, pieces, self._seq_len, overlong=self._overlong)
+    if row is None:
+      return None
+    return {'tokens': row[0], 'segments': row[1]}
+
+
+def labelled_row(tokens: np.ndarray, segments: np.ndarray, rule: str,
+                 tau: int) -> dict[str, np.ndarray]:
+  """Row + segments -> the batch contract {tokens, levels, given, loss_mask}, each [L]."""
+  fn, _ = HIERARCHY_RULES[rule]
+  given = segments == SEG_PROMPT
+  return {
+      'tokens': np.asarray(tokens, np.int32),
+      'levels': fn(tokens, segments, tau).astype(np.int32),
+      'given': given,
+      'loss_mask': (segments != SEG_PAD) & ~given,
+  }
+
+
+class AssignLevels(grain.transforms.Map):
+  """Grain map: {'tokens', 'segments'} -> {'tokens', 'levels', 'given', 'loss_mask'} (all [L])."""
+
+  def __init__(self, rule: str, tau: int):
+    if rule not in HIERARCHY_RULES:
+      raise ValueError(f'config.data.hierarchy={rule!r}; allowed: {sorted(HIERARCHY_RULES)}.')
+    self._rule = rule
+    self._tau = tau
+
+  def map(self, row: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    return labelled_row(row['tokens'], row['segments'], self._rule, self._tau)
+
+
+# ----------------------------------------------------------------------------- config checks
+
+
+def data_seq_len(config: Any) -> int:
+  """config.data.seq_len, checked against config.model.seq_len."""
+  if 'seq_len' not in config.data:
+    raise ValueError('config.data.seq_len is missing (the row length L of the text pipeline).')
+  seq_len = config.data.seq_len
+  if seq_len != config.model.seq_len:
+    raise ValueError(f'config.data.seq_len={seq_len} differs from config.model.seq_len='
+                     f'{config.model.seq_len}; the model must see rows of the data length.')
+  if not isinstance(seq_len, int) or seq_len < 3:
+    raise ValueError(f'config.data.seq_len={seq_len!r} must be an int >= 3 (BOS, token, EOS).')
+  return seq_len
+
+
+def check_text_config(config: Any, *, allowed_rules: Sequence[str]) -> None:
+  """Validates the data fields shared by the text kinds; raises ValueError naming the field."""
+  d = config.data
+  rule = d.get('hierarchy', None)
+  if rule not in allowed_rules:
+    raise ValueError(f'config.data.hierarchy={rule!r}; allowed for data.kind={d.kind!r}: '
+                     f'{list(allowed_rules)}.')
+  _, k = HIERARCHY_RULES[rule]
+  if config.model.num_levels != k:
+    raise ValueError(f'config.data.hierarchy={rule!r} produces {k} level(s) but '
+                     f'config.model.num_levels={config.model.num_levels}.')
+  tau = d.get('tau', 1)
+  if rule == 'frequency' and (not isinstance(tau, int) or isinstance(tau, bool) or tau < 1):
+    raise ValueError(f'config.data.tau={tau!r} must be an int >= 1.')
+  overlong = d.get('overlong', 'truncate')
+  if overlong not in OVERLONG:
+    raise ValueError(f'config.data.overlong={overlong!r}; allowed: {list(OVERLONG)}.')
+  data_seq_len(config)
+
+
+# ----------------------------------------------------------------------------- pipeline
+
+
+def batched_dataset(records: Sequence[Any], encode: EncodeRows, config: Any, split: str, *,
+                    seed: int, process_index: int, process_count: int) -> grain.IterDataset:
+  """The shared Grain chain (module docstring) -> IterDataset of batches (dicts of [B, L]).
+
+  Train: this process's shard, shuffled (a new order each epoch), repeated forever, batches of
+  data.batch_size / process_count, remainder dropped. Test: one pass in order, batches of
+  data.eval_batch_size / process_count, last partial batch kept.
+  """
+  if split not in SPLITS:
+    raise ValueError(f'split={split!r}; allowed: {SPLITS}.')
+  if not 0 <= process_index < process_count:
+    raise ValueError(f'process_index={process_index} outside [0, process_count={process_count}).')
+  train = split == 'train'
+  field = 'batch_size' if train else 'eval_batch_size'
+  global_batch = config.data[field]
+  if global_batch % process_count:
+    raise ValueError(f'config.data.{field}={global_batch} is not divisible by the '
+                     f'{process_count} processes.')
+  if len(records) == 0:
+    raise ValueError(f'The {split} split of data.kind={config.data.kind!r} is empty.')
+  ds = grain.MapDataset.source(records)
+  if process_count > 1:
+    ds = ds[process_index::process_count]
+  if train:
+    ds = ds.shuffle(seed=seed).repeat()
+  ds = ds.map(encode).filter(lambda row: row is not None)
+  ds = ds.map(AssignLevels(config.data.hierarchy, config.data.get('tau', 1)))
+  it = ds.to_iter_dataset()
+  return it.batch(global_batch // process_count, drop_remainder=train)
+
+
+# ----------------------------------------------------------------------------- the 'text' kind
+
+
+def _paragraphs(lines: Sequence[str]) -> list[str]:
+  out, cur = [], []
+  for line in list(lines) + ['']:
+    if line.strip():
+      cur.append(line.strip())
+    elif cur:
+      out.append(' '.join(cur))
+      cur = []
+  return out
+
+
+def read_text_file(path: str | pathlib.Path, unit: str = 'line') -> list[str]:
+  """Examples of one file: JSON-lines (`.jsonl`/`.json`, objects with a string 'text') or text."""
+  path = pathlib.Path(path)
+  if unit not in TEXT_UNITS:
+    raise ValueError(f'config.data.text_unit={unit!r}; allowed: {list(TEXT_UNITS)}.')
+  with open(path, encoding='utf-8') as f:
+    lines = f.read().splitlines()
+  if path.suffix in ('.jsonl', '.json'):
+    out = []
+    for n, line in enumerate(lines, start=1):
+      if not line.strip():
+        continue
+      try:
+        obj = json.loads(line)
+      except json.JSONDecodeError as e:
+        raise ValueError(f'{path}:{n}: not valid JSON ({e.msg}).') from e
+      if not isinstance(obj, dict) or not isinstance(obj.get('text'), str):
+        raise ValueError(f'{path}:{n}: expected an object with a string field "text".')
+      out.append(obj['text'])
+    return out
+  if unit == 'paragraph':
+    return _paragraphs(lines)
+  return [line.strip() for line in lines if line.strip()]
+
+
+def read_text_source(path: str, unit: str = 'line', *, field: str = 'data.train_path') -> list[str]:
+  """Examples of a file or of a folder's `.txt`/`.jsonl`/`.json` files (sorted by name)."""
+  p = pathlib.Path(path).expanduser()
+  if p.is_dir():
+    files = sorted(f for f in p.iterdir() if f.is_file() and f.suffix in ('.txt', '.jsonl', '.json'))
+    if not files:
+      raise ValueError(f'config.{field}={path!r}: folder holds no .txt/.jsonl/.json files.')
+  elif p.is_file():
+    files = [p]
+  else:
+    raise ValueError(f'config.{field}={path!r}: no such file or folder.')
+  return [x for f in files for x in read_text_file(f, unit)]
+
+
+def in_test_split(key: str, fraction: float) -> bool:
+  """Deterministic split: the example is in the test split iff hash(key) / 2^64 < fraction."""
+  h = int.from_bytes(hashlib.blake2b(key.encode('utf-8'), digest_size=8).digest(), 'little')
+  return h / 2.0**64 < fraction
+
+
+def split_examples(examples: Sequence[Any], split: str, fraction: float,
+                   key: Callable[[Any], str] = str) -> list[Any]:
+  """The `split` part of `examples` under `in_test_split` (data.test_fraction)."""
+  if not 0.0 < fraction < 1.0:
+    raise ValueError(f'config.data.test_fraction={fraction} must lie in (0, 1) to split one file.')
+  return [x for x in examples if in_test_split(key(x), fraction) == (split == 'test')]
+
+
+def split_records(config: Any, split: str, read: Callable[[str, str], list[Any]],
+                  key: Callable[[Any], str]) -> list[Any]:
+  """Records of `split` from data.train_path / data.test_path, or one path + data.test_fraction."""
+  d = config.data
+  if split not in SPLITS:
+    raise ValueError(f'split={split!r}; allowed: {SPLITS}.')
+  if not d.train_path:
+    raise ValueError(f'config.data.train_path is empty; data.kind={d.kind!r} reads local files.')
+  fraction = d.get('test_fraction', 0.0)
+  if d.test_path:
+    if fraction:
+      raise ValueError('Set either config.data.test_path or config.data.test_fraction, not both.')
+    field = 'train_path' if split == 'train' else 'test_path'
+    return read(d[field], f'data.{field}')
+  if not fraction:
+    raise ValueError('config.data.test_path is empty and config.data.test_fraction is 0: there is '
+                     'no test split; set one of them.')
+  return split_examples(read(d.train_path, 'data.train_path'), split, fraction, key)
+
+
+def text_pieces(text: str) -> list[tuple[str, int]]:
+  return [(text, SEG_BODY)]
+
+
+def make_text_dataset(config: Any, split: str, *, seed: int, process_index: int,
+                      process_count: int) -> grain.IterDataset:
+  """The offline 'text' kind: local files -> frequency (or 'none') labelled rows -> batches."""
+  check_text_config(config, allowed_rules=('frequency', 'none'))
+  tok = tokenizers_lib.tokenizer_from_config(config.data)
+  tokenizers_lib.check_vocab(config.model, tok)
+  unit = config.data.get('text_unit', 'line')
+  records = split_records(config, split, lambda p, f: read_text_source(p, unit, field=f), str)
+  encode = EncodeRows(tok, text_pieces, data_seq_len(config),
+                      config.data.get('overlong', 'truncate'))
+  return batched_dataset(records, encode, config, split, seed=seed, process_index=process_index,
+                         process_count=process_count)

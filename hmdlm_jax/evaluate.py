@@ -1,0 +1,659 @@
+"""Evaluation and sampling entry points (SPEC 7, 8): Sudoku solving, perplexity, text samples.
+
+Importable pieces (a notebook can call them on any `apply_fn` of the denoiser contract, design.md):
+
+* `evaluate_sudoku(apply_fn, key, schedule, sample_cfg, batches)`: solve rate, cell accuracy on the
+  blanks, cell accuracy per labeller level, constraint validity, drawn-vs-labeller level
+  disagreement and NFE, for greedy and stochastic decoding and every sampling seed (reported
+  separately, then mean and std over seeds). The sampler is jitted once per decoding for the batch
+  shape; a short last batch is padded and the padded rows are dropped from every count.
+* `evaluate_perplexity(apply_fn, schedule, loss_cfg, batches, time_seed=, num_t_samples=)`: the
+  rigorous bound of SPEC 8 per token and PPL = exp(bound), split into lm / hier / cons, the
+  Appendix E *estimate* (`ppl_appendix_e_estimate`, not comparable with MDLM's bound), MDLM's bound
+  for K = 1 (the same function), token count and a standard error. Sums are float64 on the host.
+* `sudoku_metrics`, `parse_puzzle`, `read_puzzle_file`, `format_sudoku`: plain numpy helpers.
+
+Entry points of main.py: `run_eval(config, workdir, step=None)`, `run_sample(config, workdir, ...)`
+and, for the training loop, `evaluate_during_training(config, state, step, workdir)`. Task-specific
+code lives in small "task adapters" registered in `TASKS` under `config.eval.kind`.
+
+Perplexity protocol (SPEC 8). For batch j and t-sample r the key is
+`fold_in(fold_in(PRNGKey(time_seed), j), r)`. t is stratified over the batch's real rows (MDLM's
+antithetic sampler, `corruption.sample_times`) and then randomly permuted over them, so every
+example's t is marginally U(t_min, 1) -- a fixed row->stratum assignment would give an example in
+row i always a t from stratum i -- while the batch still covers [t_min, 1) evenly. Each example
+contributes `value_i · n_i` nats (the loss functions divide by the example's n_i loss positions,
+SPEC 5); the corpus value is Σ nats / Σ n_i, summed in numpy float64 (JAX computes the per-example
+values in float32; a float32 running sum over a test set drifts visibly). Non-finite per-example
+values raise `FloatingPointError` naming the batch, row, term and t; they are never averaged away.
+The standard error treats examples as independent units (ratio estimator); stratifying t only lowers
+the true variance, so it is conservative. The offset schedule's per-sample variance is heavy-tailed
+(SPEC 8): read the standard error with that in mind.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import json
+import math
+import os
+import sys
+import time
+from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
+
+import chex
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from hmdlm_jax import corruption
+from hmdlm_jax import generative_metrics
+from hmdlm_jax import sampling
+from hmdlm_jax.data import sudoku as sudoku_data
+from hmdlm_jax.schedules import Schedule
+
+ApplyFn = Callable[..., dict]
+Batch = Mapping[str, np.ndarray]
+
+DECODINGS = ('greedy', 'stochastic')
+# Field a pipeline may add to mark real rows of a padded eval batch (bool [B]); checked in order.
+VALID_FIELDS = ('valid', 'example_mask', 'is_real')
+BOUND_TERMS = ('lm', 'hier', 'cons')
+
+
+# ----------------------------------------------------------------------------------------------
+# Jitting an apply_fn: parameters as traced arguments when we know them.
+
+
+@dataclasses.dataclass(frozen=True)
+class ParamsApply:
+  """An apply_fn `builder(params)` that keeps its parameters apart from the function.
+
+  It is itself a valid apply_fn. Evaluators jit `builder(params)` with `params` as a traced argument
+  and cache the compiled function on `builder` (hashable), so one compilation serves every
+  checkpoint / training step of the same model. A plain apply_fn closure works too; it is simply
+  recompiled per call of an evaluator.
+  """
+  builder: Callable[[Any], ApplyFn]
+  params: Any = dataclasses.field(compare=False, hash=False, repr=False)
+
+  def __call__(self, tokens: jax.Array, levels: jax.Array, t: jax.Array, **kwargs: Any) -> dict:
+    return self.builder(self.params)(tokens, levels, t, **kwargs)
+
+
+@dataclasses.dataclass(frozen=True)
+class FlaxApplyBuilder:
+  """`params -> models.make_apply_fn(model, params, train=False)`; hashable through the module."""
+  model: Any
+
+  def __call__(self, params: Any) -> ApplyFn:
+    from hmdlm_jax import models  # pylint: disable=g-import-not-at-top
+    return models.make_apply_fn(self.model, params, train=False)
+
+
+_COMPILED: dict[Any, Callable[..., Any]] = {}
+_COMPILED_MAX = 32
+
+
+def _jit_apply(apply_fn: ApplyFn, make: Callable[[ApplyFn], Callable[..., Any]],
+               static: tuple[Any, ...]) -> Callable[..., Any]:
+  """`jax.jit(make(apply_fn))`, with the parameters traced (and the result cached) if possible.
+
+  `static` must identify everything `make` closes over besides apply_fn (schedule, configs, shapes).
+  """
+  if isinstance(apply_fn, ParamsApply):
+    try:
+      cache_key = (apply_fn.builder, static)
+      hash(cache_key)
+    except TypeError:
+      cache_key = None
+    fn = _COMPILED.get(cache_key) if cache_key is not None else None
+    if fn is None:
+      builder = apply_fn.builder
+      fn = jax.jit(lambda params, *args: make(builder(params))(*args))
+      if cache_key is not None:
+        if len(_COMPILED) >= _COMPILED_MAX:
+          _COMPILED.pop(next(iter(_COMPILED)))
+        _COMPILED[cache_key] = fn
+    return functools.partial(fn, apply_fn.params)
+  return jax.jit(make(apply_fn))
+
+
+# ----------------------------------------------------------------------------------------------
+# Batches: fixed shape, padded rows marked.
+
+
+def _row_validity(batch: Batch) -> np.ndarray:
+  """bool [B]: the pipeline's per-row validity field if present, else all True."""
+  b = np.asarray(batch['tokens']).shape[0]
+  for name in VALID_FIELDS:
+    if name in batch:
+      v = np.asarray(batch[name]).astype(bool)
+      if v.shape != (b,):
+        raise ValueError(f'batch[{name!r}] must be bool [B]={b}, got shape {v.shape}')
+      return v
+  return np.ones((b,), bool)
+
+
+def _check_batch(batch: Batch, where: str) -> None:
+  for name in ('tokens', 'levels', 'given', 'loss_mask'):
+    if name not in batch:
+      raise ValueError(f'{where}: batch has no field {name!r} (fields: {sorted(batch)}); the '
+                       'pipeline must provide tokens, levels, given, loss_mask (design.md)')
+  shape = np.asarray(batch['tokens']).shape
+  if len(shape) != 2:
+    raise ValueError(f'{where}: tokens must be [B, L], got shape {shape}')
+  for name in ('levels', 'given', 'loss_mask'):
+    if np.asarray(batch[name]).shape != shape:
+      raise ValueError(f'{where}: {name} has shape {np.asarray(batch[name]).shape}, tokens {shape}')
+
+
+def _fixed_batches(batches: Iterable[Batch], *, max_examples: int | None = None,
+                   what: str = 'batches') -> Iterator[tuple[dict[str, np.ndarray], np.ndarray]]:
+  """Yields (batch with the first batch's row count, valid [B]); stops after `max_examples` rows.
+
+  A shorter batch is padded by repeating its first row (finite values everywhere); padded and
+  beyond-`max_examples` rows are marked invalid.
+  """
+  size = None
+  seen = 0
+  for j, batch in enumerate(batches):
+    if max_examples is not None and seen >= max_examples:
+      return
+    _check_batch(batch, f'{what}[{j}]')
+    valid = _row_validity(batch)
+    core = {k: np.asarray(batch[k]) for k in ('tokens', 'levels', 'given', 'loss_mask')}
+    b = core['tokens'].shape[0]
+    if size is None:
+      size = b
+    if b > size:
+      raise ValueError(f'{what}[{j}] has {b} rows, more than the first batch ({size}); batches must '
+                       'not grow (pad the last one, or use a fixed eval_batch_size)')
+    if b < size:
+      pad = size - b
+      core = {k: np.concatenate([v, np.repeat(v[:1], pad, axis=0)]) for k, v in core.items()}
+      valid = np.concatenate([valid, np.zeros((pad,), bool)])
+    if max_examples is not None:
+      room = max_examples - seen
+      valid = valid & (np.cumsum(valid) <= room)
+    seen += int(valid.sum())
+    if valid.any():
+      yield core, valid
+
+
+def _progress(iterable: Iterable[Any], *, desc: str, enabled: bool, total: int | None = None):
+  if not enabled:
+    return iterable
+  import tqdm  # pylint: disable=g-import-not-at-top
+  return tqdm.tqdm(iterable, desc=desc, total=total, unit='batch', leave=False)
+
+
+# ----------------------------------------------------------------------------------------------
+# Sudoku metrics (SPEC 8): pure numpy on token grids (digits 1..9 -> tokens 0..8, MASK = 9).
+
+
+def sudoku_counts(pred: np.ndarray, solution: np.ndarray, given: np.ndarray, levels: np.ndarray,
+                  num_levels: int, *, drawn_levels: np.ndarray | None = None,
+                  valid: np.ndarray | None = None) -> dict[str, np.ndarray]:
+  """Integer counts behind the Sudoku metrics, for summing over batches.
+
+  Args:
+    pred: int [N, 81] predicted tokens (0..8; anything else, e.g. MASK, counts as wrong).
+    solution: int [N, 81] solution tokens 0..8.
+    given: bool [N, 81] clue cells.
+    levels: int [N, 81] labeller levels (SPEC 6) of the cells.
+    num_levels: K.
+    drawn_levels: int [N, 81] levels the sampler drew, or None.
+    valid: bool [N] rows to count (padding excluded), or None for all.
+
+  Returns:
+    dict of int64 arrays: puzzles, solved, valid_grid, givens_kept, blanks, blanks_correct,
+    level_count [K], level_correct [K], level_disagree, unfilled.
+  """
+  pred, solution = np.asarray(pred), np.asarray(solution)
+  given, levels = np.asarray(given, bool), np.asarray(levels)
+  n = pred.shape[0]
+  for name, a in (('pred', pred), ('solution', solution), ('given', given), ('levels', levels)):
+    if a.shape != (n, sudoku_data.NUM_CELLS):
+      raise ValueError(f'sudoku_counts: {name} must be [N, 81] with N={n}, got {a.shape}')
+  rows = np.ones((n,), bool) if valid is None else np.asarray(valid, bool)
+  if levels.size and (levels.min() < 0 or levels.max() >= num_levels):
+    raise ValueError(f'sudoku_counts: levels must lie in 0..{num_levels - 1}')
+  blank = ~given & rows[:, None]
+  correct = pred == solution
+  digits = np.where((pred >= 0) & (pred <= 8), pred + 1, 0)  # tokens -> digits, else blank
+  givens_kept = np.all(~given | correct, axis=-1)
+  valid_grid = sudoku_data.is_valid_solution(digits) & givens_kept
+  level_onehot = levels[..., None] == np.arange(num_levels)  # [N, 81, K]
+  out = {
+      'puzzles': rows.sum(),
+      'solved': (np.all(correct, axis=-1) & rows).sum(),
+      'valid_grid': (valid_grid & rows).sum(),
+      'givens_kept': (givens_kept & rows).sum(),
+      'blanks': blank.sum(),
+      'blanks_correct': (blank & correct).sum(),
+      'level_count': (blank[..., None] & level_onehot).sum((0, 1)),
+      'level_correct': ((blank & correct)[..., None] & level_onehot).sum((0, 1)),
+      'unfilled': (blank & (digits == 0)).sum(),
+      'level_disagree': np.int64(0),
+  }
+  if drawn_levels is not None:
+    out['level_disagree'] = (blank & (np.asarray(drawn_levels) != levels)).sum()
+  return {k: np.asarray(v, np.int64) for k, v in out.items()}
+
+
+def _ratio(num: float, den: float) -> float | None:
+  return float(num) / float(den) if den > 0 else None
+
+
+def sudoku_metrics_from_counts(c: Mapping[str, np.ndarray]) -> dict[str, Any]:
+  """Rates from `sudoku_counts` (summed): None where the denominator is 0 (nothing to measure)."""
+  out: dict[str, Any] = {
+      'num_puzzles': int(c['puzzles']),
+      'solve_rate': _ratio(c['solved'], c['puzzles']),  # whole grid exact
+      'cell_accuracy': _ratio(c['blanks_correct'], c['blanks']),  # blanks only
+      'valid_rate': _ratio(c['valid_grid'], c['puzzles']),  # valid Sudoku agreeing with the clues
+      'givens_kept_rate': _ratio(c['givens_kept'], c['puzzles']),
+      'level_disagreement': _ratio(c['level_disagree'], c['blanks']),
+      'unfilled_rate': _ratio(c['unfilled'], c['blanks']),
+  }
+  for k in range(len(c['level_count'])):
+    out[f'cell_accuracy_level_{k}'] = _ratio(c['level_correct'][k], c['level_count'][k])
+    out[f'num_cells_level_{k}'] = int(c['level_count'][k])
+  return out
+
+
+def sudoku_metrics(pred: np.ndarray, solution: np.ndarray, given: np.ndarray, levels: np.ndarray,
+                   num_levels: int, *, drawn_levels: np.ndarray | None = None,
+                   valid: np.ndarray | None = None) -> dict[str, Any]:
+  """`sudoku_metrics_from_counts(sudoku_counts(...))` for one set of predictions."""
+  return sudoku_metrics_from_counts(sudoku_counts(pred, solution, given, levels, num_levels,
+                                                  drawn_levels=drawn_levels, valid=valid))
+
+
+def _add_counts(acc: dict[str, np.ndarray] | None, c: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+  return dict(c) if acc is None else {k: acc[k] + c[k] for k in acc}
+
+
+def _mean_std(per_seed: Sequence[Mapping[str, Any]]) -> tuple[dict[str, Any], dict[str, Any]]:
+  """Mean and (population) std over seeds of every numeric metric; None if any seed has None."""
+  mean, std = {}, {}
+  for k in per_seed[0]:
+    vals = [d[k] for d in per_seed]
+    if any(v is None or isinstance(v, (str, bool)) for v in vals):
+      mean[k] = std[k] = None
+      continue
+    a = np.asarray(vals, np.float64)
+    mean[k], std[k] = float(a.mean()), float(a.std())
+  return mean, std
+
+
+def _sudoku_sampler(apply_fn: ApplyFn, schedule: Schedule, cfg: sampling.SampleConfig,
+                    batch_size: int) -> Callable[..., sampling.SampleOutput]:
+  """Jitted `(key, given_tokens, given_levels, given_mask) -> SampleOutput` for [B, 81]."""
+
+  def make(a: ApplyFn) -> Callable[..., sampling.SampleOutput]:
+    def run(key, given_tokens, given_levels, given_mask):
+      return sampling.sample(a, key, schedule, cfg, batch_size=batch_size,
+                             seq_len=sudoku_data.NUM_CELLS, given_tokens=given_tokens,
+                             given_levels=given_levels, given_mask=given_mask)
+    return run
+
+  return _jit_apply(apply_fn, make, ('sudoku_sample', schedule, cfg, batch_size))
+
+
+def _sudoku_inputs(batch: Mapping[str, np.ndarray], cfg: sampling.SampleConfig
+                   ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+  """Sampler conditioning: clue tokens/levels; blanks carry MASK / h_m so no answer leaks."""
+  given = np.asarray(batch['given'], bool)
+  tokens = np.where(given, batch['tokens'], cfg.mask_id).astype(np.int32)
+  levels = np.where(given, batch['levels'], cfg.num_levels).astype(np.int32)
+  return tokens, levels, given
+
+
+def evaluate_sudoku(apply_fn: ApplyFn, key: jax.Array, schedule: Schedule,
+                    sample_cfg: sampling.SampleConfig, batches: Iterable[Batch], *,
+                    seeds: Sequence[int] = (0,), decodings: Sequence[str] = DECODINGS,
+                    max_examples: int | None = None, progress: bool = True) -> dict[str, Any]:
+  """Solves every puzzle of `batches` once per (decoding, seed) and scores the grids (SPEC 8).
+
+  Args:
+    apply_fn: denoiser (design.md); a `ParamsApply` compiles once for all checkpoints.
+    key: base PRNG key; (seed, batch j) use `fold_in(fold_in(key, seed), j)` for every decoding.
+    schedule: the model's K-level schedule.
+    sample_cfg: sampler settings; `greedy` is overridden per decoding, the rest is kept
+      (ordering, T, temperature, cache).
+    batches: iterable of pipeline batches: tokens = solution tokens [B, 81], levels = labeller
+      levels, given = clue cells, loss_mask (+ optional per-row validity field, VALID_FIELDS).
+    seeds: sampling seeds; each is reported, then mean and std over seeds.
+    decodings: subset of ('greedy', 'stochastic').
+    max_examples: evaluate only the first this many puzzles.
+    progress: tqdm bar over batches.
+
+  Returns:
+    {'num_puzzles', 'seeds', '<decoding>': {'per_seed': {seed: metrics}, 'mean': ..., 'std': ...,
+     'seconds': ...}}; metrics as `sudoku_metrics` plus 'nfe' (mean network calls per batch).
+  """
+  bad = [d for d in decodings if d not in DECODINGS]
+  if bad or not decodings:
+    raise ValueError(f'evaluate_sudoku: decodings must be a non-empty subset of {DECODINGS}, got '
+                     f'{tuple(decodings)}')
+  if not seeds:
+    raise ValueError('evaluate_sudoku: config.sample.seeds is empty; give at least one seed')
+  data = list(_fixed_batches(batches, max_examples=max_examples, what='sudoku batches'))
+  if not data:
+    raise ValueError('evaluate_sudoku: no puzzles to evaluate (empty batches)')
+  if data[0][0]['tokens'].shape[1] != sudoku_data.NUM_CELLS:
+    raise ValueError(f'evaluate_sudoku: batches must have 81 cells per row, got '
+                     f'{data[0][0]["tokens"].shape[1]}')
+  batch_size = data[0][0]['tokens'].shape[0]
+  k_levels = sample_cfg.num_levels
+  result: dict[str, Any] = {'num_puzzles': int(sum(v.sum() for _, v in data)),
+                            'seeds': [int(s) for s in seeds]}
+  for decoding in decodings:
+    cfg = dataclasses.replace(sample_cfg, greedy=decoding == 'greedy')
+    run = _sudoku_sampler(apply_fn, schedule, cfg, batch_size)
+    start = time.perf_counter()
+    per_seed = {}
+    for seed in seeds:
+      counts, nfe = None, []
+      seed_key = jax.random.fold_in(key, int(seed))
+      it = _progress(enumerate(data), desc=f'sudoku {decoding} seed {seed}', enabled=progress,
+                     total=len(data))
+      for j, (batch, valid) in it:
+        out = run(jax.random.fold_in(seed_key, j), *_sudoku_inputs(batch, cfg))
+        out = jax.device_get(out)
+        counts = _add_counts(counts, sudoku_counts(
+            out.tokens, batch['tokens'], batch['given'], batch['levels'], k_levels,
+            drawn_levels=out.levels, valid=valid))
+        nfe.append(int(out.nfe))
+      metrics = sudoku_metrics_from_counts(counts)
+      metrics['nfe'] = float(np.mean(nfe))
+      per_seed[str(int(seed))] = metrics
+    mean, std = _mean_std(list(per_seed.values()))
+    result[decoding] = {'per_seed': per_seed, 'mean': mean, 'std': std,
+                        'seconds': time.perf_counter() - start}
+  return result
+
+
+# ----------------------------------------------------------------------------------------------
+# Perplexity (SPEC 8).
+
+
+class NatsAccumulator:
+  """Float64 host sums for a token-weighted corpus average and its standard error.
+
+  `add(nats, tokens)` takes per-example totals (nats summed over the example's loss positions,
+  float [N]) for each named term and the examples' token counts [N]. The corpus value of a term is
+  Σ nats / Σ tokens; its standard error is the ratio estimator's
+  `sqrt(N/(N-1) · Σ (nats_i - R tokens_i)^2) / Σ tokens` with examples as independent units.
+  """
+
+  def __init__(self, names: Sequence[str]) -> None:
+    self.names = tuple(names)
+    self.tokens = np.float64(0.0)
+    self.tokens_sq = np.float64(0.0)
+    self.count = 0
+    self.sum = {n: np.float64(0.0) for n in self.names}
+    self.sum_sq = {n: np.float64(0.0) for n in self.names}
+    self.sum_cross = {n: np.float64(0.0) for n in self.names}
+
+  def add(self, nats: Mapping[str, np.ndarray], tokens: np.ndarray) -> None:
+    tok = np.asarray(tokens, np.float64)
+    self.tokens += tok.sum()
+    self.tokens_sq += (tok * tok).sum()
+    self.count += tok.size
+    for n in self.names:
+      v = np.asarray(nats[n], np.float64)
+      if v.shape != tok.shape:
+        raise ValueError(f'NatsAccumulator: {n} has shape {v.shape}, tokens {tok.shape}')
+      self.sum[n] += v.sum()
+      self.sum_sq[n] += (v * v).sum()
+      self.sum_cross[n] += (v * tok).sum()
+
+  def mean(self, name: str) -> float:
+    if self.tokens <= 0:
+      raise ValueError('NatsAccumulator: no tokens accumulated (every loss_mask empty?)')
+    return float(self.sum[name] / self.tokens)
+
+  def stderr(self, name: str) -> float:
+    if self.count < 2:
+      return float('nan')
+    r = self.sum[name] / self.tokens
+    ss = self.sum_sq[name] - 2.0 * r * self.sum_cross[name] + r * r * self.tokens_sq
+    return float(math.sqrt(max(ss, 0.0) * self.count / (self.count - 1)) / self.tokens)
+
+
+def _loss_fns() -> Any:
+  from hmdlm_jax import losses  # pylint: disable=g-import-not-at-top
+  return losses
+
+
+def _perplexity_step(apply_fn: ApplyFn, schedule: Schedule, loss_cfg: Any
+                     ) -> Callable[..., dict[str, jax.Array]]:
+  """Jitted `(batch, key, t) -> {'lm','hier','cons','appendix_e'}` per-example values [B]."""
+  losses = _loss_fns()
+
+  def make(a: ApplyFn) -> Callable[..., dict[str, jax.Array]]:
+    def run(batch, key, t):
+      k_bound, k_est = jax.random.split(key)
+      bound = losses.bound_per_example(a, batch, k_bound, t, schedule, loss_cfg)
+      out = {n: jnp.asarray(bound[n], jnp.float32) for n in BOUND_TERMS}
+      out['appendix_e'] = jnp.asarray(
+          losses.appendix_e_per_example(a, batch, k_est, t, schedule, loss_cfg), jnp.float32)
+      return out
+    return run
+
+  return _jit_apply(apply_fn, make, ('perplexity', schedule, loss_cfg))
+
+
+def _stratified_times(key: jax.Array, valid: np.ndarray, t_min: float) -> np.ndarray:
+  """t [B] float32: stratified over the valid rows, randomly permuted over them (module doc)."""
+  k_t, k_perm = jax.random.split(key)
+  n = int(valid.sum())
+  t_valid = corruption.sample_times(k_t, n, t_min=t_min, antithetic=True)
+  t_valid = np.asarray(jax.random.permutation(k_perm, t_valid))
+  t = np.full(valid.shape, 0.5, np.float32)  # padded rows: any finite time, never counted
+  t[valid] = t_valid
+  return t
+
+
+def _raise_non_finite(values: Mapping[str, np.ndarray], valid: np.ndarray, t: np.ndarray,
+                      batch_index: int, r: int) -> None:
+  for name, v in values.items():
+    bad = valid & ~np.isfinite(v)
+    if bad.any():
+      i = int(np.argmax(bad))
+      raise FloatingPointError(
+          f'evaluate_perplexity: non-finite {name!r} = {v[i]} for batch {batch_index}, row {i} '
+          f'(t = {t[i]:.6g}, t-sample {r}); {int(bad.sum())} such rows in this batch. Refusing to '
+          'average a NaN/Inf; check the model (e.g. a hierarchy head without prior correction near '
+          't = δ_k, SPEC 4) or the data.')
+
+
+def evaluate_perplexity(apply_fn: ApplyFn, schedule: Schedule, loss_cfg: Any,
+                        batches: Iterable[Batch], *, time_seed: int, num_t_samples: int = 1,
+                        t_min: float | None = None, max_examples: int | None = None,
+                        progress: bool = True) -> dict[str, Any]:
+  """Rigorous bound, PPL and Appendix E estimate over the whole split (SPEC 8; module doc).
+
+  Args:
+    apply_fn: denoiser (design.md); pass a `ParamsApply` to compile once per model.
+    schedule: the model's schedule.
+    loss_cfg: `losses.LossConfig` (static: hashable); its `t_min` is used unless `t_min` is given.
+    batches: pipeline batches (+ optional per-row validity field, VALID_FIELDS).
+    time_seed: fixed seed of t and of the masks (config.eval.time_seed).
+    num_t_samples: t draws per example (config.eval.num_t_samples); averaged per example.
+    t_min: lower end of t ~ U(t_min, 1); default loss_cfg.t_min (else 1e-3).
+    max_examples: only the first this many examples.
+    progress: tqdm bar.
+
+  Returns:
+    dict: bound_nats_per_token, bound_stderr, ppl (= exp bound), lm/hier/cons_nats_per_token,
+    appendix_e_nats_per_token_estimate, ppl_appendix_e_estimate, num_tokens, num_sequences,
+    num_t_samples, time_seed, t_min, bound_kind ('mdlm' for K = 1, else 'hmdlm').
+  """
+  if isinstance(num_t_samples, bool) or not isinstance(num_t_samples, int) or num_t_samples < 1:
+    raise ValueError(f'eval.num_t_samples must be an integer >= 1, got {num_t_samples!r}')
+  if t_min is None:
+    t_min = float(getattr(loss_cfg, 't_min', 1e-3))
+  step = _perplexity_step(apply_fn, schedule, loss_cfg)
+  names = BOUND_TERMS + ('bound', 'appendix_e')
+  acc = NatsAccumulator(names)
+  base = jax.random.PRNGKey(int(time_seed))
+  it = _fixed_batches(batches, max_examples=max_examples, what='perplexity batches')
+  for j, (batch, valid) in enumerate(_progress(it, desc='perplexity', enabled=progress)):
+    device_batch = {k: jnp.asarray(v) for k, v in batch.items()}
+    n_tok = (batch['loss_mask'] & valid[:, None]).sum(-1).astype(np.float64)  # [B]
+    totals = {n: np.zeros(valid.shape, np.float64) for n in names}
+    batch_key = jax.random.fold_in(base, j)
+    for r in range(num_t_samples):
+      k_t, k_mask = jax.random.split(jax.random.fold_in(batch_key, r))
+      t = _stratified_times(k_t, valid, t_min)
+      values = jax.device_get(step(device_batch, k_mask, jnp.asarray(t)))
+      values = {n: np.asarray(v, np.float64) for n, v in values.items()}
+      _raise_non_finite(values, valid, t, j, r)
+      values['bound'] = values['lm'] + values['hier'] + values['cons']
+      for n in names:
+        # Per-example value = nats / n_i (SPEC 5) -> nats; averaged over the t-samples.
+        totals[n] += np.where(valid, values[n], 0.0) * n_tok / num_t_samples
+    acc.add({n: v[valid] for n, v in totals.items()}, n_tok[valid])
+  if acc.count == 0:
+    raise ValueError('evaluate_perplexity: no examples to evaluate (empty batches)')
+  bound = acc.mean('bound')
+  est = acc.mean('appendix_e')
+  return {
+      'bound_nats_per_token': bound,
+      'bound_stderr': acc.stderr('bound'),
+      'ppl': math.exp(bound),
+      'lm_nats_per_token': acc.mean('lm'),
+      'hier_nats_per_token': acc.mean('hier'),
+      'cons_nats_per_token': acc.mean('cons'),
+      'appendix_e_nats_per_token_estimate': est,
+      'ppl_appendix_e_estimate': math.exp(est),
+      'num_tokens': int(acc.tokens),
+      'num_sequences': acc.count,
+      'num_t_samples': num_t_samples,
+      'time_seed': int(time_seed),
+      't_min': float(t_min),
+      'bound_kind': 'mdlm' if schedule.num_levels == 1 else 'hmdlm',
+  }
+
+
+# ----------------------------------------------------------------------------------------------
+# Sudoku puzzles as text: parsing and printing.
+
+_BLANKS = '.0'
+
+
+def parse_puzzle(text: str, *, where: str = 'puzzle') -> np.ndarray:
+  """81-character puzzle -> digits uint8 [81] (0 = blank). Blanks are '.' or '0'.
+
+  Whitespace is ignored. Raises ValueError naming `where` for a wrong length or bad characters.
+  """
+  s = ''.join(str(text).split())
+  bad = sorted({c for c in s if not (c.isascii() and (c.isdigit() or c in _BLANKS))})
+  if bad:
+    pos = [i for i, c in enumerate(s) if c in bad][:5]
+    raise ValueError(f'{where}: invalid character(s) {bad} at position(s) {pos}; allowed are the '
+                     "digits 1-9 and '.' or '0' for a blank")
+  if len(s) != sudoku_data.NUM_CELLS:
+    raise ValueError(f'{where}: a puzzle has 81 cells, got {len(s)} characters: {s[:30]!r}'
+                     f'{"..." if len(s) > 30 else ""}')
+  return np.array([0 if c in _BLANKS else int(c) for c in s], np.uint8)
+
+
+def read_puzzle_file(path: str) -> tuple[np.ndarray, np.ndarray | None]:
+  """Puzzles from a file: one 81-char puzzle per line, or the Palm `quiz,solution` CSV.
+
+  Blank lines and lines starting with '#' are skipped; a first line `quiz,solution` (any case) is a
+  header. Returns (quiz uint8 [N, 81], solution uint8 [N, 81] or None when no line has one). A file
+  where only some lines carry a solution is rejected.
+  """
+  quizzes, sols = [], []
+  with open(path, encoding='utf-8') as f:
+    for lineno, line in enumerate(f, start=1):
+      s = line.strip()
+      if not s or s.startswith('#'):
+        continue
+      fields = [x.strip() for x in s.split(',')]
+      if lineno == 1 and [x.lower() for x in fields] in (['quiz', 'solution'],
+                                                          ['quizzes', 'solutions']):
+        continue
+      where = f'{path}, line {lineno}'
+      if len(fields) > 2:
+        raise ValueError(f'{where}: expected "quiz" or "quiz,solution", got {len(fields)} fields')
+      quizzes.append(parse_puzzle(fields[0], where=where + ' (quiz)'))
+      sols.append(parse_puzzle(fields[1], where=where + ' (solution)') if len(fields) == 2
+                  else None)
+  if not quizzes:
+    raise ValueError(f'{path}: no puzzles found')
+  have = [s is not None for s in sols]
+  if any(have) and not all(have):
+    raise ValueError(f'{path}: some lines have a solution and some do not; give all or none')
+  quiz = np.stack(quizzes)
+  solution = np.stack(sols) if all(have) else None
+  if solution is not None:
+    _check_solutions(quiz, solution, path)
+  return quiz, solution
+
+
+def _check_solutions(quiz: np.ndarray, solution: np.ndarray, where: str) -> None:
+  bad = (solution == 0).any(-1) | ~sudoku_data.is_valid_solution(solution) | (
+      ((quiz != 0) & (quiz != solution)).any(-1))
+  if bad.any():
+    raise ValueError(f'{where}: puzzle {int(np.argmax(bad))}: the solution is not a complete valid '
+                     'grid agreeing with the quiz')
+
+
+def format_sudoku(digits: np.ndarray, given: np.ndarray | None = None,
+                  solution: np.ndarray | None = None) -> str:
+  """A 9x9 grid with box separators. Givens print as `[5]`, filled cells as ` 5 `, blanks ` . `.
+
+  With `solution`, a filled cell that disagrees with it prints as `*5*`.
+
+  Args:
+    digits: [81] digits 0..9 (0 = blank).
+    given: [81] bool clue cells (None: no cell marked as a given).
+    solution: [81] digits 1..9, or None.
+  """
+  d = np.asarray(digits).reshape(-1)
+  if d.shape != (sudoku_data.NUM_CELLS,):
+    raise ValueError(f'format_sudoku: need 81 cells, got shape {np.asarray(digits).shape}')
+  g = np.zeros(81, bool) if given is None else np.asarray(given, bool).reshape(-1)
+  sep = '+' + '+'.join(['-' * 9] * 3) + '+'
+  lines = [sep]
+  for r in range(9):
+    row = '|'
+    for c in range(9):
+      i = 9 * r + c
+      v = int(d[i])
+      if v == 0:
+        cell = ' . '
+      elif g[i]:
+        cell = f'[{v}]'
+      elif solution is not None and int(np.asarray(solution).reshape(-1)[i]) != v:
+        cell = f'*{v}*'
+      else:
+        cell = f' {v} '
+      row += cell + ('|' if c % 3 == 2 else '')
+    lines.append(row)
+    if r % 3 == 2:
+      lines.append(sep)
+  return '\n'.join(lines)
+
+
+def sudoku_batch(quiz: np.ndarray, solution: np.ndarray | None = None) -> dict[str, np.ndarray]:
+  """A pipeline-style batch from digit grids [N, 81] (labeller levels; tokens = solution if any).
+
+  Without a solution the blank cells hold MASK in `tokens` (they are never shown to the sampler).
+  """
+  quiz = np.asarray(quiz)
+  given = quiz > 0
+  if solution is None:
+    tokens = np.where(given, quiz.astype(np.int32) - 1, sudoku_data.MASK_ID)
+  else:
+    tokens = sudoku_data.to_tokens(solution)
+  return {'tokens': tokens.astype(np.int32), 'levels': sudoku_data.hierarchy_levels(quiz),
+          'given': given, 'loss_mask': ~given}

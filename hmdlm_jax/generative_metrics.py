@@ -1,0 +1,293 @@
+"""Generative metrics of text samples (SPEC 8): entropy, generative perplexity, MAUVE.
+
+* Entropy: per-sequence unigram entropy of the sampled token ids (nats), averaged over sequences, as
+  MDLM reports it (`entr(counts / counts.sum()).sum()` per sample). A collapsed, repetitive sampler
+  has low entropy; read it next to gen PPL, which repetition lowers artificially.
+* Generative perplexity: exp of the token-weighted mean NLL of the sample texts under an external
+  autoregressive scorer (GPT-2 Large in the paper). The scorer is pluggable (`ARScorer`): weights
+  cannot be downloaded on our machines, so `TransformersGPT2Scorer` only loads what is already in
+  the local Hugging Face cache (`local_files_only=True`). When it cannot load, `gen_ppl` is reported
+  as `None` together with `gen_ppl_unavailable_reason` -- never replaced by a made-up number.
+* MAUVE: via the `mauve-text` package, only when it is importable AND its featuriser (GPT-2 Large by
+  default) loads from the local cache. The features are computed here (last-token hidden state of the
+  final layer, MAUVE's own featurisation) and handed to `mauve.compute_mauve`, so the package never
+  tries to download anything. Otherwise `mauve` is `None` with `mauve_unavailable_reason`.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import math
+from typing import Any, Protocol, Sequence, runtime_checkable
+
+import numpy as np
+
+DEFAULT_SCORER = 'gpt2-large'
+DEFAULT_FEATURIZER = 'gpt2-large'
+
+
+# ----------------------------------------------------------------------------------------------
+# Entropy.
+
+
+def per_sequence_entropy(tokens: np.ndarray, valid: np.ndarray | None = None, *,
+                         base: float = math.e) -> np.ndarray:
+  """Unigram entropy of each sequence's token ids.
+
+  Args:
+    tokens: int `[N, L]` token ids.
+    valid: bool `[N, L]` or None; only True positions are counted (e.g. the text before the first
+      [SEP], or non-padding). None counts every position.
+    base: logarithm base; e (nats) by default, as MDLM.
+
+  Returns:
+    float64 `[N]`: `-Σ_v p_v log p_v` with `p_v` = share of id v among the sequence's counted
+    positions; NaN for a sequence with no counted position (entropy of nothing is undefined).
+  """
+  tokens = np.asarray(tokens)
+  if tokens.ndim != 2:
+    raise ValueError(f'per_sequence_entropy: tokens must be [N, L], got shape {tokens.shape}')
+  if valid is None:
+    valid = np.ones(tokens.shape, bool)
+  valid = np.asarray(valid, bool)
+  if valid.shape != tokens.shape:
+    raise ValueError(f'per_sequence_entropy: valid shape {valid.shape} != tokens shape '
+                     f'{tokens.shape}')
+  if base <= 0 or base == 1:
+    raise ValueError(f'per_sequence_entropy: base must be > 0 and != 1, got {base}')
+  out = np.full(tokens.shape[0], np.nan, np.float64)
+  for n in range(tokens.shape[0]):
+    seq = tokens[n][valid[n]]
+    if seq.size == 0:
+      continue
+    _, counts = np.unique(seq, return_counts=True)
+    p = counts.astype(np.float64) / counts.sum()
+    out[n] = float(-(p * np.log(p)).sum() / math.log(base))
+  return out
+
+
+def sample_entropy(tokens: np.ndarray, valid: np.ndarray | None = None, *,
+                   base: float = math.e) -> float:
+  """Mean over sequences of `per_sequence_entropy` (nats by default); empty sequences are skipped.
+
+  Raises ValueError when no sequence has a counted position.
+  """
+  ent = per_sequence_entropy(tokens, valid, base=base)
+  keep = ~np.isnan(ent)
+  if not keep.any():
+    raise ValueError('sample_entropy: every sequence is empty after masking; nothing to measure')
+  return float(ent[keep].mean())
+
+
+def entropy_report(tokens: np.ndarray, valid: np.ndarray | None = None) -> dict[str, Any]:
+  """`{'entropy', 'entropy_num_sequences', 'entropy_num_empty'}` for a JSON report."""
+  ent = per_sequence_entropy(tokens, valid)
+  empty = int(np.isnan(ent).sum())
+  return {
+      'entropy': None if empty == len(ent) else float(np.nanmean(ent)),
+      'entropy_num_sequences': int(len(ent) - empty),
+      'entropy_num_empty': empty,
+  }
+
+
+# ----------------------------------------------------------------------------------------------
+# Autoregressive scorers.
+
+
+class ScorerUnavailableError(RuntimeError):
+  """A scorer or featuriser cannot be used here (package missing, weights not cached locally)."""
+
+
+@runtime_checkable
+class ARScorer(Protocol):
+  """An autoregressive language model that scores texts.
+
+  `score(texts)` returns, for every text, the float64 array of the NLLs (nats) of the text's scored
+  tokens under the scorer's own tokenizer -- one entry per scored token, so callers can form both
+  per-text means and the token-weighted corpus mean that MDLM reports.
+  """
+
+  name: str
+
+  def score(self, texts: Sequence[str]) -> list[np.ndarray]:
+    ...
+
+
+def _require(module: str, purpose: str) -> Any:
+  if importlib.util.find_spec(module) is None:
+    raise ScorerUnavailableError(f'{purpose} needs the Python package {module!r}, which is not '
+                                 'installed')
+  return importlib.import_module(module)
+
+
+def _load_local(loader: Any, name: str, what: str) -> Any:
+  """`loader.from_pretrained(name, local_files_only=True)`; never touches the network."""
+  try:
+    return loader.from_pretrained(name, local_files_only=True)
+  except (OSError, ValueError) as e:  # transformers raises OSError for files absent from the cache
+    raise ScorerUnavailableError(
+        f'{what} {name!r} is not available locally (local_files_only=True; weights cannot be '
+        f'downloaded here): {type(e).__name__}: {str(e).splitlines()[0]}') from e
+
+
+class TransformersGPT2Scorer:
+  """GPT-2 (PyTorch, `transformers`) as an `ARScorer`, loaded from the local cache only.
+
+  Scoring follows MDLM's `compute_generative_perplexity`: each text is tokenised without special
+  tokens and cut into chunks of `max_length` tokens; within a chunk, token j > 0 is scored given
+  tokens < j (the first token of a chunk has no context and is not scored, unless `prepend_bos`
+  puts `<|endoftext|>` in front so that every token is scored).
+
+  Raises:
+    ScorerUnavailableError: torch/transformers missing, or `model_name` (a hub id or a local
+      directory) not loadable without the network.
+  """
+
+  def __init__(self, model_name: str = DEFAULT_SCORER, *, batch_size: int = 8,
+               max_length: int = 1024, device: str = 'cpu', prepend_bos: bool = False) -> None:
+    if batch_size < 1 or max_length < 2:
+      raise ValueError(f'TransformersGPT2Scorer: batch_size >= 1 and max_length >= 2 required, got '
+                       f'{batch_size}, {max_length}')
+    self._torch = _require('torch', 'the GPT-2 scorer')
+    transformers = _require('transformers', 'the GPT-2 scorer')
+    self.name = model_name
+    self.tokenizer = _load_local(transformers.AutoTokenizer, model_name, 'scorer tokenizer')
+    self.model = _load_local(transformers.AutoModelForCausalLM, model_name, 'scorer model')
+    self.model.eval().to(device)
+    self.device = device
+    self.batch_size = batch_size
+    self.max_length = max_length
+    self.prepend_bos = prepend_bos
+    if prepend_bos and self.tokenizer.bos_token_id is None:
+      raise ValueError(f'TransformersGPT2Scorer: prepend_bos=True but {model_name!r} has no BOS token')
+
+  def _chunks(self, text: str) -> list[list[int]]:
+    ids = list(self.tokenizer(text, add_special_tokens=False)['input_ids'])
+    if self.prepend_bos:
+      ids = [self.tokenizer.bos_token_id] + ids
+    return [ids[i:i + self.max_length] for i in range(0, len(ids), self.max_length)]
+
+  def score(self, texts: Sequence[str]) -> list[np.ndarray]:
+    torch = self._torch
+    # Flatten (text, chunk) pairs so batches are full regardless of text length.
+    chunks: list[tuple[int, list[int]]] = []
+    for n, text in enumerate(texts):
+      chunks.extend((n, c) for c in self._chunks(text) if len(c) >= 2)
+    per_text: list[list[np.ndarray]] = [[] for _ in texts]
+    for b in range(0, len(chunks), self.batch_size):
+      part = chunks[b:b + self.batch_size]
+      width = max(len(c) for _, c in part)
+      ids = torch.zeros((len(part), width), dtype=torch.long)
+      attn = torch.zeros((len(part), width), dtype=torch.long)
+      for r, (_, c) in enumerate(part):
+        ids[r, :len(c)] = torch.tensor(c, dtype=torch.long)
+        attn[r, :len(c)] = 1
+      with torch.no_grad():
+        logits = self.model(input_ids=ids.to(self.device),
+                            attention_mask=attn.to(self.device)).logits.float()
+      logp = torch.log_softmax(logits[:, :-1], dim=-1)
+      nll = -logp.gather(-1, ids[:, 1:, None].to(self.device))[..., 0].double().cpu().numpy()
+      for r, (n, c) in enumerate(part):
+        per_text[n].append(nll[r, :len(c) - 1])
+    return [np.concatenate(p) if p else np.zeros((0,), np.float64) for p in per_text]
+
+
+def generative_perplexity(texts: Sequence[str], scorer: ARScorer) -> dict[str, Any]:
+  """Token-weighted gen PPL: `exp(Σ_texts Σ_tokens nll / #scored tokens)`, summed in float64.
+
+  Raises ValueError when nothing can be scored, FloatingPointError on a non-finite NLL.
+  """
+  nlls = scorer.score(list(texts))
+  if len(nlls) != len(texts):
+    raise ValueError(f'scorer {scorer.name!r} returned {len(nlls)} results for {len(texts)} texts')
+  total, count = 0.0, 0
+  for n, v in enumerate(nlls):
+    v = np.asarray(v, np.float64)
+    if not np.all(np.isfinite(v)):
+      raise FloatingPointError(f'scorer {scorer.name!r}: non-finite NLL in text {n}: {texts[n]!r:.80}')
+    total += float(v.sum())
+    count += int(v.size)
+  if count == 0:
+    raise ValueError(f'scorer {scorer.name!r}: no token could be scored in {len(texts)} texts')
+  mean = total / count
+  return {'gen_ppl': math.exp(mean), 'gen_nll_per_token': mean, 'gen_ppl_num_tokens': count,
+          'gen_ppl_scorer': scorer.name}
+
+
+def gen_ppl_report(texts: Sequence[str], *, scorer: ARScorer | None = None,
+                   model_name: str = DEFAULT_SCORER, **scorer_kwargs: Any) -> dict[str, Any]:
+  """Gen PPL with `scorer`, or with a locally cached `TransformersGPT2Scorer(model_name)`.
+
+  When the scorer cannot be built the result is `{'gen_ppl': None, 'gen_ppl_unavailable_reason':
+  ...}`; errors while scoring (NaN, empty input) propagate.
+  """
+  if scorer is None:
+    try:
+      scorer = TransformersGPT2Scorer(model_name, **scorer_kwargs)
+    except ScorerUnavailableError as e:
+      return {'gen_ppl': None, 'gen_ppl_unavailable_reason': str(e), 'gen_ppl_scorer': model_name}
+  return generative_perplexity(texts, scorer)
+
+
+# ----------------------------------------------------------------------------------------------
+# MAUVE.
+
+
+class TransformersFeaturizer:
+  """MAUVE's featurisation: final-layer hidden state of the last token, GPT-2 from the local cache.
+
+  `features(texts) -> float32 [N, H]`; each text truncated to `max_length` tokens (MAUVE's
+  `max_text_length`).
+  """
+
+  def __init__(self, model_name: str = DEFAULT_FEATURIZER, *, max_length: int = 1024,
+               device: str = 'cpu') -> None:
+    self._torch = _require('torch', 'the MAUVE featuriser')
+    transformers = _require('transformers', 'the MAUVE featuriser')
+    self.name = model_name
+    self.tokenizer = _load_local(transformers.AutoTokenizer, model_name, 'MAUVE featuriser tokenizer')
+    self.model = _load_local(transformers.AutoModel, model_name, 'MAUVE featuriser model')
+    self.model.eval().to(device)
+    self.device = device
+    self.max_length = max_length
+
+  def features(self, texts: Sequence[str]) -> np.ndarray:
+    torch = self._torch
+    feats = []
+    for n, text in enumerate(texts):
+      ids = list(self.tokenizer(text, add_special_tokens=False)['input_ids'])[:self.max_length]
+      if not ids:
+        raise ValueError(f'MAUVE featuriser: text {n} is empty after tokenisation')
+      with torch.no_grad():
+        out = self.model(input_ids=torch.tensor([ids], device=self.device),
+                         output_hidden_states=True)
+      feats.append(out.hidden_states[-1][0, -1].float().cpu().numpy())
+    return np.stack(feats)
+
+
+def mauve_report(samples: Sequence[str], references: Sequence[str], *,
+                 featurizer: TransformersFeaturizer | None = None,
+                 featurize_model_name: str = DEFAULT_FEATURIZER, seed: int = 25,
+                 **mauve_kwargs: Any) -> dict[str, Any]:
+  """MAUVE(samples, references) when `mauve-text` and the featuriser are available locally.
+
+  Returns `{'mauve': float}` or `{'mauve': None, 'mauve_unavailable_reason': str}`.
+  """
+  if importlib.util.find_spec('mauve') is None:
+    return {'mauve': None,
+            'mauve_unavailable_reason': "the 'mauve-text' package (module 'mauve') is not installed"}
+  if not samples or not references:
+    return {'mauve': None, 'mauve_unavailable_reason':
+            f'need samples and reference texts, got {len(samples)} and {len(references)}'}
+  if featurizer is None:
+    try:
+      featurizer = TransformersFeaturizer(featurize_model_name)
+    except ScorerUnavailableError as e:
+      return {'mauve': None, 'mauve_unavailable_reason': str(e)}
+  mauve = importlib.import_module('mauve')
+  p = featurizer.features(samples)
+  q = featurizer.features(references)
+  out = mauve.compute_mauve(p_features=p, q_features=q, seed=seed, verbose=False, **mauve_kwargs)
+  return {'mauve': float(out.mauve), 'mauve_featurizer': featurizer.name,
+          'mauve_num_samples': len(samples), 'mauve_num_references': len(references)}

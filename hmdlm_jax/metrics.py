@@ -1,0 +1,141 @@
+"""Metric sinks of the training loop: DIR/metrics.jsonl, TensorBoard (DIR/tb) and a progress bar.
+
+metrics.jsonl holds one JSON object per line and per logged step:
+  {"step": int, "split": "train" | "eval", "time": unix seconds, <scalar name>: float, ...}
+Train lines carry at least `loss`, `lr`, `grad_norm`, `steps_per_s`, `tokens_per_s`, the loss terms
+returned by `losses.diffusion_loss` (e.g. `lm`, `hier`, `cons`) and the NaN-guard counters
+`bad_steps` (consecutive skipped steps) and `skipped_steps` (total). Only process 0 writes.
+Non-finite values are written as the strings "nan" / "inf" / "-inf" (JSON has no NaN).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import time
+from typing import Any, Mapping
+
+import jax
+import numpy as np
+
+REQUIRED_TRAIN_KEYS: tuple[str, ...] = ('step', 'split', 'loss', 'lr', 'grad_norm', 'steps_per_s',
+                                        'tokens_per_s')
+
+
+def to_scalars(tree: Mapping[str, Any]) -> dict[str, float]:
+  """Host floats from a flat dict of scalar (device or numpy) values; fetches in one transfer."""
+  host = jax.device_get(dict(tree))
+  out = {}
+  for k, v in host.items():
+    a = np.asarray(v)
+    if a.size != 1:
+      raise ValueError(f'metric {k!r} has shape {a.shape}; only scalars can be logged.')
+    out[k] = float(a.reshape(()))
+  return out
+
+
+def _json_value(v: Any) -> Any:
+  if isinstance(v, float) and not math.isfinite(v):
+    return 'nan' if math.isnan(v) else ('inf' if v > 0 else '-inf')
+  return v
+
+
+class MetricsWriter:
+  """Appends metrics to DIR/metrics.jsonl and TensorBoard event files in DIR/tb (process 0 only).
+
+  Appending (not truncating) lets a resumed run continue the same file; a resumed run may repeat
+  steps after the last checkpoint, and readers should keep the last line per (split, step).
+  """
+
+  def __init__(self, workdir: str, *, enabled: bool = True, tensorboard: bool = True) -> None:
+    self.workdir = workdir
+    self.enabled = enabled
+    self.path = os.path.join(workdir, 'metrics.jsonl')
+    self._tb = None
+    if not enabled:
+      return
+    os.makedirs(workdir, exist_ok=True)
+    self._file = open(self.path, 'a', encoding='utf-8')  # pylint: disable=consider-using-with
+    if tensorboard:
+      from tensorboardX import SummaryWriter  # pylint: disable=g-import-not-at-top
+      self._tb = SummaryWriter(os.path.join(workdir, 'tb'))
+
+  def write(self, step: int, split: str, scalars: Mapping[str, float]) -> None:
+    """Writes one record; `scalars` maps names to host floats."""
+    if not self.enabled:
+      return
+    record: dict[str, Any] = {'step': int(step), 'split': str(split), 'time': time.time()}
+    for k, v in scalars.items():
+      record[k] = _json_value(float(v))
+    self._file.write(json.dumps(record, sort_keys=False) + '\n')
+    self._file.flush()
+    if self._tb is not None:
+      for k, v in scalars.items():
+        self._tb.add_scalar(f'{split}/{k}', float(v), int(step))
+      self._tb.flush()
+
+  def close(self) -> None:
+    if not self.enabled:
+      return
+    self._file.close()
+    if self._tb is not None:
+      self._tb.close()
+      self._tb = None
+    self.enabled = False
+
+
+def read_metrics(workdir: str) -> list[dict[str, Any]]:
+  """All records of DIR/metrics.jsonl (raises ValueError naming the line that is not JSON)."""
+  path = os.path.join(workdir, 'metrics.jsonl')
+  out = []
+  with open(path, encoding='utf-8') as f:
+    for i, line in enumerate(f, 1):
+      if not line.strip():
+        continue
+      try:
+        out.append(json.loads(line))
+      except json.JSONDecodeError as e:
+        raise ValueError(f'{path}:{i} is not valid JSON: {e}') from e
+  return out
+
+
+class RateMeter:
+  """Steps/s and tokens/s between two log points (host wall clock)."""
+
+  def __init__(self, tokens_per_step: int, start_step: int) -> None:
+    self.tokens_per_step = int(tokens_per_step)
+    self._t = time.perf_counter()
+    self._step = int(start_step)
+
+  def update(self, step: int) -> dict[str, float]:
+    now = time.perf_counter()
+    dt = max(now - self._t, 1e-9)
+    steps = max(int(step) - self._step, 0)
+    self._t, self._step = now, int(step)
+    sps = steps / dt
+    return {'steps_per_s': sps, 'tokens_per_s': sps * self.tokens_per_step}
+
+
+class Progress:
+  """tqdm bar on process 0 (steps/s and ETA from tqdm; tokens/s and loss in the postfix)."""
+
+  def __init__(self, total: int, initial: int, *, enabled: bool) -> None:
+    self._bar = None
+    if enabled:
+      from tqdm import auto as tqdm_auto  # pylint: disable=g-import-not-at-top
+      self._bar = tqdm_auto.tqdm(total=int(total), initial=int(initial), unit='step',
+                                 dynamic_ncols=True, smoothing=0.1)
+
+  def update(self, n: int = 1) -> None:
+    if self._bar is not None:
+      self._bar.update(n)
+
+  def postfix(self, **values: float) -> None:
+    if self._bar is not None:
+      self._bar.set_postfix({k: f'{v:.4g}' for k, v in values.items()}, refresh=False)
+
+  def close(self) -> None:
+    if self._bar is not None:
+      self._bar.close()
+      self._bar = None

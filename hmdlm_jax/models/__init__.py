@@ -1,0 +1,284 @@
+"""Model construction, the apply_fn closure, parameter counting and logical sharding (SPEC 4).
+
+Public API:
+  build_model(cfg_model) -> nn.Module            registry keyed by cfg.model.backbone
+  make_apply_fn(model, params, *, train, rng)    -> apply_fn of docs/design.md
+  init_params(model, rng, seq_len) -> params     plain arrays (logical-axis boxes removed)
+  logical_specs(model, seq_len) -> PartitionSpec tree of logical axis names (same tree as params)
+  count_params(params) -> int;  param_count_breakdown(cfg_model) -> dict;  param_count_report(...)
+  LOGICAL_RULES                                  default logical -> mesh axis rules
+  model_config(cfg_model) -> ModelConfig         validated, hashable copy of the config section
+  resolve_mask_id(cfg_model) -> int              mask_id with -1 resolved to vocab_size - 1
+
+The models return raw float32 logits; SUBS and the hierarchy prior correction live in
+hmdlm_jax/parameterization.py. Exact parameter counts are explained in dit.py and gpt2.py.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import zlib
+from typing import Any, Callable, Mapping
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from hmdlm_jax.models import layers
+from hmdlm_jax.models.dit import DiT
+from hmdlm_jax.models.gpt2 import GPT2
+
+Array = jax.Array
+Params = Any
+ApplyFn = Callable[..., dict[str, Array]]
+
+# Logical axis name -> mesh axes (mesh axes 'data', 'fsdp', 'tensor'; see configs/base.py `mesh`).
+# Flax assigns by priority and never reuses a mesh axis within one array, so for activations
+# ('batch', 'length', 'embed') 'embed' stays unsharded when 'batch' already took 'fsdp'.
+LOGICAL_RULES: tuple[tuple[str, Any], ...] = (
+    ('batch', ('data', 'fsdp')),
+    ('length', None),
+    ('embed', 'fsdp'),
+    ('mlp', 'tensor'),
+    ('heads', 'tensor'),
+    ('vocab', 'tensor'),
+    ('kv', None),
+    ('qkv', None),
+    ('levels', None),
+    ('cond', None),
+    ('norm', None),
+)
+
+VARIANTS = ('two_pass', 'single_pass')
+POSITION_EMBEDDINGS = ('rotary', 'learned', 'sudoku')
+BACKBONES: dict[str, type[nn.Module]] = {'dit': DiT, 'gpt2': GPT2}
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelConfig:
+  """The validated `model` config section (configs/base.py); hashable."""
+  backbone: str
+  num_levels: int
+  vocab_size: int
+  mask_id: int  # resolved: never -1
+  seq_len: int
+  num_layers: int
+  hidden_size: int
+  num_heads: int
+  mlp_dim: int
+  cond_dim: int
+  dropout: float
+  time_conditioning: bool
+  variant: str
+  position_embedding: str
+  tie_embeddings: bool
+  dtype: str
+
+
+def _err(field: str, value: Any, allowed: str) -> ValueError:
+  return ValueError(f'model.{field}={value!r} is invalid: {allowed}')
+
+
+def model_config(cfg_model: Any) -> ModelConfig:
+  """Validate the `model` config section; errors name the field and the allowed values."""
+  if isinstance(cfg_model, ModelConfig):
+    return cfg_model
+  get = (cfg_model.get if isinstance(cfg_model, Mapping) or hasattr(cfg_model, 'get')
+         else lambda k, d=None: getattr(cfg_model, k, d))
+  if get('backbone', None) is None and get('model', None) is not None:
+    raise ValueError('build_model expects the `model` config section (cfg.model), not the whole '
+                     'config')
+  values = {}
+  for f in dataclasses.fields(ModelConfig):
+    v = get(f.name, None)
+    if v is None:
+      raise ValueError(f'model.{f.name} is missing from the model config')
+    values[f.name] = v
+
+  def _int(name: str, lo: int) -> int:
+    v = values[name]
+    if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < lo:
+      raise _err(name, v, f'must be an integer >= {lo}')
+    return int(v)
+
+  if values['backbone'] not in BACKBONES:
+    raise _err('backbone', values['backbone'], f'allowed {tuple(BACKBONES)}')
+  for name, lo in (('num_levels', 1), ('vocab_size', 2), ('seq_len', 1), ('num_layers', 1),
+                   ('hidden_size', 1), ('num_heads', 1), ('mlp_dim', 1), ('cond_dim', 1)):
+    values[name] = _int(name, lo)
+  if values['hidden_size'] % values['num_heads']:
+    raise _err('hidden_size', values['hidden_size'],
+               f"must be divisible by model.num_heads={values['num_heads']}")
+  mask_id = _int('mask_id', -1)
+  if mask_id == -1:
+    mask_id = values['vocab_size'] - 1
+  if not 0 <= mask_id < values['vocab_size']:
+    raise _err('mask_id', values['mask_id'],
+               f"must be -1 (= vocab_size - 1) or in [0, model.vocab_size={values['vocab_size']})")
+  values['mask_id'] = mask_id
+  dropout = values['dropout']
+  if isinstance(dropout, bool) or not isinstance(dropout, (int, float)) or not 0 <= dropout < 1:
+    raise _err('dropout', dropout, 'must be a float in [0, 1)')
+  values['dropout'] = float(dropout)
+  for name in ('time_conditioning', 'tie_embeddings'):
+    if not isinstance(values[name], (bool, np.bool_)):
+      raise _err(name, values[name], 'must be True or False')
+    values[name] = bool(values[name])
+  if values['variant'] not in VARIANTS:
+    raise _err('variant', values['variant'], f'allowed {VARIANTS}')
+  pe = values['position_embedding']
+  if pe not in POSITION_EMBEDDINGS:
+    raise _err('position_embedding', pe, f'allowed {POSITION_EMBEDDINGS}')
+  if pe == 'sudoku' and values['seq_len'] != layers.SUDOKU_LEN:
+    raise _err('seq_len', values['seq_len'],
+               "model.position_embedding='sudoku' needs model.seq_len == 81 (a 9×9 grid)")
+  if pe == 'rotary' and (values['hidden_size'] // values['num_heads']) % 2:
+    raise _err('num_heads', values['num_heads'],
+               'rotary embeddings need an even head dimension hidden_size / num_heads')
+  if values['dtype'] not in layers.COMPUTE_DTYPES:
+    raise _err('dtype', values['dtype'], f'allowed {tuple(layers.COMPUTE_DTYPES)}')
+  return ModelConfig(**values)
+
+
+def resolve_mask_id(cfg_model: Any) -> int:
+  """The MASK token id, with the config's -1 meaning vocab_size - 1."""
+  return model_config(cfg_model).mask_id
+
+
+def build_model(cfg_model: Any) -> nn.Module:
+  """`cfg.model` -> the Flax module of `cfg.model.backbone` (registry BACKBONES)."""
+  cfg = model_config(cfg_model)
+  return BACKBONES[cfg.backbone](
+      vocab_size=cfg.vocab_size, num_levels=cfg.num_levels, num_layers=cfg.num_layers,
+      hidden_size=cfg.hidden_size, num_heads=cfg.num_heads, mlp_dim=cfg.mlp_dim,
+      cond_dim=cfg.cond_dim, dropout=cfg.dropout, time_conditioning=cfg.time_conditioning,
+      single_pass=cfg.variant == 'single_pass', position_embedding=cfg.position_embedding,
+      seq_len=cfg.seq_len, tie_embeddings=cfg.tie_embeddings, dtype=cfg.dtype)
+
+
+def heads_salt(heads: tuple[str, ...]) -> int:
+  """A process-independent integer for a heads tuple (Python's hash() of str is salted)."""
+  return zlib.crc32(','.join(heads).encode()) & 0x7FFFFFFF
+
+
+def make_apply_fn(model: nn.Module, params: Params, *, train: bool,
+                  rng: Array | None = None) -> ApplyFn:
+  """The denoiser callable of docs/design.md, closed over `params` (traceable, jit-able).
+
+  apply_fn(tokens [B,L], levels [B,L], t [B], *, heads, token_levels=None) -> dict
+  train=True applies dropout; its key is fold_in(rng, crc32(heads)), so pass 1 (heads=('hier',))
+  and pass 2 (heads=('token',)) draw different masks from one step key. Calls with the same heads
+  in one step share a mask (a call counter is not expressible inside a traced function). To
+  differentiate, build the closure inside the loss function from the params being differentiated.
+  """
+  if train and rng is None and model.dropout > 0:
+    raise ValueError('make_apply_fn(train=True) needs rng (a PRNG key) for dropout '
+                     f'(model.dropout={model.dropout})')
+
+  def apply_fn(tokens: Array, levels: Array, t: Array, *, heads: tuple[str, ...],
+               token_levels: Array | None = None) -> dict[str, Array]:
+    heads = layers.check_heads(heads)
+    rngs = None
+    if train and rng is not None:
+      rngs = {'dropout': jax.random.fold_in(rng, heads_salt(heads))}
+    return model.apply({'params': params}, tokens, levels, t, heads=heads,
+                       token_levels=token_levels, train=train, rngs=rngs)
+
+  return apply_fn
+
+
+def _init_variables(model: nn.Module, rng: Array, seq_len: int) -> Any:
+  """Boxed variables of `model` for inputs [1, seq_len], every head built."""
+  tokens = jnp.zeros((1, seq_len), jnp.int32)
+  token_levels = tokens if model.single_pass and model.num_levels > 1 else None
+  return model.init({'params': rng}, tokens, tokens, jnp.ones((1,), jnp.float32),
+                    heads=layers.HEADS, token_levels=token_levels, train=False)
+
+
+def init_params(model: nn.Module, rng: Array, seq_len: int) -> Params:
+  """Initialised parameters (the 'params' collection) as plain float32 arrays."""
+  variables = jax.jit(lambda r: _init_variables(model, r, seq_len))(rng)
+  return nn.meta.unbox(variables['params'])
+
+
+def abstract_params(model: nn.Module, seq_len: int) -> Params:
+  """ShapeDtypeStruct tree of the parameters (jax.eval_shape: nothing is allocated)."""
+  boxed = jax.eval_shape(lambda r: _init_variables(model, r, seq_len), jax.random.key(0))
+  return nn.meta.unbox(boxed['params'])
+
+
+def logical_specs(model: nn.Module, seq_len: int) -> Any:
+  """PartitionSpec tree of logical axis names, same structure as `init_params`' result.
+
+  Map to mesh shardings with `nn.logical_to_mesh_sharding(specs, mesh, LOGICAL_RULES)`.
+  """
+  boxed = jax.eval_shape(lambda r: _init_variables(model, r, seq_len), jax.random.key(0))
+  return nn.get_partition_spec(boxed['params'])
+
+
+def count_params(params: Params) -> int:
+  """Number of scalars in a parameter tree (arrays, ShapeDtypeStructs or logical boxes)."""
+  leaves = jax.tree_util.tree_leaves(nn.meta.unbox(params))
+  return int(sum(int(np.prod(x.shape)) for x in leaves))
+
+
+# Top-level parameter names -> report group. HMDLM extras are the last three groups.
+_GROUPS: dict[str, str] = {
+    'vocab_embed': 'token embedding', 'wte': 'token embedding',
+    'position': 'position embedding', 'sigma_map': 'time embedding', 'time_proj': 'time embedding',
+    'ln_f': 'final norm', 'output_layer': 'token head', 'lm_head': 'token head',
+    'level_embed': 'level table', 'token_level_embed': 'token-level table',
+    'hier_layer': 'hierarchy head', 'hier_head': 'hierarchy head',
+}
+_HMDLM_GROUPS = ('level table', 'token-level table', 'hierarchy head')
+_GROUP_ORDER = ('token embedding', 'position embedding', 'time embedding', 'transformer blocks',
+                'final norm', 'token head') + _HMDLM_GROUPS
+
+
+def _group(name: str) -> str:
+  if name.startswith('blocks_') or name.startswith('h_'):
+    return 'transformer blocks'
+  if name not in _GROUPS:
+    raise KeyError(f'parameter {name!r} has no report group')
+  return _GROUPS[name]
+
+
+def param_count_breakdown(cfg_model: Any) -> dict[str, int]:
+  """{group: count} plus 'mdlm backbone' (all but the HMDLM parts), 'hmdlm extras' and 'total'."""
+  cfg = model_config(cfg_model)
+  params = abstract_params(build_model(cfg), cfg.seq_len)
+  by_group: dict[str, int] = {}
+  for name, sub in params.items():
+    g = _group(name)
+    by_group[g] = by_group.get(g, 0) + count_params(sub)
+  order = list(dict.fromkeys(_GROUP_ORDER))
+  out = {g: by_group[g] for g in order if g in by_group}
+  extras = sum(v for g, v in out.items() if g in _HMDLM_GROUPS)
+  total = sum(out.values())
+  out.update({'mdlm backbone': total - extras, 'hmdlm extras': extras, 'total': total})
+  return out
+
+
+def param_count_report(cfg_model: Any) -> str:
+  """Human-readable parameter breakdown (no allocation: jax.eval_shape)."""
+  cfg = model_config(cfg_model)
+  counts = param_count_breakdown(cfg)
+  lines = [f'{cfg.backbone}: K={cfg.num_levels} V={cfg.vocab_size} H={cfg.hidden_size} '
+           f'layers={cfg.num_layers} heads={cfg.num_heads} mlp={cfg.mlp_dim} '
+           f'variant={cfg.variant} positions={cfg.position_embedding}']
+  for g, v in counts.items():
+    if g in ('mdlm backbone', 'hmdlm extras', 'total'):
+      continue
+    lines.append(f'  {g:<22s}{v:>14,d}')
+  lines.append(f"  {'= backbone (MDLM part)':<22s}{counts['mdlm backbone']:>14,d}")
+  lines.append(f"  {'+ HMDLM extras':<22s}{counts['hmdlm extras']:>14,d}")
+  lines.append(f"  {'total':<22s}{counts['total']:>14,d}")
+  return '\n'.join(lines)
+
+
+__all__ = [
+    'BACKBONES', 'DiT', 'GPT2', 'LOGICAL_RULES', 'ModelConfig', 'abstract_params', 'build_model',
+    'count_params', 'heads_salt', 'init_params', 'logical_specs', 'make_apply_fn', 'model_config',
+    'param_count_breakdown', 'param_count_report', 'resolve_mask_id',
+]

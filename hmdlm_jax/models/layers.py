@@ -1,0 +1,342 @@
+"""Building blocks shared by the DiT and GPT-2 backbones (SPEC 4).
+
+Precision policy (both backbones): parameters are float32; matrix products run in the configured
+compute dtype (`'float32'` or `'bfloat16'`) and accumulate in float32
+(`preferred_element_type=float32`); LayerNorm statistics, the attention softmax, the rotary rotation
+and the residual stream stay float32; the heads return float32 logits.
+
+Every parameter carries logical axis names (`nn.with_logical_partitioning`); the names used are
+'vocab', 'embed', 'mlp', 'heads', 'kv', 'qkv', 'levels', 'cond', 'norm' (and None for a few small
+axes). `hmdlm_jax.models.LOGICAL_RULES` maps them to mesh axes.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Callable, Sequence
+
+import chex
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+Array = jax.Array
+Init = Callable[..., Array]
+LogicalNames = tuple[str | None, ...]
+
+COMPUTE_DTYPES: dict[str, Any] = {'float32': jnp.float32, 'bfloat16': jnp.bfloat16}
+LN_EPS = 1e-5  # torch's F.layer_norm default, used by MDLM and GPT-2
+SUDOKU_LEN = 81
+
+
+# ----------------------------------------------------------------------------- initialisers
+
+
+def torch_linear_init(fan_in: int) -> Init:
+  """U(-1/sqrt(fan_in), 1/sqrt(fan_in)): torch's nn.Linear default for weight and bias.
+
+  (kaiming_uniform with a=sqrt(5) gives gain sqrt(1/3), bound gain*sqrt(3/fan_in) = 1/sqrt(fan_in).)
+  MDLM trains with torch's defaults, so we use the same distributions.
+  """
+  bound = 1.0 / math.sqrt(fan_in)
+
+  def init(key: Array, shape: Sequence[int], dtype: Any = jnp.float32) -> Array:
+    return jax.random.uniform(key, shape, dtype, -bound, bound)
+
+  return init
+
+
+def normal_init(std: float) -> Init:
+  return nn.initializers.normal(stddev=std)
+
+
+zeros_init: Init = nn.initializers.zeros
+ones_init: Init = nn.initializers.ones
+
+
+def lookup(table: Array, ids: Array) -> Array:
+  """table[ids] along axis 0; out-of-range ids give NaN rows (loud, not clamped as jnp indexing is).
+
+  Args: table [N, H]; ids int [...]. Returns [..., H] in the table's dtype.
+  """
+  return jnp.take(table, ids, axis=0, mode='fill', fill_value=jnp.nan)
+
+
+# ----------------------------------------------------------------------------- dense / norm
+
+
+class Dense(nn.Module):
+  """y = x · W (+ b), contracting the last `n_in` axes of x with the first `n_in` axes of W.
+
+  Kernel shape `x.shape[-n_in:] + features`, named by `names` (len n_in + len(features)); the bias
+  is named by the last len(features) names. Inputs and kernel are cast to `dtype`, the product is
+  accumulated in float32, the bias added in float32, and the result cast to `out_dtype`
+  (default: `dtype`).
+  """
+  features: tuple[int, ...]
+  names: LogicalNames
+  n_in: int = 1
+  use_bias: bool = True
+  kernel_init: Init | None = None  # None = torch_linear_init(fan_in)
+  bias_init: Init | None = None  # None = torch_linear_init(fan_in)
+  dtype: Any = jnp.float32
+  out_dtype: Any = None
+
+  @nn.compact
+  def __call__(self, x: Array) -> Array:
+    in_shape = tuple(x.shape[-self.n_in:])
+    fan_in = int(np.prod(in_shape))
+    if len(self.names) != self.n_in + len(self.features):
+      raise ValueError(f'{self.name}: {len(self.names)} axis names for a kernel of rank '
+                       f'{self.n_in + len(self.features)}')
+    k_init = self.kernel_init or torch_linear_init(fan_in)
+    kernel = self.param('kernel', nn.with_logical_partitioning(k_init, self.names),
+                        in_shape + tuple(self.features), jnp.float32)
+    y = jax.lax.dot_general(
+        x.astype(self.dtype), kernel.astype(self.dtype),
+        ((tuple(range(x.ndim - self.n_in, x.ndim)), tuple(range(self.n_in))), ((), ())),
+        preferred_element_type=jnp.float32)
+    if self.use_bias:
+      b_init = self.bias_init or torch_linear_init(fan_in)
+      bias = self.param('bias', nn.with_logical_partitioning(b_init, self.names[self.n_in:]),
+                        tuple(self.features), jnp.float32)
+      y = y + bias
+    return y.astype(self.out_dtype or self.dtype)
+
+
+class LayerNorm(nn.Module):
+  """LayerNorm over the last axis with float32 statistics; weight always, bias optional.
+
+  MDLM's DiT uses weight only (no bias); GPT-2 uses both. Returns float32 [..., H].
+  """
+  use_bias: bool = False
+  eps: float = LN_EPS
+
+  @nn.compact
+  def __call__(self, x: Array) -> Array:
+    h = x.shape[-1]
+    x = x.astype(jnp.float32)
+    mean = jnp.mean(x, axis=-1, keepdims=True)
+    var = jnp.mean(jnp.square(x - mean), axis=-1, keepdims=True)
+    y = (x - mean) * jax.lax.rsqrt(var + self.eps)
+    weight = self.param('weight', nn.with_logical_partitioning(ones_init, ('norm',)), (h,),
+                        jnp.float32)
+    y = y * weight
+    if self.use_bias:
+      bias = self.param('bias', nn.with_logical_partitioning(zeros_init, ('norm',)), (h,),
+                        jnp.float32)
+      y = y + bias
+    return y
+
+
+class Embed(nn.Module):
+  """A learned table [num, features] looked up by integer ids (out-of-range ids -> NaN rows)."""
+  num: int
+  features: int
+  names: LogicalNames
+  embedding_init: Init | None = None  # None = U(±1/sqrt(features)) (MDLM's kaiming_uniform)
+
+  def setup(self) -> None:
+    init = self.embedding_init or torch_linear_init(self.features)
+    self.embedding = self.param('embedding', nn.with_logical_partitioning(init, self.names),
+                                (self.num, self.features), jnp.float32)
+
+  def __call__(self, ids: Array) -> Array:
+    """ids int [...] -> float32 [..., features]."""
+    return lookup(self.embedding, ids)
+
+  def attend(self, x: Array, dtype: Any) -> Array:
+    """x [..., features] -> float32 logits [..., num] = x · embeddingᵀ (tied output head)."""
+    return jnp.einsum('...h,vh->...v', x.astype(dtype), self.embedding.astype(dtype),
+                      preferred_element_type=jnp.float32)
+
+
+# ----------------------------------------------------------------------------- positions
+
+
+def rotary_cos_sin(seq_len: int, head_dim: int, base: float = 1e4) -> tuple[Array, Array]:
+  """cos, sin [L, head_dim] float32 for the rotate-half convention (GPT-NeoX / MDLM / flash-attn
+  non-interleaved): θ_{l,i} = l · base^{-2i/d} for i < d/2, repeated for the second half."""
+  if head_dim % 2:
+    raise ValueError(f'rotary embeddings need an even head dimension, got {head_dim}')
+  inv_freq = 1.0 / (base ** (jnp.arange(0, head_dim, 2, dtype=jnp.float32) / head_dim))
+  freqs = jnp.arange(seq_len, dtype=jnp.float32)[:, None] * inv_freq[None, :]  # [L, d/2]
+  emb = jnp.concatenate([freqs, freqs], axis=-1)  # [L, d]
+  return jnp.cos(emb), jnp.sin(emb)
+
+
+def rotate_half(x: Array) -> Array:
+  half = x.shape[-1] // 2
+  return jnp.concatenate([-x[..., half:], x[..., :half]], axis=-1)
+
+
+def apply_rotary(x: Array, cos: Array, sin: Array) -> Array:
+  """x [B, L, nh, d], cos/sin [L, d] -> float32 [B, L, nh, d]: x·cos + rotate_half(x)·sin."""
+  chex.assert_rank(x, 4)
+  chex.assert_equal_shape([cos, sin])
+  x = x.astype(jnp.float32)
+  return x * cos[None, :, None, :] + rotate_half(x) * sin[None, :, None, :]
+
+
+def sudoku_cells(seq_len: int = SUDOKU_LEN) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+  """Row, column and 3×3-box index [81] of each cell of a row-major 9×9 grid."""
+  if seq_len != SUDOKU_LEN:
+    raise ValueError(f"model.position_embedding='sudoku' needs model.seq_len == 81, got {seq_len}")
+  i = np.arange(SUDOKU_LEN)
+  row, col = i // 9, i % 9
+  return row, col, (row // 3) * 3 + col // 3
+
+
+class PositionEmbedding(nn.Module):
+  """Absolute position embedding added to the input: 'learned' (one row per position, [seq_len, H])
+  or 'sudoku' (learned row, column and 3×3-box tables [9, H] each, summed)."""
+  kind: str  # 'learned' | 'sudoku'
+  seq_len: int
+  features: int
+  embedding_init: Init | None = None
+
+  @nn.compact
+  def __call__(self, length: int) -> Array:
+    """Returns float32 [length, H]."""
+    if length > self.seq_len:
+      raise ValueError(f'input length {length} exceeds model.seq_len={self.seq_len}')
+    if self.kind == 'learned':
+      table = Embed(self.seq_len, self.features, (None, 'embed'), self.embedding_init,
+                    name='pos_embed')
+      return table(jnp.arange(length))
+    if self.kind == 'sudoku':
+      if length != SUDOKU_LEN:
+        raise ValueError(f"position_embedding='sudoku' needs inputs of length 81, got {length}")
+      row, col, box = sudoku_cells(self.seq_len)
+      out = 0.0
+      for nm, ids in (('row_embed', row), ('col_embed', col), ('box_embed', box)):
+        out = out + Embed(9, self.features, (None, 'embed'), self.embedding_init, name=nm)(
+            jnp.asarray(ids))
+      return out
+    raise ValueError(f"unknown position embedding kind {self.kind!r}; allowed 'learned', 'sudoku'")
+
+
+# ----------------------------------------------------------------------------- attention / time
+
+
+def attention(q: Array, k: Array, v: Array, dtype: Any) -> Array:
+  """Bidirectional softmax attention (no mask: MDLM attends over padding too).
+
+  q, k, v [B, L, nh, d] -> [B, L, nh, d] in `dtype`; scores and softmax in float32.
+  """
+  chex.assert_equal_shape([q, k, v])
+  scale = 1.0 / math.sqrt(q.shape[-1])
+  scores = jnp.einsum('bqhd,bkhd->bhqk', q.astype(dtype), k.astype(dtype),
+                      preferred_element_type=jnp.float32) * scale
+  probs = jax.nn.softmax(scores, axis=-1)
+  out = jnp.einsum('bhqk,bkhd->bqhd', probs.astype(dtype), v.astype(dtype),
+                   preferred_element_type=jnp.float32)
+  return out.astype(dtype)
+
+
+def timestep_embedding(t: Array, dim: int, max_period: float = 1e4) -> Array:
+  """Sinusoid [cos(t·f_i), sin(t·f_i)], f_i = max_period^{-i/(dim/2)} (GLIDE / DiT / MDLM order).
+
+  t [B] -> float32 [B, dim].
+  """
+  half = dim // 2
+  freqs = jnp.exp(-math.log(max_period) * jnp.arange(half, dtype=jnp.float32) / half)
+  args = t.astype(jnp.float32)[:, None] * freqs[None, :]
+  emb = jnp.concatenate([jnp.cos(args), jnp.sin(args)], axis=-1)
+  if dim % 2:
+    emb = jnp.concatenate([emb, jnp.zeros_like(emb[:, :1])], axis=-1)
+  return emb
+
+
+class TimestepEmbedder(nn.Module):
+  """MDLM's `sigma_map`: 256-dim sinusoid -> Linear -> SiLU -> Linear (width cond_dim).
+
+  t [B] -> float32 [B, cond_dim] (before the outer SiLU, which the backbone applies).
+  """
+  cond_dim: int
+  frequency_dim: int = 256
+  dtype: Any = jnp.float32
+
+  @nn.compact
+  def __call__(self, t: Array) -> Array:
+    x = timestep_embedding(t, self.frequency_dim)
+    x = Dense((self.cond_dim,), (None, 'cond'), dtype=self.dtype, out_dtype=jnp.float32,
+              name='mlp_0')(x)
+    x = nn.silu(x)
+    return Dense((self.cond_dim,), (None, 'cond'), dtype=self.dtype, out_dtype=jnp.float32,
+                 name='mlp_2')(x)
+
+
+def modulate(x: Array, shift: Array, scale: Array) -> Array:
+  """adaLN: x [B, L, H] · (1 + scale[B, H]) + shift[B, H]."""
+  return x * (1.0 + scale[:, None, :]) + shift[:, None, :]
+
+
+class AdaLNFinalLayer(nn.Module):
+  """MDLM's DDitFinalLayer: shift, scale = Linear(c) (zero-init); y = Linear(modulate(LN(x))).
+
+  The output Linear is zero-initialised too (adaLN-zero), so every head starts at logits 0.
+  `tied_embedding` (optional [V, H] table): use it as the output weight (y = z·Eᵀ + b) instead of
+  an own kernel. x [B, L, H], c [B, cond] -> float32 logits [B, L, out_features].
+  """
+  out_features: int
+  out_name: str  # logical name of the output axis: 'vocab' or 'levels'
+  dtype: Any = jnp.float32
+
+  @nn.compact
+  def __call__(self, x: Array, c: Array, tied_embedding: Array | None = None) -> Array:
+    h = x.shape[-1]
+    mod = Dense((2 * h,), ('cond', 'embed'), kernel_init=zeros_init, bias_init=zeros_init,
+                dtype=self.dtype, out_dtype=jnp.float32, name='adaLN_modulation')(c)
+    shift, scale = jnp.split(mod, 2, axis=-1)
+    z = modulate(LayerNorm(name='norm_final')(x), shift, scale)
+    if tied_embedding is None:
+      return Dense((self.out_features,), ('embed', self.out_name), kernel_init=zeros_init,
+                   bias_init=zeros_init, dtype=self.dtype, out_dtype=jnp.float32,
+                   name='linear')(z)
+    bias = self.param('bias', nn.with_logical_partitioning(zeros_init, (self.out_name,)),
+                      (self.out_features,), jnp.float32)
+    logits = jnp.einsum('blh,vh->blv', z.astype(self.dtype), tied_embedding.astype(self.dtype),
+                        preferred_element_type=jnp.float32)
+    return logits + bias
+
+
+def constrain(x: Array, names: LogicalNames) -> Array:
+  """Logical sharding constraint on an activation (no-op unless logical axis rules are set)."""
+  return nn.with_logical_constraint(x, names)
+
+
+# ----------------------------------------------------------------------------- call-site checks
+
+HEADS = ('hier', 'token')
+
+
+def check_heads(heads: Sequence[str]) -> tuple[str, ...]:
+  """Validate the requested heads (a static Python tuple, non-empty, from HEADS, no repeats)."""
+  heads = tuple(heads)
+  if not heads or any(h not in HEADS for h in heads) or len(set(heads)) != len(heads):
+    raise ValueError(f'heads={heads!r}: must be a non-empty tuple of distinct names from {HEADS}')
+  return heads
+
+
+def check_inputs(tokens: Array, levels: Array, t: Array, token_levels: Array | None, *,
+                 single_pass: bool, num_levels: int, heads: tuple[str, ...]) -> None:
+  """Shapes and dtypes of the apply_fn inputs (docs/design.md): tokens, levels [B, L] int; t [B].
+
+  token_levels [B, L] int: required by the single-pass token head when K > 1 (for K = 1 the level
+  carries no information and it may be omitted); rejected by the two-pass model.
+  """
+  chex.assert_rank(tokens, 2)
+  chex.assert_equal_shape([tokens, levels])
+  chex.assert_shape(t, (tokens.shape[0],))
+  chex.assert_type([tokens, levels], int)
+  if token_levels is not None:
+    if not single_pass:
+      raise ValueError("token_levels is only used by model.variant='single_pass'; the two-pass "
+                       'model takes the levels through the `levels` input (pass 2)')
+    chex.assert_equal_shape([tokens, token_levels])
+    chex.assert_type(token_levels, int)
+  elif single_pass and num_levels > 1 and 'token' in heads:
+    raise ValueError("model.variant='single_pass': the token head needs token_levels [B, L] "
+                     "(each position's own level, SPEC 4)")
