@@ -41,6 +41,9 @@ def get_base_config() -> ml_collections.ConfigDict:
   s.exponents = (1.0, 2.0)  # ω_k, power only
   s.eps = 1e-3
   s.check_ordering = 'error'  # 'error' | 'warn' | 'off', checked on the sampling grid
+  # >= 0: derive the offsets from K (train.resolve_config): δ_k = offsets_max·k/(K-1), δ=(0,) for
+  # K=1, so --config.model.num_levels=1 alone gives the MDLM twin; -1 = use `offsets` as given.
+  s.offsets_max = -1.0
 
   # Loss (SPEC 3, 5).
   c.loss = l = ml_collections.ConfigDict()
@@ -71,6 +74,7 @@ def get_base_config() -> ml_collections.ConfigDict:
   o.weight_decay = 0.0
   o.grad_clip = 1.0
   o.ema_decay = 0.9999
+  o.ema_warmup = False  # True: decay min(ema_decay, (1+n)/(10+n)) at update n (short runs)
 
   # Training loop.
   c.train = t = ml_collections.ConfigDict()
@@ -83,6 +87,9 @@ def get_base_config() -> ml_collections.ConfigDict:
   t.keep_period = 0  # also keep every k-th step forever; 0 = off
   t.max_bad_steps = 10  # consecutive NaN/Inf steps before stopping
   t.time_budget_s = 0.0  # stop (and checkpoint) after this wall time; 0 = off
+  t.final_eval = True  # evaluate once more after the last step
+  t.async_checkpoint = True  # Orbax writes in the background (always waited for at exit)
+  t.debug_nan_steps = ()  # fault injection: steps whose loss/grads are NaN (tests only)
 
   # Device mesh: product must equal the device count; -1 = all remaining devices.
   c.mesh = mesh = ml_collections.ConfigDict()

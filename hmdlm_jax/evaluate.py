@@ -58,7 +58,7 @@ Batch = Mapping[str, np.ndarray]
 
 DECODINGS = ('greedy', 'stochastic')
 # Field a pipeline may add to mark real rows of a padded eval batch (bool [B]); checked in order.
-VALID_FIELDS = ('valid', 'example_mask', 'is_real')
+VALID_FIELDS = ('weight', 'valid')  # data/pipeline.py: weight float32 [B], 1 real / 0 padding
 BOUND_TERMS = ('lm', 'hier', 'cons')
 
 
@@ -66,7 +66,7 @@ BOUND_TERMS = ('lm', 'hier', 'cons')
 # Jitting an apply_fn: parameters as traced arguments when we know them.
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, eq=False)
 class ParamsApply:
   """An apply_fn `builder(params)` that keeps its parameters apart from the function.
 
@@ -76,7 +76,7 @@ class ParamsApply:
   recompiled per call of an evaluator.
   """
   builder: Callable[[Any], ApplyFn]
-  params: Any = dataclasses.field(compare=False, hash=False, repr=False)
+  params: Any = dataclasses.field(repr=False)
 
   def __call__(self, tokens: jax.Array, levels: jax.Array, t: jax.Array, **kwargs: Any) -> dict:
     return self.builder(self.params)(tokens, levels, t, **kwargs)
@@ -129,9 +129,9 @@ def _row_validity(batch: Batch) -> np.ndarray:
   b = np.asarray(batch['tokens']).shape[0]
   for name in VALID_FIELDS:
     if name in batch:
-      v = np.asarray(batch[name]).astype(bool)
+      v = np.asarray(batch[name]) > 0
       if v.shape != (b,):
-        raise ValueError(f'batch[{name!r}] must be bool [B]={b}, got shape {v.shape}')
+        raise ValueError(f'batch[{name!r}] must have shape [B]=({b},), got {v.shape}')
       return v
   return np.ones((b,), bool)
 
@@ -182,7 +182,9 @@ def _fixed_batches(batches: Iterable[Batch], *, max_examples: int | None = None,
       yield core, valid
 
 
-def _progress(iterable: Iterable[Any], *, desc: str, enabled: bool, total: int | None = None):
+def _progress(iterable: Iterable[Any] | None, *, desc: str, enabled: bool,
+              total: int | None = None) -> Any:
+  """tqdm over `iterable` (or a manual bar when None); the iterable itself (or None) if disabled."""
   if not enabled:
     return iterable
   import tqdm  # pylint: disable=g-import-not-at-top
@@ -303,9 +305,9 @@ def _sudoku_sampler(apply_fn: ApplyFn, schedule: Schedule, cfg: sampling.SampleC
   return _jit_apply(apply_fn, make, ('sudoku_sample', schedule, cfg, batch_size))
 
 
-def _sudoku_inputs(batch: Mapping[str, np.ndarray], cfg: sampling.SampleConfig
-                   ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-  """Sampler conditioning: clue tokens/levels; blanks carry MASK / h_m so no answer leaks."""
+def _given_inputs(batch: Mapping[str, np.ndarray], cfg: sampling.SampleConfig
+                  ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+  """Sampler conditioning [B, L]: given tokens/levels; elsewhere MASK / h_m, so no answer leaks."""
   given = np.asarray(batch['given'], bool)
   tokens = np.where(given, batch['tokens'], cfg.mask_id).astype(np.int32)
   levels = np.where(given, batch['levels'], cfg.num_levels).astype(np.int32)
@@ -362,7 +364,7 @@ def evaluate_sudoku(apply_fn: ApplyFn, key: jax.Array, schedule: Schedule,
       it = _progress(enumerate(data), desc=f'sudoku {decoding} seed {seed}', enabled=progress,
                      total=len(data))
       for j, (batch, valid) in it:
-        out = run(jax.random.fold_in(seed_key, j), *_sudoku_inputs(batch, cfg))
+        out = run(jax.random.fold_in(seed_key, j), *_given_inputs(batch, cfg))
         out = jax.device_get(out)
         counts = _add_counts(counts, sudoku_counts(
             out.tokens, batch['tokens'], batch['given'], batch['levels'], k_levels,
@@ -432,44 +434,60 @@ def _loss_fns() -> Any:
 
 def _perplexity_step(apply_fn: ApplyFn, schedule: Schedule, loss_cfg: Any
                      ) -> Callable[..., dict[str, jax.Array]]:
-  """Jitted `(batch, key, t) -> {'lm','hier','cons','appendix_e'}` per-example values [B]."""
+  """Jitted `(batch, key, t) -> {'lm','hier','cons','appendix_e'}`, per-example values [B].
+
+  One corruption (x_t, h_t) per example serves both the bound and the Appendix E estimate
+  (common random numbers: their difference is less noisy than two independent draws); the pair
+  (corruption key, pick key) is split exactly as `losses.bound_per_example` splits its key.
+  """
   losses = _loss_fns()
 
   def make(a: ApplyFn) -> Callable[..., dict[str, jax.Array]]:
     def run(batch, key, t):
-      k_bound, k_est = jax.random.split(key)
-      bound = losses.bound_per_example(a, batch, k_bound, t, schedule, loss_cfg)
-      out = {n: jnp.asarray(bound[n], jnp.float32) for n in BOUND_TERMS}
-      out['appendix_e'] = jnp.asarray(
-          losses.appendix_e_per_example(a, batch, k_est, t, schedule, loss_cfg), jnp.float32)
+      k_mask, k_pick = jax.random.split(key)
+      xt, ht, masked = corruption.corrupt(k_mask, batch['tokens'], batch['levels'],
+                                          batch['given'], t, schedule, mask_id=loss_cfg.mask_id)
+      bound = losses.bound_from_state(a, batch, xt, ht, masked, t, k_pick, schedule, loss_cfg)
+      out = {n: bound[n] for n in BOUND_TERMS}
+      out['appendix_e'] = losses.appendix_e_from_state(a, batch, xt, ht, masked, t, schedule,
+                                                       loss_cfg)
       return out
     return run
 
   return _jit_apply(apply_fn, make, ('perplexity', schedule, loss_cfg))
 
 
+@functools.partial(jax.jit, static_argnums=(1, 2))
+def _stratified_valid_times(key: jax.Array, n: int, t_min: float) -> jax.Array:
+  k_t, k_perm = jax.random.split(key)
+  t = corruption.sample_times(k_t, n, t_min=t_min, antithetic=True)
+  return jax.random.permutation(k_perm, t)
+
+
 def _stratified_times(key: jax.Array, valid: np.ndarray, t_min: float) -> np.ndarray:
   """t [B] float32: stratified over the valid rows, randomly permuted over them (module doc)."""
-  k_t, k_perm = jax.random.split(key)
-  n = int(valid.sum())
-  t_valid = corruption.sample_times(k_t, n, t_min=t_min, antithetic=True)
-  t_valid = np.asarray(jax.random.permutation(k_perm, t_valid))
   t = np.full(valid.shape, 0.5, np.float32)  # padded rows: any finite time, never counted
-  t[valid] = t_valid
+  t[valid] = np.asarray(_stratified_valid_times(key, int(valid.sum()), float(t_min)))
   return t
 
 
 def _raise_non_finite(values: Mapping[str, np.ndarray], valid: np.ndarray, t: np.ndarray,
                       batch_index: int, r: int) -> None:
-  for name, v in values.items():
-    bad = valid & ~np.isfinite(v)
-    if bad.any():
-      i = int(np.argmax(bad))
-      raise FloatingPointError(
-          f'evaluate_perplexity: non-finite {name!r} = {v[i]} for batch {batch_index}, row {i} '
-          f'(t = {t[i]:.6g}, t-sample {r}); {int(bad.sum())} such rows in this batch. Refusing to '
-          'average a NaN/Inf; check the model (e.g. a hierarchy head without prior correction near '
-          't = δ_k, SPEC 4) or the data.')
+  bad = valid & ~np.all([np.isfinite(v) for v in values.values()], axis=0)  # [B]
+  if bad.any():
+    i = int(np.argmax(bad))
+    terms = ', '.join(f'{n}={values[n][i]}' for n in BOUND_TERMS + ('appendix_e',)
+                      if n in values and not np.isfinite(values[n][i]))
+    raise FloatingPointError(
+        f'evaluate_perplexity: non-finite per-example value(s) {terms} for batch {batch_index}, '
+        f'row {i} (t = {t[i]:.6g}, t-sample {r}); {int(bad.sum())} such rows in this batch. '
+        'Refusing to average a NaN/Inf; check the model (e.g. a hierarchy head without prior '
+        'correction near t = δ_k, SPEC 4) or the data.')
+
+
+def _exp(x: float) -> float:
+  """exp that overflows to inf (an untrained model's PPL can exceed float64) instead of raising."""
+  return math.exp(x) if x < 709.0 else math.inf
 
 
 def evaluate_perplexity(apply_fn: ApplyFn, schedule: Schedule, loss_cfg: Any,
@@ -526,12 +544,12 @@ def evaluate_perplexity(apply_fn: ApplyFn, schedule: Schedule, loss_cfg: Any,
   return {
       'bound_nats_per_token': bound,
       'bound_stderr': acc.stderr('bound'),
-      'ppl': math.exp(bound),
+      'ppl': _exp(bound),
       'lm_nats_per_token': acc.mean('lm'),
       'hier_nats_per_token': acc.mean('hier'),
       'cons_nats_per_token': acc.mean('cons'),
       'appendix_e_nats_per_token_estimate': est,
-      'ppl_appendix_e_estimate': math.exp(est),
+      'ppl_appendix_e_estimate': _exp(est),
       'num_tokens': int(acc.tokens),
       'num_sequences': acc.count,
       'num_t_samples': num_t_samples,
@@ -657,3 +675,571 @@ def sudoku_batch(quiz: np.ndarray, solution: np.ndarray | None = None) -> dict[s
     tokens = sudoku_data.to_tokens(solution)
   return {'tokens': tokens.astype(np.int32), 'levels': sudoku_data.hierarchy_levels(quiz),
           'given': given, 'loss_mask': ~given}
+
+
+# ----------------------------------------------------------------------------------------------
+# Text samples (SPEC 7, 8).
+
+
+@dataclasses.dataclass
+class TextSamples:
+  """Host arrays of generated rows: tokens/levels/reveal_step/given int|bool [N, L]; nfe per call."""
+  tokens: np.ndarray
+  levels: np.ndarray
+  reveal_step: np.ndarray
+  given: np.ndarray
+  nfe: list[int]
+
+
+def sample_rows(apply_fn: ApplyFn, key: jax.Array, schedule: Schedule,
+                sample_cfg: sampling.SampleConfig, *, num_samples: int, seq_len: int,
+                batch_size: int, prompts: Iterable[Batch] | None = None,
+                progress: bool = False) -> TextSamples:
+  """`num_samples` rows from the reverse process, in batches of `batch_size` (one compilation).
+
+  With `prompts` (pipeline batches whose `given` positions are e.g. WikiHow titles), sample n is
+  conditioned on the given positions of the n-th prompt row; otherwise sampling is unconditional.
+  Batch j uses `fold_in(key, j)`.
+  """
+  if num_samples < 1 or batch_size < 1:
+    raise ValueError(f'sample_rows: num_samples and batch_size must be >= 1, got {num_samples}, '
+                     f'{batch_size}')
+  conditional = prompts is not None
+
+  def make(a: ApplyFn) -> Callable[..., sampling.SampleOutput]:
+    def run(k, given_tokens=None, given_levels=None, given_mask=None):
+      return sampling.sample(a, k, schedule, sample_cfg, batch_size=batch_size, seq_len=seq_len,
+                             given_tokens=given_tokens, given_levels=given_levels,
+                             given_mask=given_mask)
+    return run
+
+  run = _jit_apply(apply_fn, make, ('rows', schedule, sample_cfg, batch_size, seq_len, conditional))
+  prompt_iter = None
+  if conditional:
+    rows = (dict(b, weight=v.astype(np.float32)) for b, v in _rebatch(prompts, batch_size))
+    prompt_iter = iter(rows)
+  parts: dict[str, list[np.ndarray]] = {'tokens': [], 'levels': [], 'reveal_step': [], 'given': []}
+  nfe, done, j = [], 0, 0
+  bar = _progress(None, desc='sampling', enabled=progress, total=-(-num_samples // batch_size))
+  while done < num_samples:
+    k = jax.random.fold_in(key, j)
+    if prompt_iter is not None:
+      try:
+        batch = next(prompt_iter)
+      except StopIteration:
+        raise ValueError(f'sample_rows: only {done} prompt rows for {num_samples} samples') from None
+      take = int((batch['weight'] > 0).sum())
+      gt, gl, gm = _given_inputs(batch, sample_cfg)
+      out = jax.device_get(run(k, gt, gl, gm))
+      given = gm
+    else:
+      take = batch_size
+      out = jax.device_get(run(k))
+      given = np.zeros((batch_size, seq_len), bool)
+    take = min(take, num_samples - done)
+    for name, arr in (('tokens', out.tokens), ('levels', out.levels),
+                      ('reveal_step', out.reveal_step), ('given', given)):
+      parts[name].append(np.asarray(arr)[:take])
+    nfe.append(int(out.nfe))
+    done += take
+    j += 1
+    if bar is not None:
+      bar.update()
+  if bar is not None:
+    bar.close()
+  return TextSamples(**{n: np.concatenate(v) for n, v in parts.items()}, nfe=nfe)
+
+
+def _rebatch(batches: Iterable[Batch], size: int) -> Iterator[tuple[dict[str, np.ndarray],
+                                                                    np.ndarray]]:
+  """Real rows of `batches` regrouped into batches of exactly `size` rows (last one padded)."""
+  buf: dict[str, list[np.ndarray]] = {}
+  count = 0
+
+  def flush(n_pad: int):
+    core = {k: np.concatenate(v) for k, v in buf.items()}
+    valid = np.ones(core['tokens'].shape[0], bool)
+    if n_pad:
+      core = {k: np.concatenate([v, np.repeat(v[:1], n_pad, axis=0)]) for k, v in core.items()}
+      valid = np.concatenate([valid, np.zeros(n_pad, bool)])
+    return core, valid
+
+  for j, batch in enumerate(batches):
+    _check_batch(batch, f'prompts[{j}]')
+    valid = _row_validity(batch)
+    for k in ('tokens', 'levels', 'given', 'loss_mask'):
+      buf.setdefault(k, []).append(np.asarray(batch[k])[valid])
+    count += int(valid.sum())
+    while count >= size:
+      core = {k: np.concatenate(v) for k, v in buf.items()}
+      yield {k: v[:size] for k, v in core.items()}, np.ones(size, bool)
+      buf = {k: [v[size:]] for k, v in core.items()}
+      count -= size
+  if count:
+    yield flush(size - count)
+
+
+def content_mask(tokens: np.ndarray, bos_id: int, eos_id: int) -> tuple[np.ndarray, np.ndarray]:
+  """Row extents of generated text, as `TextTokenizer.cut` sees them (SPEC 6: cut at the first
+  EOS / [SEP]).
+
+  Args:
+    tokens: int [N, L] generated rows (`BOS text EOS pad...`).
+    bos_id, eos_id: the tokenizer's row delimiters ([CLS]/[SEP], or <|endoftext|> twice).
+
+  Returns:
+    real bool [N, L]: the row as the data labeller sees it: positions up to and including the
+      first EOS that is not the opening BOS (everything when no EOS was generated);
+    text bool [N, L]: the content only: `real` without the opening BOS and without that EOS.
+  """
+  tokens = np.asarray(tokens)
+  pos = np.arange(tokens.shape[1])
+  start = (tokens[:, :1] == bos_id).astype(np.int64)  # [N, 1]: 1 if the row opens with BOS
+  is_eos = (tokens == eos_id) & (pos >= start)
+  first = np.where(is_eos.any(-1), is_eos.argmax(-1), tokens.shape[1])[:, None]  # [N, 1]
+  real = pos <= first
+  text = (pos >= start) & (pos < first)
+  return real, text
+
+
+def recomputed_text_levels(tokens: np.ndarray, real: np.ndarray, rule: str, tau: int
+                           ) -> np.ndarray | None:
+  """Levels the data labeller would give the generated tokens, or None if the rule needs more
+  than tokens (the 'position' rule needs the summary/body segments)."""
+  from hmdlm_jax.data import text as text_data  # pylint: disable=g-import-not-at-top
+  if rule == 'frequency':
+    return text_data.frequency_levels(tokens, real, tau)
+  if rule == 'none':
+    return np.zeros(np.shape(tokens), np.int32)
+  return None
+
+
+def text_sample_metrics(samples: TextSamples, tokenizer: Any, *, level_rule: str | None = None,
+                        tau: int = 1, references: Callable[[], list[str]] | None = None,
+                        scorer: generative_metrics.ARScorer | None = None,
+                        gen_ppl_model: str = generative_metrics.DEFAULT_SCORER,
+                        mauve_featurizer: str = generative_metrics.DEFAULT_FEATURIZER
+                        ) -> tuple[dict[str, Any], list[str]]:
+  """Entropy, gen PPL, MAUVE and level disagreement of decoded samples -> (metrics, texts).
+
+  `tokenizer` is a `data.tokenizers.TextTokenizer` (cut at the first EOS/[SEP], decode).
+  `references` is called only when MAUVE can run. Unavailable metrics are None with a reason.
+  """
+  real, text = content_mask(samples.tokens, tokenizer.bos_id, tokenizer.eos_id)
+  texts = [tokenizer.decode(row) for row in samples.tokens]
+  metrics: dict[str, Any] = {'num_samples': int(samples.tokens.shape[0]),
+                             'nfe': float(np.mean(samples.nfe))}
+  metrics.update(generative_metrics.entropy_report(samples.tokens, text & ~samples.given))
+  generated = real & ~samples.given
+  if level_rule is not None:
+    rec = recomputed_text_levels(samples.tokens, real, level_rule, tau)
+    if rec is None:
+      metrics['level_disagreement'] = None
+      metrics['level_disagreement_unavailable_reason'] = (
+          f'data.hierarchy={level_rule!r} levels cannot be recomputed from tokens alone')
+    else:
+      metrics['level_disagreement'] = _ratio((generated & (rec != samples.levels)).sum(),
+                                             generated.sum())
+  metrics.update(generative_metrics.gen_ppl_report(texts, scorer=scorer, model_name=gen_ppl_model))
+  refs = references() if references is not None and generative_metrics.mauve_unavailable() is None \
+      else []
+  metrics.update(generative_metrics.mauve_report(texts, refs, featurize_model_name=mauve_featurizer))
+  return metrics, texts
+
+
+# ----------------------------------------------------------------------------------------------
+# Task adapters and entry points (main.py).
+
+
+@dataclasses.dataclass
+class EvalContext:
+  """What an adapter needs: the config, the model as a `ParamsApply`, its schedule and the step."""
+  config: Any
+  apply_fn: ParamsApply
+  schedule: Schedule
+  step: int
+  workdir: str
+  progress: bool = True
+
+
+@dataclasses.dataclass(frozen=True)
+class TaskAdapter:
+  """Dataset-specific evaluation and sampling, registered in `TASKS` under config.eval.kind.
+
+  evaluate(ctx, max_examples, with_samples) -> results dict (JSON-able)
+  sample(ctx, puzzles, puzzle_file) -> (records for JSON lines, printable text)
+  summary(results) -> short human-readable lines
+  """
+  evaluate: Callable[[EvalContext, int | None, bool], dict[str, Any]]
+  sample: Callable[[EvalContext, Sequence[str] | None, str | None],
+                   tuple[list[dict[str, Any]], str]]
+  summary: Callable[[Mapping[str, Any]], list[str]]
+
+
+def _test_batches(config: Any) -> Iterable[Batch]:
+  from hmdlm_jax import data  # pylint: disable=g-import-not-at-top
+  # The whole test split on this process (every host evaluates everything; results are equal).
+  return data.get_dataset(config, 'test', seed=int(config.seed), process_index=0, process_count=1)
+
+
+def _seeds(config: Any) -> tuple[int, ...]:
+  seeds = config.sample.get('seeds', (0,))
+  seeds = (seeds,) if isinstance(seeds, int) else tuple(seeds)
+  if not seeds or any(isinstance(s, bool) or not isinstance(s, int) for s in seeds):
+    raise ValueError(f'config.sample.seeds must be a non-empty tuple of ints, got {seeds!r}')
+  return seeds
+
+
+def _sudoku_evaluate(ctx: EvalContext, max_examples: int | None, with_samples: bool
+                     ) -> dict[str, Any]:
+  del with_samples  # solving IS sampling for Sudoku
+  config = ctx.config
+  decodings = tuple(config.eval.get('decodings', DECODINGS))
+  return evaluate_sudoku(ctx.apply_fn, jax.random.PRNGKey(int(config.seed)), ctx.schedule,
+                         sampling.SampleConfig.from_config(config), _test_batches(config),
+                         seeds=_seeds(config), decodings=decodings, max_examples=max_examples,
+                         progress=ctx.progress)
+
+
+def _sudoku_sample(ctx: EvalContext, puzzles: Sequence[str] | None, puzzle_file: str | None
+                   ) -> tuple[list[dict[str, Any]], str]:
+  quizzes, solutions = [], None
+  for n, p in enumerate(puzzles or ()):
+    quizzes.append(parse_puzzle(p, where=f'puzzle {n + 1} on the command line'))
+  if puzzle_file:
+    q, solutions = read_puzzle_file(puzzle_file)
+    if quizzes:
+      solutions = None  # mixed sources: no solutions for the command-line ones
+    quizzes.extend(q)
+  if not quizzes:
+    raise ValueError('run_sample (sudoku): give puzzles (81 characters, "." or "0" for a blank) '
+                     'on the command line or a --puzzle_file')
+  quiz = np.stack(quizzes)
+  for n, q in enumerate(quiz):
+    if (q > 0).sum() == 0:
+      raise ValueError(f'puzzle {n + 1}: no givens')
+  try:
+    batch = sudoku_batch(quiz, solutions)
+  except ValueError as e:
+    raise ValueError(f'run_sample (sudoku): a puzzle is contradictory: {e}') from e
+  cfg = sampling.SampleConfig.from_config(ctx.config)
+  size = min(len(quiz), int(ctx.config.data.eval_batch_size))
+  run = _sudoku_sampler(ctx.apply_fn, ctx.schedule, cfg, size)
+  key = jax.random.fold_in(jax.random.PRNGKey(int(ctx.config.seed)), _seeds(ctx.config)[0])
+  records, lines = [], []
+  batches = [{k: v[i:i + size] for k, v in batch.items()} for i in range(0, len(quiz), size)]
+  for j, (b, valid) in enumerate(_fixed_batches(batches, what='puzzles')):
+    out = jax.device_get(run(jax.random.fold_in(key, j), *_given_inputs(b, cfg)))
+    for r in np.flatnonzero(valid):
+      n = j * size + int(r)
+      digits = sudoku_data.from_tokens(out.tokens[r])
+      valid_grid = bool(sudoku_data.is_valid_solution(digits)) and bool(
+          np.all(digits[quiz[n] > 0] == quiz[n][quiz[n] > 0]))
+      sol = None if solutions is None else solutions[n]
+      rec = {'index': n, 'quiz': ''.join(map(str, quiz[n])),
+             'prediction': ''.join(map(str, digits)), 'valid': valid_grid,
+             'solved': None if sol is None else bool(np.all(digits == sol)),
+             'levels': np.asarray(out.levels[r]).tolist(),
+             'labeller_levels': b['levels'][r].tolist(),
+             'reveal_step': np.asarray(out.reveal_step[r]).tolist(), 'nfe': int(out.nfe)}
+      records.append(rec)
+      status = 'valid' if valid_grid else 'INVALID'
+      if sol is not None:
+        status += ', solved' if rec['solved'] else ', NOT the stored solution'
+      lines.append(f'Puzzle {n + 1} ({status}; [d] = given, *d* = wrong):' if sol is not None
+                   else f'Puzzle {n + 1} ({status}; [d] = given):')
+      lines.append(format_sudoku(digits, quiz[n] > 0, sol))
+      lines.append('')
+  return records, '\n'.join(lines)
+
+
+def _sudoku_summary(res: Mapping[str, Any]) -> list[str]:
+  lines = [f'Sudoku: {res["num_puzzles"]} puzzles, seeds {res["seeds"]}']
+  for d in DECODINGS:
+    if d not in res:
+      continue
+    m, s = res[d]['mean'], res[d]['std']
+
+    def pct(k: str) -> str:
+      return 'n/a' if m.get(k) is None else f'{100 * m[k]:.2f}% ± {100 * s[k]:.2f}'
+    levels = ' '.join(f'L{k}={pct(f"cell_accuracy_level_{k}")}'
+                      for k in range(sudoku_data.NUM_LEVELS) if f'cell_accuracy_level_{k}' in m)
+    lines.append(f'  {d:10s} solve {pct("solve_rate")}  cell acc {pct("cell_accuracy")}  valid '
+                 f'{pct("valid_rate")}  level disagreement {pct("level_disagreement")}  nfe '
+                 f'{m["nfe"]:.1f}')
+    lines.append(f'  {"":10s} per level: {levels}')
+  return lines
+
+
+def _text_samples(ctx: EvalContext, num: int) -> tuple[TextSamples, Any]:
+  from hmdlm_jax.data import tokenizers as tokenizers_lib  # pylint: disable=g-import-not-at-top
+  config = ctx.config
+  tok = tokenizers_lib.tokenizer_from_config(config.data)
+  tokenizers_lib.check_vocab(config.model, tok)
+  cfg = sampling.SampleConfig.from_config(config)
+  prompts = None
+  if config.data.get('hierarchy', None) == 'position' or config.data.kind == 'wikihow':
+    prompts = _test_batches(config)  # WikiHow: condition on the test titles (given positions)
+  size = int(config.sample.num_samples)
+  samples = sample_rows(ctx.apply_fn, jax.random.fold_in(jax.random.PRNGKey(int(config.seed)),
+                                                         _seeds(config)[0]),
+                        ctx.schedule, cfg, num_samples=num, seq_len=int(config.model.seq_len),
+                        batch_size=min(size, num), prompts=prompts, progress=ctx.progress)
+  return samples, tok
+
+
+def _text_evaluate(ctx: EvalContext, max_examples: int | None, with_samples: bool
+                   ) -> dict[str, Any]:
+  from hmdlm_jax import losses  # pylint: disable=g-import-not-at-top
+  config = ctx.config
+  res = {'perplexity': evaluate_perplexity(
+      ctx.apply_fn, ctx.schedule, losses.LossConfig.from_config(config), _test_batches(config),
+      time_seed=int(config.eval.time_seed), num_t_samples=int(config.eval.num_t_samples),
+      max_examples=max_examples, progress=ctx.progress)}
+  num = int(config.eval.get('num_samples', 0) or 0)
+  if with_samples and num > 0:
+    samples, tok = _text_samples(ctx, num)
+
+    def references() -> list[str]:
+      refs = []
+      for b, v in _fixed_batches(_test_batches(config), max_examples=num):
+        refs.extend(tok.decode(row) for row in b['tokens'][v])
+      return refs
+
+    metrics, texts = text_sample_metrics(
+        samples, tok, level_rule=config.data.get('hierarchy', None),
+        tau=int(config.data.get('tau', 1)), references=references,
+        gen_ppl_model=config.eval.get('gen_ppl_model', generative_metrics.DEFAULT_SCORER),
+        mauve_featurizer=config.eval.get('mauve_featurizer', generative_metrics.DEFAULT_FEATURIZER))
+    res['samples'] = metrics
+    path = os.path.join(ctx.workdir, f'samples_{ctx.step}.jsonl')
+    _write_jsonl(path, _text_records(samples, texts))
+    res['samples']['path'] = path
+  return res
+
+
+def _text_records(samples: TextSamples, texts: Sequence[str]) -> list[dict[str, Any]]:
+  return [{'index': n, 'text': texts[n], 'tokens': samples.tokens[n].tolist(),
+           'levels': samples.levels[n].tolist(), 'reveal_step': samples.reveal_step[n].tolist(),
+           'given': samples.given[n].astype(int).tolist()} for n in range(len(texts))]
+
+
+def _text_sample(ctx: EvalContext, puzzles: Sequence[str] | None, puzzle_file: str | None
+                 ) -> tuple[list[dict[str, Any]], str]:
+  if puzzles or puzzle_file:
+    raise ValueError(f'puzzles / --puzzle_file are for eval.kind=sudoku, not '
+                     f'{ctx.config.eval.kind!r}')
+  samples, tok = _text_samples(ctx, int(ctx.config.sample.num_samples))
+  texts = [tok.decode(row) for row in samples.tokens]
+  text = '\n'.join(f'[{n}] {t}' for n, t in enumerate(texts))
+  return _text_records(samples, texts), text
+
+
+def _text_summary(res: Mapping[str, Any]) -> list[str]:
+  p = res['perplexity']
+  lines = [
+      f'Bound ({p["bound_kind"]}): {p["bound_nats_per_token"]:.4f} ± {p["bound_stderr"]:.4f} '
+      f'nats/token  PPL {p["ppl"]:.3f}  (lm {p["lm_nats_per_token"]:.4f}, hier '
+      f'{p["hier_nats_per_token"]:.4f}, cons {p["cons_nats_per_token"]:.4f}) over '
+      f'{p["num_tokens"]} tokens / {p["num_sequences"]} sequences',
+      f'Appendix E estimate (not a bound): PPL {p["ppl_appendix_e_estimate"]:.3f}',
+  ]
+  s = res.get('samples')
+  if s:
+    def show(k: str) -> str:
+      v = s.get(k)
+      return f'{v:.4f}' if isinstance(v, float) else f'n/a ({s.get(k + "_unavailable_reason")})'
+    lines.append(f'Samples: {s["num_samples"]}  entropy {show("entropy")}  gen PPL '
+                 f'{show("gen_ppl")}  MAUVE {show("mauve")}')
+  return lines
+
+
+TASKS: dict[str, TaskAdapter] = {
+    'sudoku': TaskAdapter(_sudoku_evaluate, _sudoku_sample, _sudoku_summary),
+    'perplexity': TaskAdapter(_text_evaluate, _text_sample, _text_summary),
+}
+
+
+def _adapter(config: Any) -> TaskAdapter:
+  kind = config.eval.kind
+  if kind not in TASKS:
+    raise ValueError(f'config.eval.kind={kind!r} is not one of {sorted(TASKS)}')
+  return TASKS[kind]
+
+
+def _schedule(config: Any) -> Schedule:
+  from hmdlm_jax import schedules  # pylint: disable=g-import-not-at-top
+  return schedules.schedule_from_config(config.schedule, int(config.model.num_levels))
+
+
+def _context(config: Any, params: Any, step: int, workdir: str, *, progress: bool
+             ) -> EvalContext:
+  from hmdlm_jax import models  # pylint: disable=g-import-not-at-top
+  apply_fn = ParamsApply(FlaxApplyBuilder(models.build_model(config.model)), params)
+  return EvalContext(config=config, apply_fn=apply_fn, schedule=_schedule(config), step=int(step),
+                     workdir=workdir, progress=progress)
+
+
+def _eval_params(config: Any, state: Any) -> Any:
+  """EMA parameters when config.eval.use_ema (and the state has them), else the raw ones."""
+  if config.eval.get('use_ema', True):
+    ema = getattr(state, 'ema_params', None)
+    if ema is None:
+      raise ValueError('config.eval.use_ema=True but the train state has no ema_params; set '
+                       '--config.eval.use_ema=False')
+    return ema
+  return state.params
+
+
+class _DiscardIteratorState:
+  """Receives the input-pipeline state stored with a checkpoint and drops it: evaluation reads
+  its own test split, so only the train state of `checkpoint.Checkpointer.restore` is used."""
+
+  def set_state(self, state: Any) -> None:
+    del state
+
+  def start_prefetch(self) -> None:
+    pass
+
+
+def _restore(config: Any, workdir: str, step: int | None) -> tuple[Any, int]:
+  """(evaluation params, step) of checkpoint `step` (latest if None) in DIR/checkpoints.
+
+  The whole TrainState is restored with `checkpoint.Checkpointer.restore` into the shardings the
+  training code uses on this machine's devices (`train.state_shardings`), then EMA or raw params
+  are taken (config.eval.use_ema). The checkpoint must come from the same process count (Grain
+  stores its iterator state per process).
+  """
+  from hmdlm_jax import checkpoint  # pylint: disable=g-import-not-at-top
+  from hmdlm_jax import models  # pylint: disable=g-import-not-at-top
+  from hmdlm_jax import sharding  # pylint: disable=g-import-not-at-top
+  from hmdlm_jax import train  # pylint: disable=g-import-not-at-top
+  if not os.path.isdir(os.path.join(workdir, 'checkpoints')):
+    raise checkpoint.CheckpointError(f'No checkpoints in {workdir!r} (expected '
+                                     f'{os.path.join(workdir, "checkpoints")}); train first or '
+                                     'pass the --workdir of a training run.')
+  mesh = sharding.make_mesh(config.mesh)
+  abstract, _ = train.state_shardings(config, models.build_model(config.model), mesh)
+  ckpt = checkpoint.Checkpointer(workdir, config.train)
+  try:
+    state, meta = ckpt.restore(abstract, _DiscardIteratorState(), step)
+  finally:
+    ckpt.close()
+  restored = int(meta.get('step', jax.device_get(state.step)))
+  return _eval_params(config, state), restored
+
+
+def _resolved(config: Any) -> Any:
+  from hmdlm_jax import train  # pylint: disable=g-import-not-at-top
+  return train.resolve_config(config)  # idempotent: derived fields (schedule offsets)
+
+
+def _json_safe(o: Any) -> Any:
+  """Non-finite floats -> 'nan' / 'inf' / '-inf' strings (JSON has no NaN; as metrics.py)."""
+  if isinstance(o, Mapping):
+    return {str(k): _json_safe(v) for k, v in o.items()}
+  if isinstance(o, (list, tuple)):
+    return [_json_safe(v) for v in o]
+  if isinstance(o, (float, np.floating)) and not math.isfinite(float(o)):
+    return 'nan' if math.isnan(float(o)) else ('inf' if o > 0 else '-inf')
+  return o
+
+
+def _write_json(path: str, obj: Any) -> None:
+  os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+  tmp = path + '.tmp'
+  with open(tmp, 'w', encoding='utf-8') as f:
+    json.dump(_json_safe(obj), f, indent=2, allow_nan=False, default=_json_default)
+  os.replace(tmp, path)
+
+
+def _write_jsonl(path: str, records: Iterable[Mapping[str, Any]]) -> None:
+  os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+  with open(path, 'w', encoding='utf-8') as f:
+    for r in records:
+      f.write(json.dumps(r, allow_nan=False, default=_json_default) + '\n')
+
+
+def _json_default(o: Any) -> Any:
+  if isinstance(o, np.generic):
+    return o.item()
+  if isinstance(o, np.ndarray):
+    return o.tolist()
+  raise TypeError(f'not JSON serialisable: {type(o).__name__}')
+
+
+def run_eval(config: Any, workdir: str, step: int | None = None, *,
+             progress: bool = True) -> dict[str, Any]:
+  """Evaluates checkpoint `step` (default: latest) of workdir with the `config.eval.kind` adapter.
+
+  Writes DIR/eval_<step>.json ({'step', 'kind', 'use_ema', 'results'}) and prints a summary.
+  """
+  config = _resolved(config)
+  adapter = _adapter(config)
+  params, step = _restore(config, workdir, step)
+  ctx = _context(config, params, step, workdir, progress=progress)
+  start = time.perf_counter()
+  results = adapter.evaluate(ctx, None, True)
+  report = {'step': step, 'kind': config.eval.kind, 'use_ema': bool(config.eval.use_ema),
+            'seconds': time.perf_counter() - start, 'results': results}
+  path = os.path.join(workdir, f'eval_{step}.json')
+  _write_json(path, report)
+  print(f'Evaluation of step {step} ({config.eval.kind}, '
+        f'{"EMA" if config.eval.use_ema else "raw"} params) -> {path}')
+  for line in adapter.summary(results):
+    print(line)
+  return report
+
+
+def flatten_metrics(tree: Mapping[str, Any], prefix: str = '') -> dict[str, float]:
+  """Nested results -> {'a/b/c': float} of the finite numbers only (for metrics.jsonl / TB)."""
+  out: dict[str, float] = {}
+  for k, v in tree.items():
+    name = f'{prefix}{k}'
+    if isinstance(v, Mapping):
+      out.update(flatten_metrics(v, name + '/'))
+    elif isinstance(v, (int, float, np.number)) and not isinstance(v, bool):
+      if math.isfinite(float(v)):
+        out[name] = float(v)
+  return out
+
+
+def evaluate_during_training(config: Any, state: Any, step: int, workdir: str) -> dict[str, float]:
+  """The `config.eval.kind` evaluation of the live train state on `config.eval.num_examples`.
+
+  Uses EMA params when config.eval.use_ema. No samples for text (gen PPL / MAUVE are run by
+  `run_eval`). Compilations are cached per model, so repeated calls do not recompile. Returns the
+  flat scalars (`flatten_metrics`) for the training loop's metrics writer; the full nested report
+  goes to DIR/eval_train_<step>.json.
+  """
+  adapter = _adapter(config)
+  num = int(config.eval.get('num_examples', 0) or 0)
+  ctx = _context(config, _eval_params(config, state), step, workdir, progress=False)
+  results = adapter.evaluate(ctx, num if num > 0 else None, False)
+  _write_json(os.path.join(workdir, f'eval_train_{int(step)}.json'),
+              {'step': int(step), 'kind': config.eval.kind, 'num_examples': num,
+               'results': results})
+  return flatten_metrics(results)
+
+
+def run_sample(config: Any, workdir: str, puzzles: Sequence[str] | None = None,
+               puzzle_file: str | None = None, out: str | None = None, *,
+               step: int | None = None) -> list[dict[str, Any]]:
+  """Samples from checkpoint `step` (latest) of workdir, prints them and saves JSON lines.
+
+  Sudoku: solves `puzzles` (81-character strings, '.' or '0' = blank) and/or the puzzles of
+  `puzzle_file` (one per line, or the `quiz,solution` CSV) and prints each grid (givens `[d]`).
+  Text: `config.sample.num_samples` samples (WikiHow: conditioned on test titles), decoded and cut
+  at the first [SEP]/EOS. Every record holds the tokens' reveal steps. Default output:
+  DIR/samples_<step>.jsonl.
+  """
+  config = _resolved(config)
+  adapter = _adapter(config)
+  params, step = _restore(config, workdir, step)
+  ctx = _context(config, params, step, workdir, progress=False)
+  records, text = adapter.sample(ctx, puzzles, puzzle_file)
+  path = out or os.path.join(workdir, f'samples_{step}.jsonl')
+  _write_jsonl(path, records)
+  print(text)
+  print(f'{len(records)} samples of step {step} -> {path}', file=sys.stderr)
+  return records

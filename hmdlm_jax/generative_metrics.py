@@ -266,6 +266,13 @@ class TransformersFeaturizer:
     return np.stack(feats)
 
 
+def mauve_unavailable() -> str | None:
+  """Why MAUVE cannot run here (package missing), or None when `mauve` is importable."""
+  if importlib.util.find_spec('mauve') is None:
+    return "the 'mauve-text' package (module 'mauve') is not installed"
+  return None
+
+
 def mauve_report(samples: Sequence[str], references: Sequence[str], *,
                  featurizer: TransformersFeaturizer | None = None,
                  featurize_model_name: str = DEFAULT_FEATURIZER, seed: int = 25,
@@ -274,9 +281,9 @@ def mauve_report(samples: Sequence[str], references: Sequence[str], *,
 
   Returns `{'mauve': float}` or `{'mauve': None, 'mauve_unavailable_reason': str}`.
   """
-  if importlib.util.find_spec('mauve') is None:
-    return {'mauve': None,
-            'mauve_unavailable_reason': "the 'mauve-text' package (module 'mauve') is not installed"}
+  reason = mauve_unavailable()
+  if reason is not None:
+    return {'mauve': None, 'mauve_unavailable_reason': reason}
   if not samples or not references:
     return {'mauve': None, 'mauve_unavailable_reason':
             f'need samples and reference texts, got {len(samples)} and {len(references)}'}

@@ -168,7 +168,8 @@ def diffusion_loss(apply_fn: ApplyFn, batch: Mapping[str, Any], key: jax.Array,
   Args:
     apply_fn: denoiser (docs/design.md contract).
     batch: dict tokens, levels [B, L] int; given, loss_mask [B, L] bool.
-    key: PRNG key (times, corruption, reveal set).
+    key: PRNG key, split as `k_t, k_mask, k_reveal = jax.random.split(key, 3)` for
+      `sample_times`, `corrupt` and `reveal_levels`.
     schedule: K-level schedule.
     cfg: LossConfig.
   Returns:
@@ -205,7 +206,10 @@ def diffusion_loss(apply_fn: ApplyFn, batch: Mapping[str, Any], key: jax.Array,
 
   n_b = loss_mask.sum(-1).astype(jnp.float32)  # [B]
   w = n_b / jnp.maximum(n_b.sum(), 1.0)  # token-weighted batch mean (MDLM)
-  mean = lambda x: (w * x.astype(jnp.float32)).sum()
+
+  def mean(x: jax.Array) -> jax.Array:
+    return (w * x.astype(jnp.float32)).sum()
+
   lm, hier, cons = mean(terms['lm']), mean(terms['hier']), mean(terms['cons'])
   loss = lm + cfg.beta_hier * hier + cfg.beta_cons * cons
   sel = masked & loss_mask
@@ -245,7 +249,8 @@ def bound_per_example(apply_fn: ApplyFn, batch: Mapping[str, Any], key: jax.Arra
   terms (equality for the exact posterior when ε = 0).
 
   Args:
-    apply_fn: denoiser; batch: as in `diffusion_loss`; key: PRNG key; t: [B] times.
+    apply_fn: denoiser; batch: as in `diffusion_loss`; t: [B] times.
+    key: PRNG key, split as `k_mask, k_pick = jax.random.split(key)` (corruption, choice of j).
   Returns:
     dict of [B] float32 (float64 if t is float64): 'lm', 'hier', 'cons', 'total' (per loss token)
     and 'num_tokens' (loss positions N_b; aggregate a data set as Σ total·N / Σ N).
@@ -301,7 +306,7 @@ def appendix_e_per_example(apply_fn: ApplyFn, batch: Mapping[str, Any], key: jax
 
   Σ_{masked loss i} r_i(t) · (-log f^i[x0^i]) / N_b with r_i = Σ_k g^i_k λ'_k(t) (pass 1 on
   (x_t, h_t)) and pass 2 on (x_t, h_t): no level information. An estimate, not a bound (SPEC 8).
-  For K = 1, r_i = λ'_0(t) and this is MDLM's NELBO.
+  For K = 1, r_i = λ'_0(t) and this is MDLM's NELBO. `key` drives `corrupt` directly.
   """
   _check(schedule, cfg)
   tokens, levels, given, _ = _unpack(batch)

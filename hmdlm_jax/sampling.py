@@ -208,28 +208,61 @@ def _step_level_weights(log_g: jax.Array, lam: jax.Array, active: jax.Array,
     log_w: [B, L, K] log reveal weight per level (sums to <= 1 over k; == 1 at the last step).
     log_stay: [B, L] log(1 - Σ_k w_k) (-inf at the last step).
   """
-  log_w = log_g + _log(lam)  # Algorithm 2 line 11
-  pi = jnp.clip(jnp.sum(jnp.exp(log_w), axis=-1), 0.0, 1.0)
-  log_stay = _log(1.0 - pi)
-  # Last step: allowed = active levels (all levels if none is active at t = 1/T).
-  allowed = jnp.where(jnp.any(active), active, True)
-  log_allowed = jnp.where(allowed, 0.0, -jnp.inf)
-  log_last = log_g + log_allowed
-  norm = jax.nn.logsumexp(log_last, axis=-1, keepdims=True)
-  # All mass lost (g ≈ 0 on every allowed level): uniform over the allowed levels.
-  lost = ~jnp.isfinite(norm)
-  log_last = jnp.where(lost, log_allowed, log_last)
-  log_last = log_last - jax.nn.logsumexp(log_last, axis=-1, keepdims=True)
-  log_w = jnp.where(is_last, log_last, log_w)
-  log_stay = jnp.where(is_last, -jnp.inf, log_stay)
-  return log_w, log_stay
+
+  def regular() -> tuple[jax.Array, jax.Array]:
+    log_w = log_g + _log(lam)  # Algorithm 2 line 11
+    pi = jnp.clip(jnp.sum(jnp.exp(log_w), axis=-1), 0.0, 1.0)
+    return log_w, _log(1.0 - pi)
+
+  def last() -> tuple[jax.Array, jax.Array]:
+    # Allowed = active levels (all levels if none is active at t = 1/T).
+    allowed = jnp.where(jnp.any(active), active, True)
+    log_allowed = jnp.where(allowed, 0.0, -jnp.inf)
+    log_w = log_g + log_allowed
+    # All mass lost (g ≈ 0 on every allowed level): uniform over the allowed levels.
+    lost = ~jnp.isfinite(jax.nn.logsumexp(log_w, axis=-1, keepdims=True))
+    log_w = jnp.where(lost, log_allowed, log_w)
+    log_w = log_w - jax.nn.logsumexp(log_w, axis=-1, keepdims=True)
+    return log_w, jnp.full(log_w.shape[:-1], -jnp.inf, log_w.dtype)
+
+  return jax.lax.cond(is_last, last, regular)
+
+
+def _categorical_icdf(key: jax.Array, log_p: jax.Array) -> jax.Array:
+  """One draw per row from a small categorical by inverse CDF: log_p [..., C] -> int32 [...].
+
+  `log_p` may be unnormalised (finite maximum <= ~80 so that exp does not overflow).
+
+  One uniform per row instead of C Gumbels (the level draw runs at every step on every position,
+  and Gumbel noise dominated the sampler's cost). Float32 cumsum over C <= K + 1 classes is exact to
+  ~1e-7 relative. Zero-probability classes are never returned: if round-off puts u at the total,
+  the last class with positive mass is taken (so a zero 'stay' mass never leaves a position masked).
+  """
+  p = jnp.exp(log_p.astype(jnp.float32))
+  c = jnp.cumsum(p, axis=-1)
+  u = jax.random.uniform(key, p.shape[:-1], jnp.float32) * c[..., -1]
+  idx = jnp.sum(c <= u[..., None], axis=-1)
+  num = p.shape[-1]
+  last_pos = num - 1 - jnp.argmax(jnp.flip(p > 0, axis=-1), axis=-1)
+  return jnp.where(idx >= num, last_pos, idx).astype(jnp.int32)
+
+
+_ICDF_MAX_CLASSES = 64
 
 
 def _draw_tokens(key: jax.Array, token_logp: jax.Array, cfg: SampleConfig) -> jax.Array:
-  """Tokens [B, L] from log f [B, L, V]: argmax (greedy) or a draw at temperature τ."""
+  """Tokens [B, L] from log f [B, L, V]: argmax (greedy) or a draw at temperature τ.
+
+  Small vocabularies (V <= 64: toys, Sudoku) use the inverse CDF (one uniform per position); large
+  ones use Gumbel-max, whose float32 accuracy does not degrade with V as a long cumsum would.
+  """
   if cfg.greedy:
     return jnp.argmax(token_logp, axis=-1).astype(jnp.int32)
-  return jax.random.categorical(key, token_logp / cfg.temperature, axis=-1).astype(jnp.int32)
+  logits = token_logp / cfg.temperature
+  if logits.shape[-1] <= _ICDF_MAX_CLASSES:
+    # Unnormalised is fine (the inverse CDF scales by the total); shift for exp's range.
+    return _categorical_icdf(key, logits - jnp.max(logits, axis=-1, keepdims=True))
+  return jax.random.categorical(key, logits, axis=-1).astype(jnp.int32)
 
 
 def _validate_given(given_tokens, given_levels, given_mask, batch_size: int, seq_len: int,
@@ -346,10 +379,9 @@ def sample(apply_fn: ApplyFn, key: jax.Array, schedule: Schedule, cfg: SampleCon
     if cfg.ordering == 'ancestral':
       # Algorithm 2 line 11: Cat(λ_0 g_0, …, λ_{K-1} g_{K-1}, stay) per masked position.
       logits = jnp.concatenate([log_w, log_stay[..., None]], axis=-1)
-      drawn = jax.random.categorical(k_level, logits, axis=-1).astype(jnp.int32)
-      reveal_now = masked & (drawn < num_levels)
-      new_h = jnp.where(reveal_now, drawn, h)
-      pass2_levels = new_h  # Algorithm 2 line 17: h carries the drawn levels at R
+      drawn = _categorical_icdf(k_level, logits)
+      reveal_now = masked & (drawn < num_levels)  # the set R
+      pass2_levels = jnp.where(reveal_now, drawn, h)  # Algorithm 2 line 17: drawn levels at R
     else:
       pi = jnp.where(masked, jnp.sum(jnp.exp(log_w), axis=-1), 0.0)  # [B, L]
       cand = jnp.argmax(log_w, axis=-1).astype(jnp.int32)  # ĥ = argmax_k λ_k g_k
@@ -383,10 +415,8 @@ def sample(apply_fn: ApplyFn, key: jax.Array, schedule: Schedule, cfg: SampleCon
     else:
       new_x, chosen = tokens_and_reveal()
       nfe = nfe + 1
-    if cfg.ordering == 'ancestral':
-      new_h = jnp.where(chosen, pass2_levels, h)
-    else:
-      new_h = jnp.where(chosen, cand, h)
+    # Freeze the revealed pairs (Algorithm 2 line 21); pass2_levels holds the drawn / candidate level.
+    new_h = jnp.where(chosen, pass2_levels, h)
     reveal = jnp.where(chosen, n, reveal)
     # (x, h) changed -> the cached pass-1 logits are stale.
     cache_valid = cache_valid & ~jnp.any(chosen)

@@ -159,27 +159,25 @@ def logical_to_sharding(logical_spec: P | None, shape: Sequence[int], mesh: Mesh
   return NamedSharding(mesh, P(*mesh_spec))
 
 
-def tree_shardings(abstract_boxed: Any, mesh: Mesh,
-                   rules: Sequence[tuple[str, Any]] | None = None) -> Any:
-  """Shardings for a pytree that may contain `nn.Partitioned` boxes (from `jax.eval_shape`).
+def param_shardings(logical_spec_tree: Any, abstract_params: Any, mesh: Mesh,
+                    rules: Sequence[tuple[str, Any]] | None = None) -> Any:
+  """NamedSharding tree for the parameters.
 
   Args:
-    abstract_boxed: tree of ShapeDtypeStruct leaves, some wrapped in flax `AxisMetadata` boxes.
+    logical_spec_tree: PartitionSpec tree of logical axis names (`models.logical_specs`), same
+      structure as the parameters; a None leaf (or empty spec) means replicated.
+    abstract_params: ShapeDtypeStruct tree of the parameters (`models.abstract_params`).
     mesh: the device mesh.
-    rules: logical rules; default `logical_rules()`.
-  Returns:
-    A tree of NamedSharding with the structure of the *unboxed* tree (boxes become leaves).
+    rules: logical rules; default `logical_rules()` (the models' LOGICAL_RULES).
   """
   rules = logical_rules() if rules is None else tuple(rules)
-  is_box = lambda x: isinstance(x, nn.meta.AxisMetadata)
-
-  def leaf(x: Any) -> NamedSharding:
-    if is_box(x):
-      value = x.unbox()
-      return logical_to_sharding(x.get_partition_spec(), value.shape, mesh, rules)
-    return NamedSharding(mesh, P())  # scalars, counters, keys: replicated
-
-  return jax.tree.map(leaf, abstract_boxed, is_leaf=is_box)
+  specs = jax.tree.leaves(logical_spec_tree, is_leaf=lambda x: isinstance(x, P) or x is None)
+  leaves, treedef = jax.tree.flatten(abstract_params)
+  if len(specs) != len(leaves):
+    raise ValueError(f'logical spec tree has {len(specs)} leaves but the parameter tree has '
+                     f'{len(leaves)}; they must have the same structure.')
+  return jax.tree.unflatten(
+      treedef, [logical_to_sharding(s, x.shape, mesh, rules) for s, x in zip(specs, leaves)])
 
 
 def shardings_like_params(abstract_tree: Any, param_shardings: Any, abstract_params: Any,

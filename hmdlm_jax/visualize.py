@@ -25,7 +25,7 @@ from __future__ import annotations
 import io
 import os
 from collections.abc import Sequence
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 import matplotlib
 
@@ -307,7 +307,7 @@ def plot_sudoku_reveal(quiz: str | np.ndarray, tokens: np.ndarray, levels: np.nd
 
 def plot_sudoku_reveal_comparison(hmdlm_out: Any, mdlm_out: Any, quiz: str | np.ndarray, *,
                                   num_steps: int, index: int = 0,
-                                  hmdlm_num_levels: int = SUDOKU_NUM_LEVELS,
+                                  hmdlm_num_levels: int = SUDOKU_NUM_LEVELS, mdlm_num_levels: int = 1,
                                   solution: str | np.ndarray | None = None,
                                   titles: tuple[str, str] = ('HMDLM', 'MDLM'), cmap: str = REVEAL_CMAP,
                                   path: str | os.PathLike[str] | None = None) -> Figure:
@@ -315,11 +315,13 @@ def plot_sudoku_reveal_comparison(hmdlm_out: Any, mdlm_out: Any, quiz: str | np.
 
   Args:
     hmdlm_out, mdlm_out: `sampling.SampleOutput`s (or anything with `tokens`, `levels`,
-      `reveal_step` arrays of shape [B, 81] or [81]); row `index` is drawn. MDLM is drawn with K = 1.
+      `reveal_step` arrays of shape [B, 81] or [81]); row `index` is drawn. Any two runs on the same
+      puzzle can be compared (e.g. two decodings of one model: set `mdlm_num_levels` and `titles`).
     quiz: the puzzle both were conditioned on (81 digits, 0 = blank).
     num_steps: T used by both samplers.
     index: which batch row to draw.
-    hmdlm_num_levels: K of the HMDLM model.
+    hmdlm_num_levels: K of the left run.
+    mdlm_num_levels: K of the right run (1 for MDLM).
     solution: optional true solution to mark wrong digits.
     titles: axes titles.
     cmap: reveal colormap.
@@ -330,12 +332,13 @@ def plot_sudoku_reveal_comparison(hmdlm_out: Any, mdlm_out: Any, quiz: str | np.
   """
   fig = _new_figure((10.6, 5.0))
   axes = fig.subplots(1, 2)
-  for ax, out, k_levels, name in zip(axes, (hmdlm_out, mdlm_out), (hmdlm_num_levels, 1), titles):
+  for ax, out, k_levels, name in zip(axes, (hmdlm_out, mdlm_out), (hmdlm_num_levels, mdlm_num_levels),
+                                     titles):
     tokens, levels, steps = (_row(getattr(out, f), index, f) for f in ('tokens', 'levels', 'reveal_step'))
     _draw_sudoku(ax, quiz, tokens, levels, steps, num_steps, num_levels=k_levels, solution=solution,
                  cmap=cmap, title=name)
   _reveal_colorbar(fig, list(axes), num_steps, cmap)
-  _level_legend(fig, hmdlm_num_levels)
+  _level_legend(fig, max(hmdlm_num_levels, mdlm_num_levels))
   return _finish(fig, path)
 
 
@@ -473,14 +476,15 @@ def plot_text_reveal(token_strings: Sequence[str], reveal_step: np.ndarray, leve
 
 def save_sample_pictures(config: Any, workdir: str | os.PathLike[str], outputs: Any, *,
                          given: np.ndarray | None = None, solution: np.ndarray | None = None,
-                         decode_fn: Any = None, max_pictures: int = 4, gif: bool = True,
-                         subdir: str = 'pictures') -> list[str]:
+                         decode_fn: Any = None, eos_id: int | None = None, max_pictures: int = 4,
+                         gif: bool = True, subdir: str = 'pictures') -> list[str]:
   """Writes reveal-order pictures of the first samples into `workdir/subdir`; returns the paths.
 
   Sudoku (`config.data.kind == 'sudoku'`): `sudoku_reveal_{i}.png` per sample (i < max_pictures) and,
   if `gif`, `sudoku_reveal_0.gif`. The quiz is read from `given` (True at clues) and the sampled tokens
   (clues are copied through by the sampler). Text: `text_reveal_{i}.png`, with `decode_fn(ids [L]) ->
-  list of L strings` turning token ids into one string per position.
+  list of L strings` turning token ids into one string per position; with `eos_id` a row is drawn up
+  to and including its first `eos_id` (SPEC 6: samples are cut at the first [SEP]).
 
   Args:
     config: the experiment config (uses data.kind, model.num_levels, sample.num_steps).
@@ -490,6 +494,7 @@ def save_sample_pictures(config: Any, workdir: str | os.PathLike[str], outputs: 
       convention `reveal_step == T + 1`.
     solution: optional int [B, L] true tokens (Sudoku: marks wrong digits).
     decode_fn: text only, ids -> per-position strings.
+    eos_id: text only, optional end-of-row id to cut at.
     max_pictures: how many samples to draw.
     gif: Sudoku only, also write the GIF of sample 0.
     subdir: folder inside workdir.
@@ -532,17 +537,72 @@ def save_sample_pictures(config: Any, workdir: str | os.PathLike[str], outputs: 
     else:
       if decode_fn is None:
         raise ValueError(f'save_sample_pictures: data.kind={kind!r} needs decode_fn (ids -> strings)')
-      strings = list(decode_fn(tokens[i]))
+      ids = tokens[i]
+      length = ids.shape[0]
+      if eos_id is not None and np.any(ids == eos_id):
+        length = int(np.argmax(ids == eos_id)) + 1
+      strings = list(decode_fn(ids[:length]))
       path = out_dir / f'text_reveal_{i}.png'
-      plot_text_reveal(strings, steps[i], levels[i], num_steps, given=given_arr[i],
+      plot_text_reveal(strings, steps[i, :length], levels[i, :length], num_steps,
+                       given=given_arr[i, :length],
                        num_levels=num_levels, title=f'sample {i} (K = {num_levels}, T = {num_steps})',
                        path=path)
       paths.append(os.fspath(path))
   return paths
 
 
+def save_record_pictures(config: Any, workdir: str | os.PathLike[str],
+                         records: Sequence[dict[str, Any]], *, tokenizer: Any = None,
+                         max_pictures: int = 4, gif: bool = True,
+                         subdir: str = 'pictures') -> list[str]:
+  """`save_sample_pictures` for the JSON records of `evaluate.run_sample`; returns the paths.
+
+  Sudoku records carry 'quiz' and 'prediction' (81-digit strings), 'levels' and 'reveal_step';
+  text records 'tokens', 'levels', 'reveal_step' and 'given'. Text tokens are drawn as the
+  tokenizer's pieces (`tokenizer.hf.convert_ids_to_tokens`), cut after the first EOS ([SEP]);
+  `tokenizer` defaults to `data.tokenizers.tokenizer_from_config(config.data)`.
+  """
+  if not records:
+    return []
+  records = list(records)[:int(max_pictures)]
+
+  def stack(field: str) -> np.ndarray:
+    missing = [n for n, r in enumerate(records) if field not in r]
+    if missing:
+      raise ValueError(f'save_record_pictures: record(s) {missing[:5]} have no {field!r} field')
+    return np.stack([np.asarray(r[field]) for r in records])
+
+  levels, steps = stack('levels').astype(np.int64), stack('reveal_step').astype(np.int64)
+  if str(config.data.kind) == 'sudoku':
+    tokens = np.stack([quiz_to_digits(r) for r in stack('prediction')]) - 1
+    given = np.stack([quiz_to_digits(r) for r in stack('quiz')]) > 0
+    outputs = _Outputs(tokens, levels, steps)
+    return save_sample_pictures(config, workdir, outputs, given=given, max_pictures=max_pictures,
+                                gif=gif, subdir=subdir)
+  if tokenizer is None:
+    from hmdlm_jax.data import tokenizers as tokenizers_lib  # text only: keeps Sudoku light
+
+    tokenizer = tokenizers_lib.tokenizer_from_config(config.data)
+  outputs = _Outputs(stack('tokens').astype(np.int64), levels, steps)
+  given = stack('given').astype(bool)
+
+  def decode(ids: np.ndarray) -> list[str]:
+    return list(tokenizer.hf.convert_ids_to_tokens([int(i) for i in ids]))
+
+  return save_sample_pictures(config, workdir, outputs, given=given, decode_fn=decode,
+                              eos_id=int(tokenizer.eos_id), max_pictures=max_pictures, gif=False,
+                              subdir=subdir)
+
+
 # ----------------------------------------------------------------------------------------------------
 # Internals.
+
+
+class _Outputs(NamedTuple):
+  """The fields of `sampling.SampleOutput` the pictures use (numpy [B, L])."""
+  tokens: np.ndarray
+  levels: np.ndarray
+  reveal_step: np.ndarray
 
 
 def _get_cmap(cmap: str | mcolors.Colormap) -> mcolors.Colormap:
@@ -580,8 +640,8 @@ def _schedule_title(schedule: Any) -> str:
 
 
 def _level_line_colors(num_levels: int) -> np.ndarray:
-  colors, _ = level_outline(np.arange(num_levels), num_levels)
-  return colors
+  # Line plots need distinguishable hues more than an ordered shade: a qualitative palette.
+  return np.asarray(_get_cmap('tab10')(np.arange(num_levels) % 10), np.float64)
 
 
 def _new_figure(figsize: tuple[float, float], dpi: int = 100) -> Figure:

@@ -340,3 +340,44 @@ def test_save_sample_pictures_text_needs_decode_fn(tmp_path):
   paths = visualize.save_sample_pictures(cfg, str(tmp_path), out,
                                          decode_fn=lambda ids: [f'w{i}' for i in ids])
   assert [os.path.basename(p) for p in paths] == ['text_reveal_0.png', 'text_reveal_1.png']
+
+
+def test_save_record_pictures_from_run_sample_records(tmp_path):
+  # Sudoku records as evaluate.run_sample writes them (strings of digits, lists).
+  cfg = base_config.get_base_config()
+  cfg.data.kind = 'sudoku'
+  cfg.model.num_levels = 6
+  cfg.sample.num_steps = T
+  quiz, tokens, levels, steps = _synthetic_run(seed=4)
+  rec = {'quiz': ''.join(map(str, quiz)), 'prediction': ''.join(str(d + 1) for d in tokens),
+         'levels': levels.tolist(), 'reveal_step': steps.tolist()}
+  paths = visualize.save_record_pictures(cfg, str(tmp_path), [rec], gif=True)
+  assert sorted(os.path.basename(p) for p in paths) == ['sudoku_reveal_0.gif',
+                                                        'sudoku_reveal_0.png']
+  with Image.open(next(p for p in paths if p.endswith('.gif'))) as im:
+    assert im.n_frames == len(np.unique(steps[quiz == 0])) + 1
+
+  # Text records: drawn up to and including the first EOS, with the tokenizer's pieces.
+  cfg.data.kind = 'text'
+  cfg.model.num_levels = 2
+  seen = []
+
+  class _HF:
+
+    def convert_ids_to_tokens(self, ids):
+      seen.append(list(ids))
+      return [f'p{i}' for i in ids]
+
+  class _Tok:
+    hf = _HF()
+    eos_id = 2
+
+  ids = [1, 5, 6, 7, 2, 0, 0, 0]
+  text_rec = {'tokens': ids, 'levels': [0, 1, 0, 1, 0, 0, 0, 0],
+              'reveal_step': [T + 1, 3, 4, 5, 6, 7, 8, 9], 'given': [1, 0, 0, 0, 0, 0, 0, 0]}
+  paths = visualize.save_record_pictures(cfg, str(tmp_path), [text_rec], tokenizer=_Tok())
+  assert [os.path.basename(p) for p in paths] == ['text_reveal_0.png']
+  assert seen == [[1, 5, 6, 7, 2]]
+  with pytest.raises(ValueError, match="no 'given' field"):
+    visualize.save_record_pictures(cfg, str(tmp_path), [{k: v for k, v in text_rec.items()
+                                                         if k != 'given'}], tokenizer=_Tok())

@@ -9,7 +9,8 @@ otherwise level 0 (all levels are 0 when K = 1); h is therefore a function of x.
 logits are exact log posteriors under the forward process of SPEC 3 at time t:
 
   P(x0 | state) ∝ p(x0) · Π_{revealed j} α_{h(x0)_j}(t) 1[x0_j = x_j] 1[h(x0)_j = h_j]
-                        · Π_{masked j} (1 - α_{h(x0)_j}(t)) · Π_{masked j with a shown level} 1[h(x0)_j = h_j]
+                        · Π_{masked j} (1 - α_{h(x0)_j}(t))
+                        · Π_{masked j with a shown level} 1[h(x0)_j = h_j]
 
 'hier' logits are log P(h_i(x0) = k | state) and 'token' logits log P(x0_i = v | state) (MASK -inf).
 With `token_levels`, position i's token logits are additionally conditioned on h_i(x0) =

@@ -47,7 +47,6 @@ PREPARE_HINT = (
 
 def _builder_with_files(files: dict[str, list[str]], data_dir: str) -> Any:
   """TFDS's own LM1B builder, reading the given text files instead of globbing with TensorFlow."""
-  import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
   from tensorflow_datasets.core import registered  # pylint: disable=g-import-not-at-top
   from tensorflow_datasets.datasets.lm1b import lm1b_dataset_builder  # pylint: disable=g-import-not-at-top
 
@@ -65,7 +64,6 @@ def _builder_with_files(files: dict[str, list[str]], data_dir: str) -> Any:
         del dl_manager
         return {split: self._generate_examples(paths) for split, paths in files.items()}
 
-  del tfds
   return _FileListBuilder(data_dir=data_dir, file_format='array_record')
 
 

@@ -24,6 +24,7 @@ from __future__ import annotations
 import importlib
 from typing import Any, Callable, Protocol
 
+import chex
 import grain
 import ml_collections
 import numpy as np
@@ -74,7 +75,14 @@ def get_dataset(config: ml_collections.ConfigDict, split: str, *, seed: int,
   """Grain dataset of per-process batches for `config.data.kind` (module docstring)."""
   kind = config.data.kind
   if kind not in _BUILDERS and kind in _LAZY_MODULES:
-    importlib.import_module(_LAZY_MODULES[kind])
+    module = _LAZY_MODULES[kind]
+    try:
+      importlib.import_module(module)
+    except ModuleNotFoundError as e:
+      if e.name != module:
+        raise  # the module exists but one of its own imports is missing
+      raise ValueError(f'data.kind={kind!r} is provided by module {module!r}, which does not '
+                       'exist') from e
   if kind not in _BUILDERS:
     raise ValueError(f'data.kind={kind!r} is not registered; allowed: {registered_kinds()}')
   if process_index is None or process_count is None:
@@ -100,7 +108,7 @@ def local_batch_size(global_batch: int, process_count: int, field: str) -> int:
 
 def derive_seeds(seed: int, split: str, n: int) -> list[int]:
   """`n` independent uint32 seeds for the random transforms of one split's pipeline."""
-  state = np.random.SeedSequence([seed, sum(map(ord, split))]).generate_state(n)
+  state = np.random.SeedSequence([seed, *split.encode()]).generate_state(n)
   return [int(s) for s in state]
 
 
@@ -119,6 +127,11 @@ def finalize(ds: grain.MapDataset, config: ml_collections.ConfigDict) -> grain.I
                      f'got {workers}, {threads}, {buffer}')
   it_ds = ds.to_iter_dataset(grain.ReadOptions(num_threads=threads, prefetch_buffer_size=buffer))
   if workers > 0:
+    from absl import flags  # pylint: disable=g-import-not-at-top
+    if not flags.FLAGS.is_parsed():
+      # Grain's worker processes read its absl flags.
+      raise ValueError(f'data.num_workers={workers} needs absl flags parsed (run under '
+                       'absl.app.run); use data.num_workers=0 otherwise')
     it_ds = it_ds.mp_prefetch(grain.MultiprocessingOptions(num_workers=workers))
   return it_ds
 
@@ -171,6 +184,9 @@ class SudokuToBatch(grain.transforms.Map):
 
   def map(self, element: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     quiz, solution = element['quiz'], element['solution']
+    chex.assert_rank(quiz, 2)
+    chex.assert_equal_shape([quiz, solution])
+    chex.assert_axis_dimension(quiz, 1, sudoku.NUM_CELLS)
     valid = element.get('valid', np.ones(quiz.shape[0], bool))
     given = quiz > 0
     return {

@@ -1,9 +1,12 @@
 """Text rows and hierarchy labels for the language tasks (SPEC 6), plus the offline 'text' kind.
 
-Every language pipeline (this 'text' kind, 'lm1b', 'wikihow') runs the same Grain chain:
+Every language pipeline (this 'text' kind, 'lm1b', 'wikihow') runs the same Grain chain
+(`batched_dataset`; split semantics of hmdlm_jax/data/pipeline.py):
 
-  records -> [shard by process] -> [train: shuffle, repeat] -> EncodeRows -> drop None
-          -> AssignLevels -> batch
+  train: records[process::count] -> shuffle (per epoch) -> repeat -> EncodeRows -> drop None
+         -> AssignLevels -> batch (remainder dropped)
+  test:  records[process::count] -> EncodeRows -> pad to a common number of batches with weight-0
+         copies -> AssignLevels -> batch
 
 `EncodeRows` (a Grain map) tokenises ONE example into ONE row of length L, no packing:
   BERT style   [CLS] text [SEP] [PAD] ... [PAD]
@@ -13,8 +16,8 @@ truncated (`data.overlong='truncate'`: the content is cut, the closing [SEP]/EOS
 `truncation=True` does for LM1B) or dropped (`'drop'`: the paper's WikiHow filtering).
 
 `AssignLevels` (a Grain map) applies the hierarchy rule named by `config.data.hierarchy` and emits
-the batch contract of docs/design.md:
-  tokens [L] int32, levels [L] int32, given [L] bool, loss_mask [L] bool.
+the batch contract of docs/design.md (+ the registry's `weight`):
+  tokens [L] int32, levels [L] int32, given [L] bool, loss_mask [L] bool, weight [] float32.
 - 'frequency' (K=2): a token occurring at most τ (`data.tau`) times among the real (non-padding)
   positions of its own row -> level 1, else level 0. [CLS]/[SEP]/BOS/EOS and, for WikiHow, the
   prompt count like any token; padding is level 0.
@@ -43,6 +46,7 @@ from typing import Any
 import grain
 import numpy as np
 
+from hmdlm_jax.data import pipeline
 from hmdlm_jax.data import tokenizers as tokenizers_lib
 
 # Segment of each row position (an internal field between EncodeRows and AssignLevels).
@@ -54,7 +58,7 @@ SEG_BODY = 3
 OVERLONG = ('truncate', 'drop')
 TEXT_UNITS = ('line', 'paragraph')
 SPLITS = ('train', 'test')
-BATCH_KEYS = ('tokens', 'levels', 'given', 'loss_mask')
+BATCH_KEYS = ('tokens', 'levels', 'given', 'loss_mask', 'weight')
 
 
 # ----------------------------------------------------------------------------- hierarchy rules
@@ -160,34 +164,42 @@ class EncodeRows(grain.transforms.Map):
   def __init__(self, tok: tokenizers_lib.TextTokenizer,
                to_pieces: Callable[[Any], Sequence[tuple[str, int]]], seq_len: int,
                overlong: str):
+    if overlong not in OVERLONG:
+      raise ValueError(f'config.data.overlong={overlong!r}; allowed: {list(OVERLONG)}.')
     self._tok = tok
     self._to_pieces = to_pieces
-    self._seq_len = seq_len
+    self.seq_len = seq_len
+    self.may_drop = overlong == 'drop'
     self._overlong = overlong
 
   def map(self, record: Any) -> dict[str, np.ndarray] | None:
     pieces = [(self._tok.encode(text), seg) for text, seg in self._to_pieces(record)]
-    row = build_row(self._tok, pieces, self._seq_len, overlong=self._overlong)
+    row = build_row(self._tok, pieces, self.seq_len, overlong=self._overlong)
     if row is None:
       return None
     return {'tokens': row[0], 'segments': row[1]}
 
 
-def labelled_row(tokens: np.ndarray, segments: np.ndarray, rule: str,
-                 tau: int) -> dict[str, np.ndarray]:
-  """Row + segments -> the batch contract {tokens, levels, given, loss_mask}, each [L]."""
+def labelled_row(tokens: np.ndarray, segments: np.ndarray, rule: str, tau: int,
+                 valid: bool = True) -> dict[str, np.ndarray]:
+  """Row + segments -> the batch contract: tokens, levels, given, loss_mask [L]; weight [].
+
+  `valid=False` marks an eval padding row (pipeline.pad_for_eval): no loss anywhere, weight 0.
+  """
   fn, _ = HIERARCHY_RULES[rule]
   given = segments == SEG_PROMPT
   return {
       'tokens': np.asarray(tokens, np.int32),
       'levels': fn(tokens, segments, tau).astype(np.int32),
       'given': given,
-      'loss_mask': (segments != SEG_PAD) & ~given,
+      'loss_mask': (segments != SEG_PAD) & ~given & bool(valid),
+      'weight': np.float32(bool(valid)),
   }
 
 
 class AssignLevels(grain.transforms.Map):
-  """Grain map: {'tokens', 'segments'} -> {'tokens', 'levels', 'given', 'loss_mask'} (all [L])."""
+  """Grain map: {'tokens', 'segments'[, 'valid']} -> `labelled_row` (tokens, levels, given,
+  loss_mask [L], weight [])."""
 
   def __init__(self, rule: str, tau: int):
     if rule not in HIERARCHY_RULES:
@@ -196,7 +208,8 @@ class AssignLevels(grain.transforms.Map):
     self._tau = tau
 
   def map(self, row: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    return labelled_row(row['tokens'], row['segments'], self._rule, self._tau)
+    return labelled_row(row['tokens'], row['segments'], self._rule, self._tau,
+                        bool(row.get('valid', True)))
 
 
 # ----------------------------------------------------------------------------- config checks
@@ -238,35 +251,72 @@ def check_text_config(config: Any, *, allowed_rules: Sequence[str]) -> None:
 # ----------------------------------------------------------------------------- pipeline
 
 
+def _is_row(row: dict[str, np.ndarray] | None) -> bool:
+  return row is not None  # a module-level function: worker processes pickle the pipeline
+
+
+def _finalize_train(ds: grain.MapDataset, config: Any, batch: int) -> grain.IterDataset:
+  """Unbatched, possibly filtered MapDataset -> IterDataset of batches (threads or processes).
+
+  Batching happens after `to_iter_dataset` so that rows dropped by the overlong filter are skipped
+  instead of leaving holes; options as `pipeline.finalize` (data.read_threads,
+  data.prefetch_batches, data.num_workers).
+  """
+  d = config.data
+  workers = int(d.get('num_workers', 0))
+  threads = int(d.get('read_threads', 1))
+  buffer = int(d.get('prefetch_batches', 4))
+  if workers < 0 or threads < 0 or buffer < 0:
+    raise ValueError(f'data.num_workers, data.read_threads, data.prefetch_batches must be >= 0, '
+                     f'got {workers}, {threads}, {buffer}')
+  it = ds.to_iter_dataset(grain.ReadOptions(num_threads=threads,
+                                            prefetch_buffer_size=buffer * batch))
+  it = it.batch(batch, drop_remainder=True)
+  if workers > 0:
+    it = it.mp_prefetch(grain.MultiprocessingOptions(num_workers=workers))
+  return it
+
+
 def batched_dataset(records: Sequence[Any], encode: EncodeRows, config: Any, split: str, *,
                     seed: int, process_index: int, process_count: int) -> grain.IterDataset:
-  """The shared Grain chain (module docstring) -> IterDataset of batches (dicts of [B, L]).
+  """The shared Grain chain (module docstring) -> IterDataset of per-process batches.
 
-  Train: this process's shard, shuffled (a new order each epoch), repeated forever, batches of
-  data.batch_size / process_count, remainder dropped. Test: one pass in order, batches of
-  data.eval_batch_size / process_count, last partial batch kept.
+  Batches: tokens, levels [B, L] int32; given, loss_mask [B, L] bool; weight [B] float32 (the
+  split semantics of hmdlm_jax/data/pipeline.py). Train: this process's shard
+  (`records[process_index::process_count]`), reshuffled every epoch, repeated forever, overlong
+  rows dropped lazily when data.overlong='drop', last partial batch dropped. Test: one pass in
+  order, padded to the same number of batches on every process with weight-0, loss-free copies of
+  the shard's first row; with data.overlong='drop' the test rows are encoded up front, since the
+  padding needs the number of surviving rows.
   """
   if split not in SPLITS:
     raise ValueError(f'split={split!r}; allowed: {SPLITS}.')
-  if not 0 <= process_index < process_count:
-    raise ValueError(f'process_index={process_index} outside [0, process_count={process_count}).')
   train = split == 'train'
-  field = 'batch_size' if train else 'eval_batch_size'
-  global_batch = config.data[field]
-  if global_batch % process_count:
-    raise ValueError(f'config.data.{field}={global_batch} is not divisible by the '
-                     f'{process_count} processes.')
-  if len(records) == 0:
-    raise ValueError(f'The {split} split of data.kind={config.data.kind!r} is empty.')
-  ds = grain.MapDataset.source(records)
-  if process_count > 1:
-    ds = ds[process_index::process_count]
+  field = 'data.batch_size' if train else 'data.eval_batch_size'
+  batch = pipeline.local_batch_size(config.data.batch_size if train else
+                                    config.data.eval_batch_size, process_count, field)
+  label = AssignLevels(config.data.hierarchy, config.data.get('tau', 1))
+  if len(records) < process_count:
+    raise ValueError(f'The {split} split of data.kind={config.data.kind!r} has {len(records)} '
+                     f'examples, fewer than the {process_count} processes.')
   if train:
-    ds = ds.shuffle(seed=seed).repeat()
-  ds = ds.map(encode).filter(lambda row: row is not None)
-  ds = ds.map(AssignLevels(config.data.hierarchy, config.data.get('tau', 1)))
-  it = ds.to_iter_dataset()
-  return it.batch(global_batch // process_count, drop_remainder=train)
+    (shuffle_seed,) = pipeline.derive_seeds(seed, split, 1)
+    ds = grain.MapDataset.source(records)[process_index::process_count]
+    ds = ds.shuffle(seed=shuffle_seed).repeat()
+    ds = ds.map(encode).filter(_is_row).map(label)
+    return _finalize_train(ds, config, batch)
+  if encode.may_drop:
+    rows = [row for row in map(encode.map, records) if row is not None]
+    if len(rows) < process_count:
+      raise ValueError(f'Only {len(rows)} test examples fit data.seq_len={encode.seq_len} '
+                       f'(data.overlong=\'drop\'), fewer than the {process_count} processes.')
+    ds = grain.MapDataset.source(rows)[process_index::process_count]
+    total = len(rows)
+  else:
+    ds = grain.MapDataset.source(records)[process_index::process_count].map(encode)
+    total = len(records)
+  ds = pipeline.pad_for_eval(ds, total=total, batch=batch, process_count=process_count)
+  return pipeline.finalize(ds.map(label).batch(batch, drop_remainder=False), config)
 
 
 # ----------------------------------------------------------------------------- the 'text' kind
@@ -351,6 +401,8 @@ def split_records(config: Any, split: str, read: Callable[[str, str], list[Any]]
     field = 'train_path' if split == 'train' else 'test_path'
     return read(d[field], f'data.{field}')
   if not fraction:
+    if split == 'train':
+      return read(d.train_path, 'data.train_path')  # no held-out part: train on everything
     raise ValueError('config.data.test_path is empty and config.data.test_fraction is 0: there is '
                      'no test split; set one of them.')
   return split_examples(read(d.train_path, 'data.train_path'), split, fraction, key)
@@ -372,3 +424,31 @@ def make_text_dataset(config: Any, split: str, *, seed: int, process_index: int,
                       config.data.get('overlong', 'truncate'))
   return batched_dataset(records, encode, config, split, seed=seed, process_index=process_index,
                          process_count=process_count)
+
+
+# ----------------------------------------------------------------------------- registry
+# pipeline._LAZY_MODULES imports this module for all three kinds; LM1B and WikiHow are imported
+# on use so that the plain-text kind needs neither TFDS nor the WikiHow readers.
+
+
+@pipeline.register('text')
+def text_dataset(config: Any, split: str, *, seed: int, process_index: int,
+                 process_count: int) -> grain.IterDataset:
+  return make_text_dataset(config, split, seed=seed, process_index=process_index,
+                           process_count=process_count)
+
+
+@pipeline.register('lm1b')
+def lm1b_dataset(config: Any, split: str, *, seed: int, process_index: int,
+                 process_count: int) -> grain.IterDataset:
+  from hmdlm_jax.data import lm1b  # pylint: disable=g-import-not-at-top
+  return lm1b.make_lm1b_dataset(config, split, seed=seed, process_index=process_index,
+                                process_count=process_count)
+
+
+@pipeline.register('wikihow')
+def wikihow_dataset(config: Any, split: str, *, seed: int, process_index: int,
+                    process_count: int) -> grain.IterDataset:
+  from hmdlm_jax.data import wikihow  # pylint: disable=g-import-not-at-top
+  return wikihow.make_wikihow_dataset(config, split, seed=seed, process_index=process_index,
+                                      process_count=process_count)

@@ -198,7 +198,9 @@ def _load_hf(name_or_path: str, allow_download: bool | None) -> Any:
     raise ValueError(
         f'data.tokenizer={name_or_path!r}: directory holds neither tokenizer.json / '
         'tokenizer_config.json (a saved Hugging Face tokenizer) nor a WordPiece vocab.txt.')
-  if name_or_path.endswith('.txt') or os.sep in name_or_path or name_or_path.startswith('.'):
+  # Hub names are 'name' or 'org/name'; anything else that does not exist is a wrong path.
+  if (name_or_path.startswith(('/', '.', '~')) or name_or_path.endswith('.txt') or
+      name_or_path.count('/') > 1):
     raise ValueError(f'data.tokenizer={name_or_path!r}: no such file or directory.')
   download = _allow_download(allow_download)
   try:

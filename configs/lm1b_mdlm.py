@@ -1,0 +1,20 @@
+"""The MDLM baseline twin of configs/lm1b.py: K = 1 (no level table, no hierarchy head), δ = (0,).
+
+Everything else (data, model size, optimiser, steps) is identical, so the two runs differ only in
+the hierarchy. K = 1 with δ = 0 is MDLM's log-linear schedule exactly (SPEC 2); the data carry no
+levels (`data.hierarchy = 'none'`: every level 0).
+"""
+
+from __future__ import annotations
+
+import ml_collections
+
+from configs import lm1b
+
+
+def get_config() -> ml_collections.ConfigDict:
+  c = lm1b.get_config()
+  c.model.num_levels = 1
+  c.schedule.offsets = (0.0,)
+  c.data.hierarchy = 'none'
+  return c

@@ -1,0 +1,266 @@
+"""Checkpoints: train state + input-pipeline state in one Orbax step directory; SIGTERM handling.
+
+Layout (Orbax CheckpointManager, `ocp.args` API) under DIR/checkpoints/<step>/:
+  state/     the TrainState (params, EMA params, optimiser state, step, PRNG key, NaN counters),
+             saved with StandardSave and restored directly into the target shardings;
+  data_iter/ the Grain iterator state, one JSON file per process (grain.checkpoint handler);
+  meta/      JSON: step, wall time, format version and the resolved config (for humans).
+Atomicity: Orbax writes a step to `<step>.orbax-checkpoint-tmp*` and renames it when complete, so
+a step directory without that suffix is always whole; a run killed mid-save leaves only a tmp
+directory, which restore ignores. Retention: the last `train.keep_last` steps plus every step that
+is a multiple of `train.keep_period` (when > 0).
+
+A failed restore never deletes or rewrites anything: it raises CheckpointError (a ValueError) that
+names the directory and what is wrong.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+from typing import Any, Mapping
+
+import grain
+import jax
+import numpy as np
+import orbax.checkpoint as ocp
+from absl import logging
+
+FORMAT_VERSION = 1
+_TMP_MARK = '.orbax-checkpoint-tmp'
+
+
+class CheckpointError(ValueError):
+  """A checkpoint directory that cannot be used (corrupted, incompatible, not a directory)."""
+
+
+def _check_directory(path: str, what: str) -> None:
+  if os.path.exists(path) and not os.path.isdir(path):
+    raise CheckpointError(f'{what} {path!r} exists but is not a directory; choose another '
+                          '--workdir or remove that file.')
+
+
+def _key_str(entry: Any) -> str:
+  for attr in ('key', 'name', 'idx'):
+    if hasattr(entry, attr):
+      return str(getattr(entry, attr))
+  return str(entry)
+
+
+def _flat_shapes(tree: Any) -> dict[str, tuple[tuple[int, ...], str]]:
+  """'a/b/c' -> (shape, dtype) for every array-like leaf of `tree`."""
+  out = {}
+  for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]:
+    if not hasattr(leaf, 'shape'):
+      continue
+    out['/'.join(_key_str(p) for p in path)] = (tuple(leaf.shape), str(np.dtype(leaf.dtype)))
+  return out
+
+
+def describe_mismatch(stored: Any, expected: Any, limit: int = 8) -> list[str]:
+  """Human-readable differences between a stored state's metadata tree and the target tree."""
+  a, b = _flat_shapes(stored), _flat_shapes(expected)
+  problems = []
+  for k in sorted(set(a) | set(b)):
+    if k not in b:
+      problems.append(f'{k}: in the checkpoint {a[k][0]} {a[k][1]}, not in this model')
+    elif k not in a:
+      problems.append(f'{k}: expected {b[k][0]} {b[k][1]}, missing from the checkpoint')
+    elif a[k] != b[k]:
+      problems.append(f'{k}: stored {a[k][0]} {a[k][1]}, expected {b[k][0]} {b[k][1]}')
+  if len(problems) > limit:
+    problems = problems[:limit] + [f'... and {len(problems) - limit} more']
+  return problems
+
+
+def _preservation_policy(keep_last: int, keep_period: int) -> Any:
+  cm = ocp.checkpoint_managers
+  policies = [cm.LatestN(n=keep_last)]
+  if keep_period > 0:
+    policies.append(cm.EveryNSteps(interval_steps=keep_period))
+  return policies[0] if len(policies) == 1 else cm.AnyPreservationPolicy(policies)
+
+
+class Checkpointer:
+  """The run's checkpoints in DIR/checkpoints (Orbax CheckpointManager)."""
+
+  def __init__(self, workdir: str, train_cfg: Any, *, read_only: bool = False) -> None:
+    workdir = os.path.abspath(workdir)
+    _check_directory(workdir, 'workdir')
+    self.directory = os.path.join(workdir, 'checkpoints')
+    _check_directory(self.directory, 'checkpoint directory')
+    keep_last = int(train_cfg.keep_last)
+    keep_period = int(train_cfg.keep_period)
+    if keep_last < 1:
+      raise ValueError(f'train.keep_last={keep_last} must be >= 1.')
+    if keep_period < 0:
+      raise ValueError(f'train.keep_period={keep_period} must be >= 0 (0 = off).')
+    if read_only and not os.path.isdir(self.directory):
+      raise CheckpointError(f'No checkpoint directory {self.directory!r}: train first '
+                            '(--mode=train with the same --workdir).')
+    options = ocp.CheckpointManagerOptions(
+        preservation_policy=_preservation_policy(keep_last, keep_period),
+        enable_async_checkpointing=bool(train_cfg.get('async_checkpoint', True)),
+        create=not read_only, read_only=read_only, cleanup_tmp_directories=False)
+    try:
+      self._mngr = ocp.CheckpointManager(self.directory, options=options)
+    except (OSError, ValueError) as e:
+      raise CheckpointError(f'Cannot open checkpoint directory {self.directory!r}: '
+                            f'{type(e).__name__}: {e}') from e
+
+  # -- queries
+
+  def all_steps(self) -> list[int]:
+    return sorted(int(s) for s in self._mngr.all_steps())
+
+  def latest_step(self) -> int | None:
+    steps = self.all_steps()
+    return steps[-1] if steps else None
+
+  def step_dir(self, step: int) -> str:
+    return os.path.join(self.directory, str(int(step)))
+
+  # -- save
+
+  def save(self, step: int, state: Any, data_iter: Any, meta: Mapping[str, Any] | None = None
+           ) -> None:
+    """Saves state + iterator (+ JSON meta) as step `step` (asynchronous array writes).
+
+    Device arrays are copied to host before this returns, so the caller may donate `state` to the
+    next train step right away. Call `wait()` before reading the files or exiting.
+    """
+    meta = dict(meta or {})
+    meta.update(step=int(step), time=time.time(), format_version=FORMAT_VERSION)
+    args = ocp.args.Composite(
+        state=ocp.args.StandardSave(state),
+        data_iter=grain.checkpoint.CheckpointSave(data_iter),
+        meta=ocp.args.JsonSave(meta))
+    self._mngr.save(int(step), args=args, force=True)
+    logging.info('Checkpoint of step %d being written to %s', step, self.step_dir(step))
+
+  def wait(self) -> None:
+    self._mngr.wait_until_finished()
+
+  def close(self) -> None:
+    self._mngr.wait_until_finished()
+    self._mngr.close()
+
+  # -- restore
+
+  def restore(self, abstract_state: Any, data_iter: Any | None, step: int | None = None
+              ) -> tuple[Any, dict[str, Any]]:
+    """Restores step `step` (default: latest) into `abstract_state`'s shapes and shardings.
+
+    Args:
+      abstract_state: tree of jax.ShapeDtypeStruct with `.sharding` set (the target layout).
+      data_iter: the Grain iterator, whose state is set in place; None = state only (eval).
+      step: which step; None = latest.
+    Returns:
+      (state, meta dict).
+    Raises:
+      CheckpointError naming the step directory and the problem (nothing is deleted).
+    """
+    step = self.latest_step() if step is None else int(step)
+    if step is None:
+      raise CheckpointError(f'No checkpoint to restore in {self.directory!r}.')
+    where = self.step_dir(step)
+    hint = ('The checkpoint files were left untouched. Use another --workdir to start afresh, or '
+            'move this step directory away to resume from an earlier one.')
+    try:
+      stored = self._mngr.item_metadata(step)
+      stored_state = stored['state']
+      stored_tree = getattr(stored_state, 'tree', stored_state)
+    except Exception as e:  # pylint: disable=broad-except
+      raise CheckpointError(f'Checkpoint {where!r} is unreadable (corrupted or incomplete '
+                            f'metadata): {type(e).__name__}: {_short(e)}. {hint}') from e
+    if stored_tree is None:
+      raise CheckpointError(f'Checkpoint {where!r} has no train-state metadata (state/ missing or '
+                            f'corrupted). {hint}')
+    problems = describe_mismatch(stored_tree, abstract_state)
+    if problems:
+      raise CheckpointError(
+          f'Checkpoint {where!r} does not match the current model/optimiser (written with a '
+          f'different config?):\n  ' + '\n  '.join(problems) + f'\n{hint}')
+    items = dict(state=ocp.args.StandardRestore(abstract_state), meta=ocp.args.JsonRestore())
+    if data_iter is not None:
+      items['data_iter'] = grain.checkpoint.CheckpointRestore(data_iter)
+    args = ocp.args.Composite(**items)
+    try:
+      restored = self._mngr.restore(step, args=args)
+    except Exception as e:  # pylint: disable=broad-except
+      raise CheckpointError(f'Checkpoint {where!r} could not be restored (corrupted or truncated '
+                            f'files?): {type(e).__name__}: {_short(e)}. {hint}') from e
+    meta = dict(restored['meta'] or {})
+    if int(meta.get('step', step)) != step:
+      raise CheckpointError(f'Checkpoint {where!r} says it holds step {meta.get("step")}, not '
+                            f'{step}. {hint}')
+    return restored['state'], meta
+
+
+def restore_for_eval(config: Any, workdir: str, step: int | None = None) -> tuple[Any, int]:
+  """(TrainState, step) of checkpoint `step` (default latest) of DIR, for evaluation/sampling.
+
+  Restores on the config's mesh (`config.mesh`, all devices); nothing in DIR is written.
+  """
+  from hmdlm_jax import models  # pylint: disable=g-import-not-at-top
+  from hmdlm_jax import sharding as shd  # pylint: disable=g-import-not-at-top
+  from hmdlm_jax import train  # pylint: disable=g-import-not-at-top
+  config = train.resolve_config(config)
+  mesh = shd.make_mesh(config.mesh)
+  abstract, _ = train.state_shardings(config, models.build_model(config.model), mesh)
+  ckpt = Checkpointer(workdir, config.train, read_only=True)
+  try:
+    if ckpt.latest_step() is None:
+      raise CheckpointError(f'No checkpoint in {ckpt.directory!r}: train first (--mode=train '
+                            'with the same --workdir).')
+    state, meta = ckpt.restore(abstract, None, step)
+  finally:
+    ckpt.close()
+  return state, int(meta['step'])
+
+
+def _short(e: BaseException, n: int = 600) -> str:
+  s = str(e).strip().replace('\n', ' ')
+  return s if len(s) <= n else s[:n] + ' ...'
+
+
+def list_tmp_dirs(directory: str) -> list[str]:
+  """Unfinished (temporary) step directories left by an interrupted save."""
+  if not os.path.isdir(directory):
+    return []
+  return sorted(d for d in os.listdir(directory) if _TMP_MARK in d)
+
+
+class StopSignal:
+  """Context manager that turns SIGTERM (and optionally others) into a flag the loop polls.
+
+  The train loop checks `.received` after each step; on a signal it saves a checkpoint of the
+  current step and returns normally (exit code 0). Outside the main thread (where Python cannot
+  install handlers) it is a no-op flag.
+  """
+
+  def __init__(self, signals: tuple[int, ...] = (signal.SIGTERM,)) -> None:
+    self.signals = signals
+    self.received: int | None = None
+    self._previous: dict[int, Any] = {}
+
+  def _handler(self, signum: int, frame: Any) -> None:
+    del frame
+    self.received = signum
+
+  def __enter__(self) -> StopSignal:
+    if threading.current_thread() is threading.main_thread():
+      for s in self.signals:
+        self._previous[s] = signal.signal(s, self._handler)
+    return self
+
+  def __exit__(self, *exc: Any) -> None:
+    for s, h in self._previous.items():
+      signal.signal(s, h)
+    self._previous = {}
+
+  @property
+  def name(self) -> str:
+    return signal.Signals(self.received).name if self.received is not None else ''

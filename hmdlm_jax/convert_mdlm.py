@@ -1,0 +1,336 @@
+"""MDLM's PyTorch DiT weights -> our Flax DiT parameters (paper section 5.1.2: HMDLM from MDLM-OWT).
+
+Input: the state dict of kuleshov-group/mdlm's `models/dit.py` DIT, from
+- a safetensors file (e.g. the Hugging Face release kuleshov-group/mdlm-owt, keys 'backbone.*'), or
+- a Lightning `.ckpt` (keys under 'state_dict', prefixed 'backbone.'); `use_ema=True` takes the
+  EMA weights from `checkpoint['ema']['shadow_params']` (MDLM evaluates with them), which list the
+  backbone's parameters in registration order.
+Any common prefix before 'vocab_embed.embedding' is stripped.
+
+Key map (torch nn.Linear weight is [out, in]; our kernels are [in, out]; H width, C cond width,
+nh heads, hd = H / nh, M MLP width, V vocabulary):
+  vocab_embed.embedding [V, H]            -> vocab_embed/embedding [V, H]
+  sigma_map.mlp.{0,2}.{weight,bias}       -> sigma_map/mlp_{0,2}/{kernel (ᵀ), bias}
+  blocks.i.norm{1,2}.weight [H]           -> blocks_i/norm{1,2}/weight
+  blocks.i.attn_qkv.weight [3H, H]        -> blocks_i/attn_qkv/kernel [H, 3, nh, hd]
+        (MDLM splits the output as 'b s (three h d)')
+  blocks.i.attn_out.weight [H, H]         -> blocks_i/attn_out/kernel [nh, hd, H]
+  blocks.i.mlp.{0,2}.{weight,bias}        -> blocks_i/mlp_{0,2}/{kernel (ᵀ), bias}
+  blocks.i.adaLN_modulation.{weight,bias} -> blocks_i/adaLN_modulation/{kernel (ᵀ), bias}
+  output_layer.{norm_final,linear,adaLN_modulation} -> output_layer/... (same rule)
+  rotary_emb.inv_freq [hd/2]              -> not a parameter; gives nh and is checked to be
+                                             base 1e4 (our rotary embedding's base)
+HMDLM's own parameters (level_embed, hier_layer, token_level_embed) do not exist in MDLM; they keep
+their fresh initialisation (`merge_pretrained`).
+
+Output: a `.npz` of the converted tree ('/'-joined paths, float32), read by `load_params` and used by
+`init_from_mdlm(params, path)` for config field `init.mdlm_checkpoint`, which accepts that `.npz`
+or the MDLM file itself (converted on the fly).
+
+CLI: python -m hmdlm_jax.convert_mdlm --src=model.safetensors --dst=mdlm_owt.npz [--use_ema]
+     [--num_heads=12] [--allow_pickle]
+"""
+
+from __future__ import annotations
+
+import argparse
+import pathlib
+import re
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+ROTARY_BASE = 1e4
+_ANCHOR = 'vocab_embed.embedding'
+HMDLM_ONLY = ('level_embed', 'hier_layer', 'token_level_embed')  # freshly initialised
+
+
+# ----------------------------------------------------------------------------- reading
+
+
+def _to_numpy(x: Any) -> np.ndarray:
+  if hasattr(x, 'detach'):  # a torch tensor; bf16 has no numpy dtype
+    return x.detach().float().cpu().numpy()
+  return np.asarray(x, dtype=np.float32)
+
+
+def read_safetensors(path: str | pathlib.Path) -> dict[str, np.ndarray]:
+  """All tensors of a safetensors file as float32 numpy (bf16 goes through torch)."""
+  from safetensors import safe_open  # pylint: disable=g-import-not-at-top
+  out = {}
+  try:
+    with safe_open(str(path), framework='np') as f:
+      for k in f.keys():
+        out[k] = np.asarray(f.get_tensor(k), np.float32)
+    return out
+  except (TypeError, ValueError) as e:  # e.g. bfloat16, which numpy cannot hold
+    try:
+      import torch  # pylint: disable=g-import-not-at-top,unused-import
+    except ImportError:
+      raise ValueError(f'{path}: cannot read with numpy ({e}); install torch to convert.') from e
+    with safe_open(str(path), framework='pt') as f:
+      return {k: _to_numpy(f.get_tensor(k)) for k in f.keys()}
+
+
+def read_lightning_ckpt(path: str | pathlib.Path, *, use_ema: bool = False,
+                        allow_pickle: bool = False) -> dict[str, np.ndarray]:
+  """The backbone state dict of an MDLM Lightning checkpoint (EMA weights if `use_ema`)."""
+  import torch  # pylint: disable=g-import-not-at-top
+  try:
+    ckpt = torch.load(str(path), map_location='cpu', weights_only=not allow_pickle)
+  except Exception as e:  # pylint: disable=broad-except
+    if allow_pickle:
+      raise
+    raise ValueError(
+        f'{path}: torch.load(weights_only=True) failed ({type(e).__name__}: {e}). Lightning '
+        'checkpoints may pickle config objects; if you trust the file, pass --allow_pickle.') from e
+  if not isinstance(ckpt, Mapping) or 'state_dict' not in ckpt:
+    raise ValueError(f'{path}: not a Lightning checkpoint (no "state_dict" entry).')
+  state = {k: v for k, v in ckpt['state_dict'].items()}
+  if not use_ema:
+    return {k: _to_numpy(v) for k, v in state.items()}
+  if 'ema' not in ckpt or 'shadow_params' not in ckpt['ema']:
+    raise ValueError(f'{path}: --use_ema given but the checkpoint holds no ema.shadow_params.')
+  prefix = _prefix(state)
+  # Parameters in registration order = state-dict order without buffers (rotary inv_freq).
+  names = [k for k in state if k.startswith(prefix) and not k.endswith('inv_freq')]
+  shadow = list(ckpt['ema']['shadow_params'])
+  if len(shadow) != len(names):
+    raise ValueError(f'{path}: {len(shadow)} EMA tensors for {len(names)} backbone parameters.')
+  out = {k: _to_numpy(v) for k, v in state.items()}
+  for k, v in zip(names, shadow):
+    if tuple(v.shape) != tuple(state[k].shape):
+      raise ValueError(f'{path}: EMA tensor for {k} has shape {tuple(v.shape)}, parameter '
+                       f'{tuple(state[k].shape)}.')
+    out[k] = _to_numpy(v)
+  return out
+
+
+def load_mdlm_state_dict(path: str | pathlib.Path, *, use_ema: bool = False,
+                         allow_pickle: bool = False) -> dict[str, np.ndarray]:
+  """MDLM DiT state dict from `.safetensors` or a Lightning `.ckpt` (module docstring)."""
+  path = pathlib.Path(path)
+  if not path.is_file():
+    raise ValueError(f'MDLM checkpoint {path} does not exist.')
+  if path.suffix == '.safetensors':
+    if use_ema:
+      raise ValueError(f'{path}: --use_ema applies to Lightning .ckpt files only (safetensors '
+                       'releases hold one set of weights).')
+    return read_safetensors(path)
+  if path.suffix in ('.ckpt', '.pt', '.pth'):
+    return read_lightning_ckpt(path, use_ema=use_ema, allow_pickle=allow_pickle)
+  raise ValueError(f'{path}: unknown checkpoint type {path.suffix!r}; expected .safetensors or a '
+                   'Lightning .ckpt.')
+
+
+# ----------------------------------------------------------------------------- conversion
+
+
+def _prefix(state: Mapping[str, Any]) -> str:
+  hits = [k for k in state if k.endswith(_ANCHOR)]
+  if len(hits) != 1:
+    raise ValueError(f'expected exactly one key ending in {_ANCHOR!r} (MDLM DiT), found {hits}.')
+  return hits[0][:-len(_ANCHOR)]
+
+
+def convert_state_dict(state: Mapping[str, np.ndarray], *,
+                       num_heads: int | None = None) -> tuple[dict[str, Any], dict[str, int]]:
+  """MDLM DiT state dict -> (Flax params tree of the MDLM part, dims).
+
+  Args:
+    state: torch-named tensors (numpy), with or without a common prefix such as 'backbone.'.
+    num_heads: number of attention heads; read from rotary_emb.inv_freq when None.
+
+  Returns:
+    (params, dims) with dims = {vocab_size, hidden_size, cond_dim, mlp_dim, num_layers, num_heads}.
+    Raises ValueError on missing, unexpected or mis-shaped keys.
+  """
+  prefix = _prefix(state)
+  sd = {k[len(prefix):]: np.asarray(v, np.float32) for k, v in state.items()
+        if k.startswith(prefix)}
+  used: set[str] = set()
+
+  def take(name: str, shape: tuple[int, ...] | None = None) -> np.ndarray:
+    if name not in sd:
+      raise ValueError(f'MDLM state dict lacks {prefix}{name}.')
+    if shape is not None and sd[name].shape != shape:
+      raise ValueError(f'{prefix}{name} has shape {sd[name].shape}, expected {shape}.')
+    used.add(name)
+    return sd[name]
+
+  emb = take('vocab_embed.embedding')
+  v, h = emb.shape
+  c = take('sigma_map.mlp.0.weight').shape[0]
+  layers = sorted({int(m.group(1)) for k in sd if (m := re.match(r'blocks\.(\d+)\.', k))})
+  if layers != list(range(len(layers))) or not layers:
+    raise ValueError(f'MDLM state dict has blocks {layers}; expected 0..N-1.')
+  mlp = take('blocks.0.mlp.0.weight').shape[0]
+  if 'rotary_emb.inv_freq' in sd:
+    inv = take('rotary_emb.inv_freq')
+    hd = 2 * inv.shape[0]
+    want = 1.0 / ROTARY_BASE**(np.arange(0, hd, 2, dtype=np.float64) / hd)
+    if not np.allclose(inv, want, rtol=1e-5):
+      raise ValueError(f'{prefix}rotary_emb.inv_freq is not base {ROTARY_BASE:g}; our rotary '
+                       'embedding cannot reproduce it.')
+    heads_from_rotary = h // hd
+    if num_heads is not None and num_heads != heads_from_rotary:
+      raise ValueError(f'num_heads={num_heads} but rotary_emb.inv_freq implies {heads_from_rotary}.')
+    num_heads = heads_from_rotary
+  if num_heads is None:
+    raise ValueError('the state dict has no rotary_emb.inv_freq; pass --num_heads.')
+  if h % num_heads:
+    raise ValueError(f'hidden size {h} is not divisible by num_heads={num_heads}.')
+  hd = h // num_heads
+
+  def linear(name: str, n_in: int, n_out: int, bias: bool = True) -> dict[str, np.ndarray]:
+    out = {'kernel': take(f'{name}.weight', (n_out, n_in)).T}
+    if bias:
+      out['bias'] = take(f'{name}.bias', (n_out,))
+    return out
+
+  params: dict[str, Any] = {
+      'vocab_embed': {'embedding': emb},
+      'sigma_map': {'mlp_0': linear('sigma_map.mlp.0', 256, c),
+                    'mlp_2': linear('sigma_map.mlp.2', c, c)},
+  }
+  for i in layers:
+    p = f'blocks.{i}'
+    qkv = take(f'{p}.attn_qkv.weight', (3 * h, h)).T.reshape(h, 3, num_heads, hd)
+    out = take(f'{p}.attn_out.weight', (h, h)).T.reshape(num_heads, hd, h)
+    params[f'blocks_{i}'] = {
+        'norm1': {'weight': take(f'{p}.norm1.weight', (h,))},
+        'attn_qkv': {'kernel': qkv},
+        'attn_out': {'kernel': out},
+        'norm2': {'weight': take(f'{p}.norm2.weight', (h,))},
+        'mlp_0': linear(f'{p}.mlp.0', h, mlp),
+        'mlp_2': linear(f'{p}.mlp.2', mlp, h),
+        'adaLN_modulation': linear(f'{p}.adaLN_modulation', c, 6 * h),
+    }
+  params['output_layer'] = {
+      'norm_final': {'weight': take('output_layer.norm_final.weight', (h,))},
+      'adaLN_modulation': linear('output_layer.adaLN_modulation', c, 2 * h),
+      'linear': linear('output_layer.linear', h, v),
+  }
+  unused = sorted(set(sd) - used)
+  if unused:
+    raise ValueError(f'MDLM state dict has keys the DiT conversion does not know: {unused[:8]}.')
+  params = _map_tree(lambda x: np.ascontiguousarray(x, np.float32), params)
+  dims = {'vocab_size': v, 'hidden_size': h, 'cond_dim': c, 'mlp_dim': mlp,
+          'num_layers': len(layers), 'num_heads': num_heads}
+  return params, dims
+
+
+def _map_tree(fn: Any, tree: Any) -> Any:
+  if isinstance(tree, Mapping):
+    return {k: _map_tree(fn, v) for k, v in tree.items()}
+  return fn(tree)
+
+
+# ----------------------------------------------------------------------------- files
+
+
+def flatten(tree: Mapping[str, Any], prefix: str = '') -> dict[str, np.ndarray]:
+  out = {}
+  for k, v in tree.items():
+    if isinstance(v, Mapping):
+      out.update(flatten(v, f'{prefix}{k}/'))
+    else:
+      out[f'{prefix}{k}'] = np.asarray(v)
+  return out
+
+
+def unflatten(flat: Mapping[str, np.ndarray]) -> dict[str, Any]:
+  tree: dict[str, Any] = {}
+  for path, v in flat.items():
+    node = tree
+    *parents, leaf = path.split('/')
+    for p in parents:
+      node = node.setdefault(p, {})
+    node[leaf] = np.asarray(v)
+  return tree
+
+
+def save_params(path: str | pathlib.Path, params: Mapping[str, Any]) -> None:
+  """Writes a params tree as a `.npz` of '/'-joined paths."""
+  with open(path, 'wb') as f:
+    np.savez(f, **flatten(params))
+
+
+def load_params(path: str | pathlib.Path) -> dict[str, Any]:
+  """Reads `save_params`' `.npz` back into a nested dict of numpy arrays."""
+  with np.load(str(path), allow_pickle=False) as z:
+    return unflatten({k: z[k] for k in z.files})
+
+
+def load_pretrained(path: str | pathlib.Path, *, use_ema: bool = False,
+                    allow_pickle: bool = False) -> dict[str, Any]:
+  """A converted `.npz`, or an MDLM safetensors / .ckpt converted on the fly."""
+  path = pathlib.Path(path)
+  if path.suffix == '.npz':
+    if not path.is_file():
+      raise ValueError(f'init.mdlm_checkpoint={str(path)!r} does not exist.')
+    return load_params(path)
+  state = load_mdlm_state_dict(path, use_ema=use_ema, allow_pickle=allow_pickle)
+  return convert_state_dict(state)[0]
+
+
+def merge_pretrained(params: Mapping[str, Any], pretrained: Mapping[str, Any],
+                     fresh: Sequence[str] = HMDLM_ONLY) -> dict[str, Any]:
+  """`params` with every leaf of `pretrained` copied in (same path and shape required).
+
+  Top-level entries named in `fresh` (HMDLM's level table and heads) must be absent from
+  `pretrained` and keep their values from `params`; every other leaf of `params` must be provided.
+  Returns a new tree; leaves keep the dtype of `params`.
+  """
+  flat_p = flatten(params)
+  flat_q = flatten(pretrained)
+  is_fresh = lambda k: k.split('/')[0] in fresh  # pylint: disable=unnecessary-lambda-assignment
+  extra = sorted(k for k in flat_q if k not in flat_p or is_fresh(k))
+  if extra:
+    raise ValueError(f'pretrained parameters not in the model (or HMDLM-only): {extra[:8]}.')
+  missing = sorted(k for k in flat_p if k not in flat_q and not is_fresh(k))
+  if missing:
+    raise ValueError(f'the model has parameters the checkpoint lacks: {missing[:8]} (is '
+                     'config.model the MDLM DiT of the checkpoint?).')
+  merged = {}
+  for k, v in flat_p.items():
+    if k in flat_q:
+      if flat_q[k].shape != v.shape:
+        raise ValueError(f'{k}: checkpoint shape {flat_q[k].shape} != model shape {v.shape} '
+                         '(check config.model.vocab_size / hidden_size / num_heads / mlp_dim).')
+      merged[k] = np.asarray(flat_q[k], dtype=v.dtype)
+    else:
+      merged[k] = np.asarray(v)
+  return unflatten(merged)
+
+
+def init_from_mdlm(params: Mapping[str, Any], path: str) -> dict[str, Any]:
+  """Fresh model params -> MDLM backbone weights from `path` (config `init.mdlm_checkpoint`).
+
+  The level table and hierarchy head (and the single-pass token-level table) keep `params`'
+  values. Returns numpy arrays; put them on devices with the state's shardings.
+  """
+  return merge_pretrained(params, load_pretrained(path))
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+  parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
+  parser.add_argument('--src', required=True, help='MDLM .safetensors or Lightning .ckpt')
+  parser.add_argument('--dst', required=True, help='output .npz')
+  parser.add_argument('--use_ema', action='store_true', help='EMA weights of a Lightning .ckpt')
+  parser.add_argument('--num_heads', type=int, default=None,
+                      help='attention heads (default: from rotary_emb.inv_freq)')
+  parser.add_argument('--allow_pickle', action='store_true',
+                      help='torch.load with weights_only=False (trusted files only)')
+  args = parser.parse_args(argv)
+  state = load_mdlm_state_dict(args.src, use_ema=args.use_ema, allow_pickle=args.allow_pickle)
+  params, dims = convert_state_dict(state, num_heads=args.num_heads)
+  save_params(args.dst, params)
+  n = sum(x.size for x in flatten(params).values())
+  print(f'{args.src} -> {args.dst}: {n:,} parameters; set config.model to {dims} '
+        '(and config.model.time_conditioning as the checkpoint was trained).')
+
+
+if __name__ == '__main__':
+  main()

@@ -1,0 +1,188 @@
+"""WikiHow (Koupaee & Wang 2018) for HMDLM fine-tuning (SPEC 6; paper section 5.1.2, Appendix C).
+
+Sources (config.data.train_path / test_path, or one path + data.test_fraction):
+- the public `wikihowAll.csv` (columns `headline` = summary, `title`, `text` = body; read with the
+  stdlib csv module; extra columns are ignored);
+- a Hugging Face `datasets` export with the same three fields: JSON-lines (`.jsonl`/`.json`, stdlib)
+  or parquet (`.parquet`, needs pyarrow).
+A row missing a field, with a non-string field, or unparsable raises ValueError naming the file and
+line (CSV: the line the record starts on; JSON-lines: the line; parquet: the row index). Rows whose
+title, summary or body is empty after whitespace normalisation carry no example and are skipped;
+the number skipped is logged.
+
+Row (GPT-2 tokenizer, L ∈ {256, 512, 1024}):
+  BOS title\n summary\n body EOS EOS...        (BOS = EOS = <|endoftext|>; padding = EOS)
+  given:     BOS + title          (never corrupted, no loss)
+  generated: summary + body + EOS (loss; padding corrupted but without loss)
+Text normalisation: every field's whitespace runs collapse to one space (the CSV is full of
+newlines and indentation); in the summary the CSV's ".," sentence separators become ".". Titles are
+kept as they are (wikihowAll.csv appends a section number to some titles; we do not guess which
+digits are part of the title).
+Overlong articles are dropped by default (`data.overlong='drop'`), the paper's filtering "to the
+corresponding token length", so the splits at each L are fixed by the tokenizer alone.
+Hierarchy (`data.hierarchy`): 'position' (default; summary -> 1, body -> 0, the given title -> 1)
+or 'frequency' (τ = data.tau over the whole row, title included).
+The split with only one path: by a hash of the title (`data.test_fraction`), stable under row order.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import logging
+import pathlib
+import re
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+import grain
+
+from hmdlm_jax.data import text as text_lib
+from hmdlm_jax.data import tokenizers as tokenizers_lib
+
+FIELDS = ('title', 'headline', 'text')  # title, summary, body
+SEQ_LENS = (256, 512, 1024)  # the paper's context lengths
+
+
+def normalise(s: str) -> str:
+  return ' '.join(s.split())
+
+
+def make_article(title: str, headline: str, body: str) -> dict[str, str] | None:
+  """Normalised {'title', 'summary', 'body'}, or None when a field is empty."""
+  summary = re.sub(r'\.,(?=\s*(\n|$))', '.', headline)  # the CSV's '.,\n' separators
+  art = {'title': normalise(title), 'summary': normalise(summary), 'body': normalise(body)}
+  return art if all(art.values()) else None
+
+
+def _check_fields(row: Any, where: str) -> None:
+  if not isinstance(row, dict):
+    raise ValueError(f'{where}: expected an object with fields {FIELDS}, got {type(row).__name__}.')
+  missing = [f for f in FIELDS if f not in row]
+  if missing:
+    raise ValueError(f'{where}: missing field(s) {missing}; WikiHow rows need {FIELDS}.')
+  bad = [f for f in FIELDS if not isinstance(row[f], str)]
+  if bad:
+    raise ValueError(f'{where}: field(s) {bad} are not strings ({[row[f] for f in bad]!r}).')
+
+
+def read_csv(path: pathlib.Path) -> tuple[list[dict[str, str]], int]:
+  """wikihowAll.csv -> (articles, number of empty rows skipped)."""
+  csv.field_size_limit(sys.maxsize)
+  out, skipped = [], 0
+  with open(path, encoding='utf-8', newline='') as f:
+    reader = csv.reader(f)
+    try:
+      header = next(reader)
+    except StopIteration:
+      raise ValueError(f'{path}:1: empty file; expected a header with {FIELDS}.') from None
+    missing = [c for c in FIELDS if c not in header]
+    if missing:
+      raise ValueError(f'{path}:1: header {header} lacks column(s) {missing}.')
+    cols = {c: header.index(c) for c in FIELDS}
+    start = reader.line_num + 1
+    while True:
+      try:
+        rec = next(reader)
+      except StopIteration:
+        break
+      except csv.Error as e:
+        raise ValueError(f'{path}:{start}: malformed CSV ({e}).') from e
+      if not rec:  # a blank line
+        start = reader.line_num + 1
+        continue
+      if len(rec) != len(header):
+        raise ValueError(f'{path}:{start}: {len(rec)} fields, the header has {len(header)}.')
+      art = make_article(rec[cols['title']], rec[cols['headline']], rec[cols['text']])
+      if art is None:
+        skipped += 1
+      else:
+        out.append(art)
+      start = reader.line_num + 1
+  return out, skipped
+
+
+def read_jsonl(path: pathlib.Path) -> tuple[list[dict[str, str]], int]:
+  out, skipped = [], 0
+  with open(path, encoding='utf-8') as f:
+    for n, line in enumerate(f, start=1):
+      if not line.strip():
+        continue
+      try:
+        row = json.loads(line)
+      except json.JSONDecodeError as e:
+        raise ValueError(f'{path}:{n}: not valid JSON ({e.msg}).') from e
+      _check_fields(row, f'{path}:{n}')
+      art = make_article(row['title'], row['headline'], row['text'])
+      if art is None:
+        skipped += 1
+      else:
+        out.append(art)
+  return out, skipped
+
+
+def read_parquet(path: pathlib.Path) -> tuple[list[dict[str, str]], int]:
+  try:
+    import pyarrow.parquet as pq  # pylint: disable=g-import-not-at-top
+  except ImportError as e:
+    raise ValueError(f'{path}: reading parquet needs pyarrow (pip install pyarrow).') from e
+  table = pq.read_table(path)
+  missing = [c for c in FIELDS if c not in table.column_names]
+  if missing:
+    raise ValueError(f'{path}: parquet columns {table.column_names} lack {missing}.')
+  out, skipped = [], 0
+  for i, row in enumerate(table.select(list(FIELDS)).to_pylist()):
+    _check_fields(row, f'{path}: row {i}')
+    art = make_article(row['title'], row['headline'], row['text'])
+    if art is None:
+      skipped += 1
+    else:
+      out.append(art)
+  return out, skipped
+
+
+READERS = {'.csv': read_csv, '.jsonl': read_jsonl, '.json': read_jsonl, '.parquet': read_parquet}
+
+
+def read_articles(path: str, field: str = 'data.train_path') -> list[dict[str, str]]:
+  """Articles of a WikiHow file (.csv / .jsonl / .json / .parquet) or of a folder of them."""
+  p = pathlib.Path(path).expanduser()
+  if p.is_dir():
+    files = sorted(f for f in p.iterdir() if f.suffix in READERS)
+    if not files:
+      raise ValueError(f'config.{field}={path!r}: folder holds no {sorted(READERS)} files.')
+  elif p.is_file():
+    if p.suffix not in READERS:
+      raise ValueError(f'config.{field}={path!r}: unknown WikiHow file type {p.suffix!r}; '
+                       f'allowed {sorted(READERS)}.')
+    files = [p]
+  else:
+    raise ValueError(f'config.{field}={path!r}: no such file or folder.')
+  out = []
+  for f in files:
+    arts, skipped = READERS[f.suffix](f)
+    if skipped:
+      logging.warning('%s: skipped %d rows with an empty title, summary or body.', f, skipped)
+    out.extend(arts)
+  return out
+
+
+def wikihow_pieces(article: dict[str, str]) -> list[tuple[str, int]]:
+  """Row pieces: title (given prompt), summary, body; '\\n' ends the first two (module docstring)."""
+  return [(article['title'] + '\n', text_lib.SEG_PROMPT),
+          (article['summary'] + '\n', text_lib.SEG_SUMMARY),
+          (article['body'], text_lib.SEG_BODY)]
+
+
+def make_wikihow_dataset(config: Any, split: str, *, seed: int, process_index: int,
+                         process_count: int) -> grain.IterDataset:
+  """WikiHow batches {tokens, levels, given, loss_mask} [B, L] (module docstring)."""
+  text_lib.check_text_config(config, allowed_rules=('position', 'frequency', 'none'))
+  tok = tokenizers_lib.tokenizer_from_config(config.data)
+  tokenizers_lib.check_vocab(config.model, tok)
+  records = text_lib.split_records(config, split, read_articles, lambda a: a['title'])
+  encode = text_lib.EncodeRows(tok, wikihow_pieces, text_lib.data_seq_len(config),
+                               config.data.get('overlong', 'drop'))
+  return text_lib.batched_dataset(records, encode, config, split, seed=seed,
+                                  process_index=process_index, process_count=process_count)

@@ -1,0 +1,570 @@
+"""Training: TrainState, sharded init, the jitted train step, and the train/eval loop.
+
+Flow (nanodo's habits): `jax.eval_shape` of the init gives the state's shapes -> logical axis names
+give its shardings -> `jax.jit(init, out_shardings=...)` materialises it already sharded. The train
+step is one `jax.jit` with explicit in/out shardings and the state donated; the host loop reads the
+metrics of step n only after step n+1 has been dispatched, so the device never waits for Python.
+
+NaN/Inf guard (inside the step): when the loss, the gradient norm or the update norm is not finite,
+the update is skipped — params, EMA and optimiser state keep their values — while `step` still
+advances (the batch is consumed and the per-step key is fold_in(rng, step), so the data order and
+the random stream go on exactly as without the bad step), `bad_steps` (consecutive) and
+`skipped_steps` (total) count it. `step` therefore counts batches consumed, and the optimiser's
+own count (which drives the lr schedule) counts applied updates. After `train.max_bad_steps`
+consecutive bad steps the loop saves a checkpoint (its parameters are those of the last good
+update) and raises NonFiniteLossError.
+
+Metrics: DIR/metrics.jsonl + TensorBoard DIR/tb (hmdlm_jax/metrics.py); evaluation results
+DIR/eval_<step>.json; checkpoints DIR/checkpoints (hmdlm_jax/checkpoint.py).
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import json
+import math
+import os
+import time
+from typing import Any, Callable, Mapping
+
+import flax
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+import optax
+from absl import logging
+
+from hmdlm_jax import checkpoint as ckpt_lib
+from hmdlm_jax import losses
+from hmdlm_jax import metrics as metrics_lib
+from hmdlm_jax import models
+from hmdlm_jax import optim
+from hmdlm_jax import schedules
+from hmdlm_jax import sharding as shd
+
+BATCH_KEYS: tuple[str, ...] = ('tokens', 'levels', 'given', 'loss_mask')
+# train.debug_nan_steps is passed to the step as an int32 [MAX_FAULT_STEPS] array (padded with -1),
+# so fault injection never changes the compiled program.
+MAX_FAULT_STEPS = 16
+PyTree = Any
+
+
+class NonFiniteLossError(RuntimeError):
+  """Raised by the loop after `train.max_bad_steps` consecutive non-finite steps."""
+
+
+@flax.struct.dataclass
+class TrainState:
+  """Everything a step changes; saved whole in every checkpoint.
+
+  step:          int32 [] — batches consumed (applied + skipped updates).
+  params:        float32 parameter tree.
+  ema_params:    EMA of params (optim.ema_update), same tree.
+  opt_state:     optax state (its count = applied updates; drives the lr schedule).
+  rng:           uint32 [2] — base key; the key of step n is fold_in(rng, n) (never changes).
+  bad_steps:     int32 [] — consecutive non-finite steps (0 after a good one).
+  skipped_steps: int32 [] — total non-finite (skipped) steps.
+  """
+  step: jax.Array
+  params: PyTree
+  ema_params: PyTree
+  opt_state: PyTree
+  rng: jax.Array
+  bad_steps: jax.Array
+  skipped_steps: jax.Array
+
+
+# ----------------------------------------------------------------------------- config
+
+
+def resolve_config(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
+  """A copy of `config` with derived fields filled in (idempotent).
+
+  `schedule.offsets_max >= 0` (log-linear only) derives the offsets from K = model.num_levels:
+  δ_k = offsets_max · k / (K - 1), and δ = (0,) when K = 1 — so `--config.model.num_levels=1`
+  alone turns an HMDLM config into its MDLM twin (SPEC 2: K=1, δ=0 is MDLM).
+  """
+  config = copy.deepcopy(config)
+  s = config.schedule
+  top = float(s.get('offsets_max', -1.0))
+  if s.kind == 'loglinear' and top >= 0.0:
+    k = int(config.model.num_levels)
+    if k < 1:
+      raise ValueError(f'model.num_levels={k} must be >= 1.')
+    if not top < 1.0:
+      raise ValueError(f'schedule.offsets_max={top} must lie in [0, 1) (or -1 = off).')
+    with config.unlocked():
+      s.offsets = tuple(0.0 if k == 1 else round(top * i / (k - 1), 10) for i in range(k))
+  return config
+
+
+def validate_config(config: ml_collections.ConfigDict) -> None:
+  """Checks the fields the training system owns; ValueError names the field."""
+  t = config.train
+  for name in ('num_steps', 'log_every', 'ckpt_every', 'grad_accum', 'max_bad_steps'):
+    v = t[name]
+    if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+      raise ValueError(f'train.{name}={v!r} must be an integer >= 1.')
+  if isinstance(t.eval_every, bool) or not isinstance(t.eval_every, int) or t.eval_every < 0:
+    raise ValueError(f'train.eval_every={t.eval_every!r} must be an integer >= 0 (0 = only at '
+                     'the end).')
+  if not (math.isfinite(float(t.time_budget_s)) and float(t.time_budget_s) >= 0):
+    raise ValueError(f'train.time_budget_s={t.time_budget_s!r} must be >= 0 (0 = off).')
+  optim.validate_optim_config(config.optim)
+  b = int(config.data.batch_size)
+  if b < 1 or b % (t.grad_accum * jax.process_count()):
+    raise ValueError(f'data.batch_size={b} must be a positive multiple of train.grad_accum='
+                     f'{t.grad_accum} times the process count {jax.process_count()}.')
+  nan_steps = tuple(t.get('debug_nan_steps', ()))
+  if len(nan_steps) > MAX_FAULT_STEPS:
+    raise ValueError(f'train.debug_nan_steps holds {len(nan_steps)} steps; at most '
+                     f'{MAX_FAULT_STEPS} are allowed.')
+  for s in nan_steps:
+    if isinstance(s, bool) or not isinstance(s, int) or s < 0:
+      raise ValueError(f'train.debug_nan_steps must hold step numbers >= 0, got {s!r}.')
+
+
+def config_to_dict(config: ml_collections.ConfigDict) -> dict[str, Any]:
+  """JSON-ready nested dict (tuples become lists)."""
+  return json.loads(config.to_json_best_effort())
+
+
+def write_config(config: ml_collections.ConfigDict, workdir: str) -> None:
+  """DIR/config.json (and DIR/config.yaml when PyYAML is installed); process 0 only."""
+  if jax.process_index() != 0:
+    return
+  if os.path.exists(workdir) and not os.path.isdir(workdir):
+    raise ValueError(f'--workdir={workdir!r} exists and is not a directory.')
+  os.makedirs(workdir, exist_ok=True)
+  d = config_to_dict(config)
+  with open(os.path.join(workdir, 'config.json'), 'w', encoding='utf-8') as f:
+    json.dump(d, f, indent=2, sort_keys=True)
+  try:
+    import yaml  # pylint: disable=g-import-not-at-top
+  except ImportError:
+    return
+  with open(os.path.join(workdir, 'config.yaml'), 'w', encoding='utf-8') as f:
+    yaml.safe_dump(d, f, sort_keys=True)
+
+
+# ----------------------------------------------------------------------------- state
+
+
+def _init_state(config: ml_collections.ConfigDict, model: nn.Module,
+                optimizer: optax.GradientTransformation) -> TrainState:
+  """The initial state from config.seed (traced under jit / eval_shape)."""
+  root = jax.random.PRNGKey(int(config.seed))
+  params = models.init_params(model, jax.random.fold_in(root, 0), int(config.model.seq_len))
+  return TrainState(
+      step=jnp.zeros((), jnp.int32), params=params,
+      ema_params=jax.tree.map(jnp.copy, params), opt_state=optimizer.init(params),
+      rng=jax.random.fold_in(root, 1), bad_steps=jnp.zeros((), jnp.int32),
+      skipped_steps=jnp.zeros((), jnp.int32))
+
+
+def state_shardings(config: ml_collections.ConfigDict, model: nn.Module, mesh: jax.sharding.Mesh,
+                    optimizer: optax.GradientTransformation | None = None
+                    ) -> tuple[TrainState, TrainState]:
+  """(abstract state with shardings attached, sharding tree) for `TrainState`.
+
+  Parameters (and EMA, Adam moments) follow the models' logical axis names mapped by
+  LOGICAL_RULES; counters and keys are replicated.
+  """
+  optimizer = optimizer or optim.make_optimizer(config.optim, config.train.num_steps)
+  seq_len = int(config.model.seq_len)
+  abstract = jax.eval_shape(lambda: _init_state(config, model, optimizer))
+  abs_params = models.abstract_params(model, seq_len)
+  p_sh = shd.param_shardings(models.logical_specs(model, seq_len), abs_params, mesh)
+  rep = shd.replicated(mesh)
+  sh = TrainState(
+      step=rep, params=p_sh, ema_params=p_sh,
+      opt_state=shd.shardings_like_params(abstract.opt_state, p_sh, abs_params, mesh),
+      rng=rep, bad_steps=rep, skipped_steps=rep)
+  abstract = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
+                          abstract, sh)
+  return abstract, sh
+
+
+def _mesh_context(mesh: jax.sharding.Mesh):
+  """Mesh + logical rules, so the models' activation constraints apply inside jitted code."""
+  import contextlib  # pylint: disable=g-import-not-at-top
+  stack = contextlib.ExitStack()
+  stack.enter_context(jax.set_mesh(mesh))
+  stack.enter_context(nn.logical_axis_rules(shd.logical_rules()))
+  return stack
+
+
+def create_train_state(config: ml_collections.ConfigDict, mesh: jax.sharding.Mesh,
+                       model: nn.Module | None = None) -> tuple[TrainState, TrainState]:
+  """Initial TrainState, created directly in its shardings (eval_shape -> shardings -> jit).
+
+  Returns:
+    (state, sharding tree).
+  """
+  model = model or models.build_model(config.model)
+  optimizer = optim.make_optimizer(config.optim, config.train.num_steps)
+  _, sh = state_shardings(config, model, mesh, optimizer)
+  with _mesh_context(mesh):
+    state = jax.jit(lambda: _init_state(config, model, optimizer), out_shardings=sh)()
+  return state, sh
+
+
+# ----------------------------------------------------------------------------- step
+
+
+def _microbatches(batch: Mapping[str, jax.Array], accum: int) -> dict[str, jax.Array]:
+  """[B, ...] -> [accum, B/accum, ...], micro-batch j = rows j, j+accum, j+2·accum, ...
+
+  Strided (not contiguous) so that every micro-batch keeps rows from every device's shard.
+  """
+  def split(x: jax.Array) -> jax.Array:
+    b = x.shape[0]
+    return x.reshape((b // accum, accum) + x.shape[1:]).swapaxes(0, 1)
+  return {k: split(v) for k, v in batch.items()}
+
+
+def make_train_step(config: ml_collections.ConfigDict, model: nn.Module,
+                    schedule: schedules.Schedule, mesh: jax.sharding.Mesh,
+                    shardings: TrainState | None = None) -> Callable[..., Any]:
+  """The jitted step `(state, batch) -> (state, metrics)`; `state` is donated.
+
+  batch: dict tokens, levels [B, L] int32; given, loss_mask [B, L] bool — global arrays sharded by
+  `sharding.batch_sharding(mesh)`. metrics: dict of float32 scalars (replicated): the loss terms of
+  `losses.diffusion_loss` plus grad_norm (before clipping), lr, update_ok, bad_steps,
+  skipped_steps.
+
+  With train.grad_accum = A > 1 the batch is split into A strided micro-batches inside the step
+  (`lax.scan`); each micro-batch's gradient is weighted by its share of loss tokens, which makes the
+  accumulated gradient that of the token-weighted batch mean (the loss' own batch reduction).
+  The returned callable has `.jitted` (the `jax.jit` object, e.g. for `_cache_size()`).
+  """
+  loss_cfg = losses.LossConfig.from_config(config)
+  optimizer = optim.make_optimizer(config.optim, config.train.num_steps)
+  if shardings is None:
+    _, shardings = state_shardings(config, model, mesh, optimizer)
+  accum = int(config.train.grad_accum)
+  nan_steps = tuple(int(s) for s in config.train.get('debug_nan_steps', ()))
+  fault_steps = np.full((MAX_FAULT_STEPS,), -1, np.int32)
+  fault_steps[:len(nan_steps)] = nan_steps
+  optim_cfg = config.optim
+
+  def loss_fn(params: PyTree, batch: Mapping[str, jax.Array], key: jax.Array,
+              poison: jax.Array) -> tuple[jax.Array, dict[str, jax.Array]]:
+    loss_key, dropout_key = jax.random.split(key)
+    apply_fn = models.make_apply_fn(model, params, train=True, rng=dropout_key)
+    loss, aux = losses.diffusion_loss(apply_fn, batch, loss_key, schedule, loss_cfg)
+    # poison is 1.0, or NaN at a train.debug_nan_steps step: loss and gradients become NaN.
+    return loss * poison, aux
+
+  grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
+
+  def grads_and_metrics(params: PyTree, batch: Mapping[str, jax.Array], key: jax.Array,
+                        poison: jax.Array) -> tuple[jax.Array, dict[str, jax.Array], PyTree]:
+    if accum == 1:
+      (loss, aux), grads = grad_fn(params, batch, key, poison)
+      aux = dict(aux, loss=loss)
+      return loss, aux, grads
+    micro = _microbatches(batch, accum)
+    n_tok = micro['loss_mask'].sum(axis=(1, 2)).astype(jnp.float32)  # [A]
+    weights = n_tok / jnp.maximum(n_tok.sum(), 1.0)
+    keys = jax.random.split(key, accum)
+
+    def body(acc: PyTree, xs: Any) -> tuple[PyTree, Any]:
+      mb, k, w = xs
+      (l, aux), g = grad_fn(params, mb, k, poison)
+      acc = jax.tree.map(lambda a, b: a + w * b.astype(a.dtype), acc, g)
+      return acc, (l, aux)
+
+    zeros = jax.tree.map(jnp.zeros_like, params)
+    grads, (ls, auxs) = jax.lax.scan(body, zeros, (micro, keys, weights))
+    loss = (weights * ls).sum()
+    aux = {k: (weights * v).sum() for k, v in auxs.items()}
+    aux['loss'] = loss
+    if 'num_loss_tokens' in auxs:
+      aux['num_loss_tokens'] = auxs['num_loss_tokens'].sum()
+    if 'finite' in auxs:
+      aux['finite'] = auxs['finite'].min()
+    return loss, aux, grads
+
+  def step_fn(state: TrainState, batch: Mapping[str, jax.Array], faults: jax.Array
+              ) -> tuple[TrainState, dict[str, jax.Array]]:
+    key = jax.random.fold_in(state.rng, state.step)
+    # Fault injection for tests of the guard (train.debug_nan_steps; faults = -1 when unused).
+    poison = jnp.where(jnp.any(faults == state.step), jnp.float32(jnp.nan), jnp.float32(1.0))
+    loss, aux, grads = grads_and_metrics(state.params, batch, key, poison)
+    grad_norm = optax.global_norm(grads)
+    updates, new_opt = optimizer.update(grads, state.opt_state, state.params)
+    new_params = optax.apply_updates(state.params, updates)
+    ok = jnp.isfinite(loss) & jnp.isfinite(grad_norm) & jnp.isfinite(optax.global_norm(updates))
+    n_applied = state.step - state.skipped_steps  # updates applied before this one
+    new_ema = optim.ema_update(state.ema_params, new_params, optim.ema_decay_at(optim_cfg,
+                                                                                 n_applied))
+    keep = lambda new, old: jax.tree.map(lambda a, b: jnp.where(ok, a, b), new, old)
+    bad = jnp.where(ok, 0, state.bad_steps + 1).astype(jnp.int32)
+    skipped = (state.skipped_steps + jnp.where(ok, 0, 1)).astype(jnp.int32)
+    new_state = TrainState(
+        step=state.step + 1, params=keep(new_params, state.params),
+        ema_params=keep(new_ema, state.ema_params), opt_state=keep(new_opt, state.opt_state),
+        rng=state.rng, bad_steps=bad, skipped_steps=skipped)
+    out = {k: jnp.asarray(v, jnp.float32) for k, v in aux.items()}
+    out.update(loss=loss.astype(jnp.float32), grad_norm=grad_norm.astype(jnp.float32),
+               lr=optim.current_lr(new_opt), update_ok=ok.astype(jnp.float32),
+               bad_steps=bad.astype(jnp.float32), skipped_steps=skipped.astype(jnp.float32))
+    return new_state, out
+
+  rep = shd.replicated(mesh)
+  jitted = jax.jit(step_fn, in_shardings=(shardings, shd.batch_sharding(mesh), rep),
+                   out_shardings=(shardings, rep), donate_argnums=0)
+  faults = jax.device_put(fault_steps, rep)
+
+  def train_step(state: TrainState, batch: Mapping[str, jax.Array]
+                 ) -> tuple[TrainState, dict[str, jax.Array]]:
+    with _mesh_context(mesh):
+      return jitted(state, {k: batch[k] for k in BATCH_KEYS}, faults)
+
+  train_step.jitted = jitted  # type: ignore[attr-defined]
+  return train_step
+
+
+# ----------------------------------------------------------------------------- loop helpers
+
+
+def _agree(flag: bool) -> bool:
+  """True on every process when `flag` is True on any (multi-host stop decisions)."""
+  if jax.process_count() == 1:
+    return bool(flag)
+  from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
+  return bool(np.any(multihost_utils.process_allgather(np.asarray([int(flag)], np.int32))))
+
+
+def _eval_hook() -> Callable[..., Any] | None:
+  """`hmdlm_jax.evaluate.evaluate_during_training` when that module provides it."""
+  try:
+    from hmdlm_jax import evaluate  # pylint: disable=g-import-not-at-top
+  except ImportError as e:
+    logging.warning('hmdlm_jax.evaluate cannot be imported (%s): no evaluation during training.',
+                    e)
+    return None
+  fn = getattr(evaluate, 'evaluate_during_training', None)
+  if fn is None:
+    logging.warning('hmdlm_jax.evaluate has no evaluate_during_training: no evaluation during '
+                    'training.')
+  return fn
+
+
+def _scalar_items(d: Mapping[str, Any]) -> dict[str, float]:
+  out = {}
+  for k, v in d.items():
+    try:
+      a = np.asarray(jax.device_get(v))
+    except Exception:  # pylint: disable=broad-except
+      continue
+    if a.size == 1 and np.issubdtype(a.dtype, np.number):
+      out[k] = float(a.reshape(()))
+  return out
+
+
+def run_evaluation(config: ml_collections.ConfigDict, state: TrainState, step: int, workdir: str,
+                   writer: metrics_lib.MetricsWriter, hook: Callable[..., Any] | None
+                   ) -> dict[str, Any]:
+  """Calls the evaluation hook; writes DIR/eval_<step>.json and split='eval' metrics."""
+  if hook is None:
+    return {}
+  logging.info('Evaluating at step %d ...', step)
+  t0 = time.perf_counter()
+  result = hook(config, state, step, workdir) or {}
+  result = dict(result)
+  scalars = _scalar_items(result)
+  scalars['eval_time_s'] = time.perf_counter() - t0
+  if jax.process_index() == 0:
+    path = os.path.join(workdir, f'eval_{step}.json')
+    if not os.path.exists(path):
+      with open(path, 'w', encoding='utf-8') as f:
+        json.dump({'step': step, **{k: metrics_lib._json_value(v) for k, v in scalars.items()}},
+                  f, indent=2)
+  writer.write(step, 'eval', scalars)
+  logging.info('eval step %d: %s', step, ', '.join(f'{k}={v:.4g}' for k, v in scalars.items()))
+  return scalars
+
+
+def model_batch(local: Mapping[str, Any], num_levels: int) -> dict[str, np.ndarray]:
+  """The contract keys of a pipeline batch, with levels checked against K = model.num_levels.
+
+  K = 1 is MDLM (SPEC 2): there is one level, so the data's hierarchy labels are replaced by 0
+  (this is what makes an HMDLM data pipeline feed its MDLM twin). For K > 1 a level outside
+  0..K-1 is a config/data mismatch and raises.
+  """
+  out = {k: np.asarray(local[k]) for k in BATCH_KEYS}
+  levels = out['levels']
+  if num_levels == 1:
+    out['levels'] = np.zeros_like(levels)
+  elif levels.size and (levels.min() < 0 or levels.max() >= num_levels):
+    raise ValueError(f'The data pipeline produced hierarchy levels in [{levels.min()}, '
+                     f'{levels.max()}] but model.num_levels={num_levels}; the data\'s levels '
+                     'must lie in 0..K-1 (or use K=1 for MDLM).')
+  return out
+
+
+def _train_iterator(config: ml_collections.ConfigDict) -> Any:
+  from hmdlm_jax.data import pipeline  # pylint: disable=g-import-not-at-top
+  ds = pipeline.get_dataset(config, 'train', seed=int(config.seed),
+                            process_index=jax.process_index(),
+                            process_count=jax.process_count())
+  return ds if hasattr(ds, '__next__') else iter(ds)
+
+
+def _write_summary(workdir: str, step: int, stop_reason: str, train_step: Any,
+                   t_start: float) -> dict[str, Any]:
+  """DIR/train_summary.json: where and why the run stopped, and how often the step compiled."""
+  summary = {'step': int(step), 'stop_reason': stop_reason,
+             'step_compilations': int(train_step.jitted._cache_size()),  # pylint: disable=protected-access
+             'wall_time_s': time.monotonic() - t_start}
+  if summary['step_compilations'] > 1:
+    logging.warning('The train step was compiled %d times (expected once).',
+                    summary['step_compilations'])
+  if jax.process_index() == 0:
+    with open(os.path.join(workdir, 'train_summary.json'), 'w', encoding='utf-8') as f:
+      json.dump(summary, f, indent=2)
+  return summary
+
+
+# ----------------------------------------------------------------------------- main loop
+
+
+def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
+  """Trains (resuming from DIR/checkpoints when present) and evaluates; returns final metrics.
+
+  Stops at train.num_steps, at train.time_budget_s of wall time, on SIGTERM (checkpoint, return
+  normally) or after train.max_bad_steps consecutive non-finite steps (checkpoint, raise
+  NonFiniteLossError). Rerunning the same command resumes from the latest checkpoint.
+  """
+  t_start = time.monotonic()
+  config = resolve_config(config)
+  validate_config(config)
+  shd.maybe_initialize_distributed(config.distributed)
+  write_config(config, workdir)
+  is_main = jax.process_index() == 0
+  tc = config.train
+  num_steps = int(tc.num_steps)
+
+  mesh = shd.make_mesh(config.mesh)
+  if int(config.data.batch_size) % shd.num_batch_shards(mesh):
+    raise ValueError(f'data.batch_size={config.data.batch_size} must be divisible by '
+                     f'mesh.data * mesh.fsdp = {shd.num_batch_shards(mesh)}.')
+  model = models.build_model(config.model)
+  schedule = schedules.schedule_from_config(config.schedule, int(config.model.num_levels))
+  optimizer = optim.make_optimizer(config.optim, num_steps)
+  abstract, shardings = state_shardings(config, model, mesh, optimizer)
+  logging.info('Mesh %s; model:\n%s', dict(mesh.shape), models.param_count_report(config.model))
+
+  ckpt = ckpt_lib.Checkpointer(workdir, tc)
+  train_iter = _train_iterator(config)
+  if ckpt.latest_step() is not None:
+    state, _ = ckpt.restore(abstract, train_iter)
+    logging.info('Resumed from %s', ckpt.step_dir(int(state.step)))
+  else:
+    state, _ = create_train_state(config, mesh, model)
+  train_step = make_train_step(config, model, schedule, mesh, shardings)
+
+  writer = metrics_lib.MetricsWriter(workdir, enabled=is_main)
+  hook = _eval_hook()
+  step = int(jax.device_get(state.step))
+  last_saved = step if ckpt.latest_step() == step else None
+  tokens_per_step = int(config.data.batch_size) * int(config.model.seq_len)
+  rate = metrics_lib.RateMeter(tokens_per_step, step)
+  bar = metrics_lib.Progress(num_steps, step, enabled=is_main)
+  log_every, ckpt_every, eval_every = int(tc.log_every), int(tc.ckpt_every), int(tc.eval_every)
+  budget = float(tc.time_budget_s)
+  max_bad = int(tc.max_bad_steps)
+  multi = jax.process_count() > 1
+  num_levels = int(config.model.num_levels)
+  last_train: dict[str, float] = {}
+  eval_result: dict[str, Any] = {}
+  stop_reason = 'num_steps'
+
+  def save(at: int) -> None:
+    nonlocal last_saved
+    if last_saved != at:
+      ckpt.save(at, state, train_iter, {'config': config_to_dict(config)})
+      last_saved = at
+
+  def process(done_step: int, m: dict[str, jax.Array]) -> None:
+    """Host side of step `done_step` (its metrics), run after the next step was dispatched."""
+    nonlocal last_train
+    bad = int(jax.device_get(m['bad_steps']))
+    if bad:
+      host = metrics_lib.to_scalars(m)
+      logging.warning('Step %d: non-finite loss/gradients (loss=%s, grad_norm=%s): update '
+                      'skipped (%d consecutive, %d in total).', done_step, host['loss'],
+                      host['grad_norm'], bad, int(host['skipped_steps']))
+    if done_step % log_every == 0 or done_step == num_steps or bad >= max_bad:
+      host = metrics_lib.to_scalars(m)
+      host.update(rate.update(done_step))
+      writer.write(done_step, 'train', host)
+      bar.postfix(loss=host['loss'], tok_s=host['tokens_per_s'])
+      last_train = host
+    if bad >= max_bad:
+      raise NonFiniteLossError(done_step)
+
+  pending: tuple[int, dict[str, jax.Array]] | None = None
+  try:
+    with ckpt_lib.StopSignal() as stop_signal:
+      while step < num_steps:
+        local = model_batch(next(train_iter), num_levels)
+        batch = shd.make_global_batch(local, mesh)
+        state, m = train_step(state, batch)
+        step += 1
+        bar.update()
+        if pending is not None:
+          process(*pending)
+        pending = (step, m)
+        sync_point = (not multi) or step % log_every == 0
+        if step % ckpt_every == 0 and step < num_steps:
+          save(step)
+        if eval_every and step % eval_every == 0 and step < num_steps:
+          process(*pending)
+          pending = None
+          eval_result = run_evaluation(config, state, step, workdir, writer, hook)
+        if sync_point:
+          if _agree(stop_signal.received is not None):
+            stop_reason = f'signal {stop_signal.name or "SIGTERM"}'
+            break
+          if budget and _agree(time.monotonic() - t_start > budget):
+            stop_reason = f'time budget {budget:g}s'
+            break
+      if pending is not None:
+        process(*pending)
+        pending = None
+  except NonFiniteLossError as e:
+    save(step)
+    ckpt.close()
+    bar.close()
+    writer.close()
+    _write_summary(workdir, step, 'non-finite loss', train_step, t_start)
+    raise NonFiniteLossError(
+        f'Training stopped at step {e.args[0]}: {max_bad} consecutive steps had a non-finite '
+        f'loss or gradient (train.max_bad_steps={max_bad}); every one was skipped. The last good '
+        f'state (step counter {step}) is saved in {ckpt.step_dir(step)}. Lower optim.lr, raise '
+        'optim.warmup_steps or check the data.') from None
+
+  bar.close()
+  save(step)
+  ckpt.wait()
+  if stop_reason.startswith('signal'):
+    msg = (f'Received {stop_reason[7:]} at step {step}: checkpoint saved to '
+           f'{ckpt.step_dir(step)}; exiting cleanly. Rerun the same command to resume.')
+    logging.warning(msg)
+    print(msg, flush=True)
+  else:
+    if stop_reason != 'num_steps':
+      logging.warning('Stopping at step %d of %d: %s reached; checkpoint saved.', step,
+                      num_steps, stop_reason)
+    if bool(tc.get('final_eval', True)):
+      eval_result = run_evaluation(config, state, step, workdir, writer, hook)
+  ckpt.close()
+  writer.close()
+  summary = _write_summary(workdir, step, stop_reason, train_step, t_start)
+  return dict(summary, train=last_train, eval=eval_result, state=state)

@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# Runs hmdlm_jax on N fake CPU devices (one process), to exercise the sharded code paths
+# (data / FSDP / tensor mesh) on a laptop or CI machine without accelerators.
+# XLA fixes the device count when JAX starts, hence the environment variable.
+#
+#   launch/local_fake_devices.sh 8 --config=configs/tiny_test.py --workdir=/tmp/fake8 \
+#       --config.mesh.data=4 --config.mesh.fsdp=2
+#
+# Arguments after N are passed to `python -m hmdlm_jax.main` unchanged.
+set -euo pipefail
+N="${1:?usage: $0 NUM_DEVICES [main.py flags...]}"
+shift
+cd "$(dirname "$0")/.."
+PYTHON="${PYTHON:-python}"
+export XLA_FLAGS="--xla_force_host_platform_device_count=${N} ${XLA_FLAGS:-}"
+export JAX_PLATFORMS="${JAX_PLATFORMS:-cpu}"
+exec "${PYTHON}" -m hmdlm_jax.main "$@"

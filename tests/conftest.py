@@ -1,0 +1,98 @@
+"""Shared fixtures of the training-system tests (test_train, test_checkpoint, test_distributed).
+
+Training runs go through subprocesses (`python -m hmdlm_jax.main`), which share one persistent
+JAX compilation cache for the whole session: every run of configs/tiny_test.py on one CPU device
+compiles the same program, so only the first one pays for XLA. The in-process JAX of the pytest
+worker is left untouched (other test files share it).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from typing import Any
+
+import pytest
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if REPO not in sys.path:
+  sys.path.insert(0, REPO)
+
+# The reference run: configs/tiny_test.py for REF_STEPS steps, a checkpoint every REF_CKPT steps.
+REF_STEPS = 150
+REF_CKPT = 20
+
+
+@pytest.fixture(scope='session')
+def puzzle_cache(tmp_path_factory: pytest.TempPathFactory) -> str:
+  """Generated-puzzle cache shared by every run of the session (data.cache_dir)."""
+  return str(tmp_path_factory.mktemp('sudoku_cache'))
+
+
+@pytest.fixture(scope='session')
+def jax_cache(tmp_path_factory: pytest.TempPathFactory) -> str:
+  return str(tmp_path_factory.mktemp('jax_compilation_cache'))
+
+
+def subprocess_env(jax_cache: str, devices: int = 1) -> dict[str, str]:
+  """Environment of a JAX subprocess: CPU, `devices` fake devices, the shared compile cache."""
+  env = dict(os.environ)
+  env.update(
+      JAX_PLATFORMS='cpu',
+      XLA_FLAGS=f'--xla_force_host_platform_device_count={devices}',
+      JAX_COMPILATION_CACHE_DIR=jax_cache,
+      JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS='0',
+      JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES='-1',
+      PYTHONPATH=REPO + os.pathsep + env.get('PYTHONPATH', ''),
+      TF_CPP_MIN_LOG_LEVEL='2',
+  )
+  return env
+
+
+def main_cmd(workdir: str, puzzle_cache: str, *flags: str,
+             config: str = 'configs/tiny_test.py') -> list[str]:
+  """`python -m hmdlm_jax.main` on `config` with the reference-run settings plus `flags`."""
+  return [sys.executable, '-m', 'hmdlm_jax.main', f'--config={config}', f'--workdir={workdir}',
+          f'--config.data.cache_dir={puzzle_cache}', f'--config.train.num_steps={REF_STEPS}',
+          f'--config.train.ckpt_every={REF_CKPT}', *flags]
+
+
+def run_cmd(cmd: list[str], jax_cache: str, *, devices: int = 1, timeout: float = 120.0
+            ) -> subprocess.CompletedProcess:
+  return subprocess.run(cmd, cwd=REPO, env=subprocess_env(jax_cache, devices), timeout=timeout,
+                        capture_output=True, text=True, check=False)
+
+
+def read_jsonl(path: str) -> list[dict[str, Any]]:
+  with open(path, encoding='utf-8') as f:
+    return [json.loads(line) for line in f if line.strip()]
+
+
+def train_losses(workdir: str) -> dict[int, float]:
+  """step -> loss of the split='train' records of DIR/metrics.jsonl (last record per step)."""
+  out = {}
+  for r in read_jsonl(os.path.join(workdir, 'metrics.jsonl')):
+    if r['split'] == 'train':
+      out[int(r['step'])] = float(r['loss'])
+  return out
+
+
+def load_checkpoint_state(workdir: str, step: int) -> dict[str, Any]:
+  """The saved TrainState of DIR/checkpoints/<step> as a nested dict of numpy arrays."""
+  import orbax.checkpoint as ocp  # pylint: disable=g-import-not-at-top
+  path = os.path.join(workdir, 'checkpoints', str(step), 'state')
+  with ocp.StandardCheckpointer() as ckptr:
+    return ckptr.restore(path)
+
+
+@pytest.fixture(scope='session')
+def reference_run(tmp_path_factory: pytest.TempPathFactory, puzzle_cache: str,
+                  jax_cache: str) -> dict[str, Any]:
+  """configs/tiny_test.py (HMDLM, K=6) for REF_STEPS steps, uninterrupted, on one CPU device."""
+  workdir = str(tmp_path_factory.mktemp('reference_run'))
+  proc = run_cmd(main_cmd(workdir, puzzle_cache), jax_cache, timeout=240)
+  assert proc.returncode == 0, f'reference run failed:\n{proc.stderr[-4000:]}'
+  return {'workdir': workdir, 'stdout': proc.stdout, 'stderr': proc.stderr,
+          'cmd_flags': main_cmd(workdir, puzzle_cache)[3:]}

@@ -1,0 +1,557 @@
+"""Tests for hmdlm_jax.models (SPEC 4): exact parameter counts, numpy re-derivations of the
+forward passes, gradient flow through both passes, the heads contract, precision and config errors.
+
+adaLN-zero: every DiT block's modulation Linear and both heads' output Linears start at zero, so at
+initialisation the logits are exactly 0 and the gradient of every block-internal weight is exactly
+0 (the zero gates cut the path). Tests that need informative outputs or gradients therefore
+perturb every parameter with N(0, 0.1²) noise (`_perturb`); `test_grads_zero_at_adaln_zero_init_
+then_flow_after_sgd` checks both the zero-gradient fact and that two SGD steps from the real init
+open every path.
+"""
+
+from __future__ import annotations
+
+import math
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from configs.base import get_base_config
+from hmdlm_jax import models
+from hmdlm_jax.models import layers
+from hmdlm_jax.models.dit import DDiTBlock
+
+B, L, V = 2, 8, 11
+
+
+def _cfg(**over):
+  """A tiny model config section (configs/base.py schema)."""
+  c = get_base_config().model
+  c.update(dict(num_levels=3, vocab_size=V, seq_len=L, num_layers=2, hidden_size=16, num_heads=2,
+                mlp_dim=32, cond_dim=8, dropout=0.1))
+  c.update(over)
+  return c
+
+
+def _perturb(params, key, scale=0.1):
+  leaves, tree = jax.tree_util.tree_flatten(params)
+  keys = jax.random.split(key, len(leaves))
+  return jax.tree_util.tree_unflatten(
+      tree, [x + scale * jax.random.normal(k, x.shape, x.dtype) for x, k in zip(leaves, keys)])
+
+
+def _setup(seed=0, **over):
+  cfg = _cfg(**over)
+  model = models.build_model(cfg)
+  params = _perturb(models.init_params(model, jax.random.key(seed), cfg.seq_len),
+                    jax.random.key(seed + 100))
+  return cfg, model, params
+
+
+def _inputs(seed=0, k=3, length=L):
+  r = np.random.default_rng(seed)
+  tokens = jnp.asarray(r.integers(0, V, (B, length)), jnp.int32)
+  levels = jnp.asarray(r.integers(0, k + 1, (B, length)), jnp.int32)
+  t = jnp.asarray(r.uniform(0.05, 1.0, (B,)), jnp.float32)
+  return tokens, levels, t
+
+
+# ----------------------------------------------------------------------------- parameter counts
+# Hand-written closed forms (not read off the code). H width, C cond width, M MLP width.
+
+
+def _dit_block(h, c, m):
+  return 2 * h + 3 * h * h + h * h + (h * m + m + m * h + h) + (6 * h * c + 6 * h)
+
+
+def _adaln_head(h, c, out):
+  return h + (2 * h * c + 2 * h) + (h * out + out)
+
+
+def _dit_total(v, h, c, m, n, k):
+  time_embed = 256 * c + c + c * c + c
+  base = v * h + time_embed + n * _dit_block(h, c, m) + _adaln_head(h, c, v)
+  extra = (k + 1) * h + _adaln_head(h, c, k) if k > 1 else 0
+  return base, extra
+
+
+def _gpt2_total(v, h, m, n, k, positions):
+  block = 4 * h + (3 * h * h + 3 * h) + (h * h + h) + (h * m + m + m * h + h)
+  base = v * h + positions * h + n * block + 2 * h
+  extra = (k + 1) * h + (h * k + k) if k > 1 else 0
+  return base, extra
+
+
+def _lm1b_cfg(k):
+  # MDLM LM1B: bert-base-uncased, whose own [MASK] (id 103) is the mask token: V = 30522.
+  return _cfg(num_levels=k, vocab_size=30522, mask_id=103, seq_len=128, num_layers=12,
+              hidden_size=768, num_heads=12, mlp_dim=3072, cond_dim=128)
+
+
+def test_mdlm_lm1b_param_count_exact():
+  counts = models.param_count_breakdown(_lm1b_cfg(1))
+  assert _dit_total(30522, 768, 128, 3072, 12, 1) == (139_292_986, 0)
+  assert counts['total'] == 139_292_986
+  assert counts['hmdlm extras'] == 0
+  assert counts['token head'] == 768 + 2 * 768 * 128 + 2 * 768 + 768 * 30522 + 30522
+  assert '139,292,986' in models.param_count_report(_lm1b_cfg(1))
+
+
+def test_hmdlm_k2_adds_level_table_and_hier_head():
+  c1 = models.param_count_breakdown(_lm1b_cfg(1))
+  c2 = models.param_count_breakdown(_lm1b_cfg(2))
+  closed_form = 3 * 768 + (768 + 2 * 768 * 128 + 2 * 768) + (768 * 2 + 2)
+  assert closed_form == 202_754  # ≈ 0.2M (paper section 5.1)
+  assert c2['total'] - c1['total'] == closed_form
+  assert c2['level table'] == 3 * 768
+  assert c2['mdlm backbone'] == c1['total']
+
+
+@pytest.mark.parametrize('vocab', [10, 11])
+def test_sudoku_25m_pair(vocab):
+  def cfg(k):
+    return _cfg(num_levels=k, vocab_size=vocab, seq_len=81, num_layers=12, hidden_size=384,
+                num_heads=6, mlp_dim=1536, cond_dim=128)
+  mdlm, hmdlm = (models.param_count_breakdown(cfg(k))['total'] for k in (1, 6))
+  base, extra = _dit_total(vocab, 384, 128, 1536, 12, 6)
+  assert (mdlm, hmdlm) == (base, base + extra)
+  assert extra == 104_454  # ≈104K (paper App. F)
+  assert abs(mdlm - 24.99e6) < 0.01e6 and abs(hmdlm - 25.10e6) < 0.01e6
+
+
+def test_gpt2_6m_count():
+  def cfg(k, **over):
+    kw = dict(backbone='gpt2', num_levels=k, vocab_size=31, seq_len=81, num_layers=3,
+              hidden_size=384, num_heads=12, mlp_dim=1536, cond_dim=128,
+              position_embedding='learned', tie_embeddings=True)
+    return _cfg(**{**kw, **over})
+  mdlm, hmdlm = (models.param_count_breakdown(cfg(k))['total'] for k in (1, 6))
+  base, extra = _gpt2_total(31, 384, 1536, 3, 6, positions=81)
+  assert (mdlm, hmdlm) == (base, base + extra)
+  assert extra == 4_998  # "about 5K extra parameters" (paper App. F)
+  assert abs(mdlm - 5.5e6) < 0.2e6  # the paper's "6M" model is 5.5M
+  # Sudoku positions: 3 tables of 9 rows instead of 81 rows.
+  sud = models.param_count_breakdown(cfg(6, position_embedding='sudoku'))['total']
+  assert sud == hmdlm - 81 * 384 + 27 * 384
+  # Untied head adds V·H; time conditioning adds the embedder and the cond -> H projection.
+  untied = models.param_count_breakdown(cfg(6, tie_embeddings=False))['total']
+  assert untied == hmdlm + 31 * 384
+  tc = models.param_count_breakdown(cfg(6, time_conditioning=True))['total']
+  assert tc == hmdlm + (256 * 128 + 128 + 128 * 128 + 128) + (128 * 384 + 384)
+
+
+def test_dit_time_conditioning_keeps_param_count():
+  # MDLM builds sigma_map even with time conditioning off (it then feeds σ = 0).
+  on = models.param_count_breakdown(_cfg(time_conditioning=True))['total']
+  off = models.param_count_breakdown(_cfg(time_conditioning=False))['total']
+  base, extra = _dit_total(V, 16, 8, 32, 2, 3)
+  assert on == off == base + extra
+
+
+# ----------------------------------------------------------------------------- numpy references
+
+
+def _np_ln(x, w, b=None):
+  mu = x.mean(-1, keepdims=True)
+  var = ((x - mu) ** 2).mean(-1, keepdims=True)
+  y = (x - mu) / np.sqrt(var + 1e-5) * w
+  return y if b is None else y + b
+
+
+def _np_gelu_tanh(x):
+  return 0.5 * x * (1 + np.tanh(math.sqrt(2 / math.pi) * (x + 0.044715 * x ** 3)))
+
+
+def _np_silu(x):
+  return x / (1 + np.exp(-x))
+
+
+def _np_rotary(x, base=1e4):
+  """x [B, L, nh, d]: rotate the pairs (i, i + d/2) by angle l · base^(-2i/d)."""
+  d = x.shape[-1]
+  out = np.empty_like(x)
+  for l in range(x.shape[1]):
+    for i in range(d // 2):
+      th = l * base ** (-2 * i / d)
+      a, b = x[:, l, :, i], x[:, l, :, i + d // 2]
+      out[:, l, :, i] = a * np.cos(th) - b * np.sin(th)
+      out[:, l, :, i + d // 2] = b * np.cos(th) + a * np.sin(th)
+  return out
+
+
+def _np_attention(q, k, v):
+  s = np.einsum('bqhd,bkhd->bhqk', q, k) / math.sqrt(q.shape[-1])
+  s = np.exp(s - s.max(-1, keepdims=True))
+  p = s / s.sum(-1, keepdims=True)
+  return np.einsum('bhqk,bkhd->bqhd', p, v)
+
+
+def _np64(tree):
+  return jax.tree_util.tree_map(lambda a: np.asarray(a, np.float64), tree)
+
+
+def _np_ddit_block(p, x, c, rotary=True):
+  mod = c @ p['adaLN_modulation']['kernel'] + p['adaLN_modulation']['bias']
+  sh1, sc1, g1, sh2, sc2, g2 = np.split(mod, 6, axis=-1)
+  y = _np_ln(x, p['norm1']['weight']) * (1 + sc1[:, None]) + sh1[:, None]
+  qkv = np.einsum('blh,htnd->bltnd', y, p['attn_qkv']['kernel'])
+  q, k, v = qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2]
+  if rotary:
+    q, k = _np_rotary(q), _np_rotary(k)
+  o = np.einsum('blnd,ndh->blh', _np_attention(q, k, v), p['attn_out']['kernel'])
+  x = x + g1[:, None] * o
+  y = _np_ln(x, p['norm2']['weight']) * (1 + sc2[:, None]) + sh2[:, None]
+  y = _np_gelu_tanh(y @ p['mlp_0']['kernel'] + p['mlp_0']['bias'])
+  y = y @ p['mlp_2']['kernel'] + p['mlp_2']['bias']
+  return x + g2[:, None] * y
+
+
+def _np_final(p, x, c):
+  mod = c @ p['adaLN_modulation']['kernel'] + p['adaLN_modulation']['bias']
+  shift, scale = np.split(mod, 2, axis=-1)
+  z = _np_ln(x, p['norm_final']['weight']) * (1 + scale[:, None]) + shift[:, None]
+  return z @ p['linear']['kernel'] + p['linear']['bias']
+
+
+def _np_time(p, t):
+  half = 128
+  freqs = np.exp(-math.log(1e4) * np.arange(half) / half)
+  args = t[:, None] * freqs[None]
+  e = np.concatenate([np.cos(args), np.sin(args)], -1)
+  h = _np_silu(e @ p['mlp_0']['kernel'] + p['mlp_0']['bias'])
+  return _np_silu(h @ p['mlp_2']['kernel'] + p['mlp_2']['bias'])  # outer SiLU of DIT.forward
+
+
+def test_rotary_matches_numpy_rotate_half():
+  x = np.random.default_rng(0).normal(size=(2, 7, 3, 8)).astype(np.float32)
+  cos, sin = layers.rotary_cos_sin(7, 8)
+  got = np.asarray(layers.apply_rotary(jnp.asarray(x), cos, sin))
+  np.testing.assert_allclose(got, _np_rotary(x.astype(np.float64)), atol=1e-5)
+  # Relative-position property: <R_m q, R_n k> depends on n - m only.
+  q, k = x[:1, :1, :1], x[1:, :1, :1]
+  tiled = lambda a: np.broadcast_to(a, (1, 7, 1, 8))
+  rq = np.asarray(layers.apply_rotary(jnp.asarray(tiled(q)), cos, sin))[0, :, 0]
+  rk = np.asarray(layers.apply_rotary(jnp.asarray(tiled(k)), cos, sin))[0, :, 0]
+  np.testing.assert_allclose(rq[1] @ rk[3], rq[4] @ rk[6], rtol=1e-5)
+  assert abs(rq[1] @ rk[3] - rq[1] @ rk[4]) > 1e-3
+
+
+def test_ddit_block_matches_numpy():
+  h, c_dim = 16, 8
+  block = DDiTBlock(num_heads=2, mlp_dim=32, dropout=0.1)
+  r = np.random.default_rng(1)
+  x = r.normal(size=(2, 6, h)).astype(np.float32)
+  c = r.normal(size=(2, c_dim)).astype(np.float32)
+  rope = layers.rotary_cos_sin(6, h // 2)
+  variables = block.init(jax.random.key(0), jnp.asarray(x), jnp.asarray(c), rope)
+  params = _perturb(nn.meta.unbox(variables['params']), jax.random.key(1), 0.3)
+  got = block.apply({'params': params}, jnp.asarray(x), jnp.asarray(c), rope, train=False)
+  want = _np_ddit_block(_np64(params), x.astype(np.float64), c.astype(np.float64))
+  np.testing.assert_allclose(np.asarray(got), want, atol=1e-5, rtol=1e-5)
+
+
+def test_dit_forward_matches_numpy_single_pass():
+  cfg, model, params = _setup(num_layers=1, time_conditioning=True, variant='single_pass')
+  tokens, levels, t = _inputs()
+  token_levels = jnp.asarray(np.random.default_rng(5).integers(0, 4, (B, L)), jnp.int32)
+  out = models.make_apply_fn(model, params, train=False)(
+      tokens, levels, t, heads=('hier', 'token'), token_levels=token_levels)
+  p = _np64(params)
+  x = p['vocab_embed']['embedding'][np.asarray(tokens)] + p['level_embed']['embedding'][
+      np.asarray(levels)]
+  c = _np_time(p['sigma_map'], np.asarray(t, np.float64))
+  x = _np_ddit_block(p['blocks_0'], x, c)
+  hier = _np_final(p['hier_layer'], x, c)
+  tok = _np_final(p['output_layer'], x + p['token_level_embed']['embedding'][
+      np.asarray(token_levels)], c)
+  np.testing.assert_allclose(np.asarray(out['hier']), hier, atol=1e-5, rtol=1e-5)
+  np.testing.assert_allclose(np.asarray(out['token']), tok, atol=1e-5, rtol=1e-5)
+
+
+def test_gpt2_forward_matches_numpy():
+  cfg, model, params = _setup(backbone='gpt2', num_layers=1, position_embedding='learned',
+                              tie_embeddings=True)
+  tokens, levels, t = _inputs()
+  out = models.make_apply_fn(model, params, train=False)(tokens, levels, t,
+                                                         heads=('hier', 'token'))
+  p = _np64(params)
+  wte = p['wte']['embedding']
+  x = wte[np.asarray(tokens)] + p['level_embed']['embedding'][np.asarray(levels)]
+  x = x + p['position']['pos_embed']['embedding'][None, :L]
+  b = p['h_0']
+  y = _np_ln(x, b['ln_1']['weight'], b['ln_1']['bias'])
+  qkv = np.einsum('blh,htnd->bltnd', y, b['attn_qkv']['kernel']) + b['attn_qkv']['bias']
+  o = _np_attention(qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2])
+  x = x + np.einsum('blnd,ndh->blh', o, b['attn_out']['kernel']) + b['attn_out']['bias']
+  y = _np_ln(x, b['ln_2']['weight'], b['ln_2']['bias'])
+  y = _np_gelu_tanh(y @ b['mlp_0']['kernel'] + b['mlp_0']['bias'])
+  x = x + y @ b['mlp_2']['kernel'] + b['mlp_2']['bias']
+  z = _np_ln(x, p['ln_f']['weight'], p['ln_f']['bias'])
+  np.testing.assert_allclose(np.asarray(out['token']), z @ wte.T, atol=1e-5, rtol=1e-5)
+  np.testing.assert_allclose(np.asarray(out['hier']),
+                             z @ p['hier_head']['kernel'] + p['hier_head']['bias'],
+                             atol=1e-5, rtol=1e-5)
+
+
+def test_sudoku_position_embedding_row_col_box():
+  cfg, model, params = _setup(backbone='dit', seq_len=81, position_embedding='sudoku',
+                              num_layers=1)
+  pos = layers.PositionEmbedding('sudoku', 81, 16).apply({'params': params['position']}, 81)
+  p = _np64(params['position'])
+  for i in (0, 10, 40, 80, 33):
+    r, c = divmod(i, 9)
+    want = (p['row_embed']['embedding'][r] + p['col_embed']['embedding'][c]
+            + p['box_embed']['embedding'][(r // 3) * 3 + c // 3])
+    np.testing.assert_allclose(np.asarray(pos[i]), want, atol=1e-6)
+  # Rows/cols/boxes are distinguished: cells 0 and 80 share nothing.
+  assert not np.allclose(np.asarray(pos[0]), np.asarray(pos[80]))
+
+
+# ----------------------------------------------------------------------------- gradients / passes
+
+
+def _two_pass_loss(apply_fn, tokens, levels, ht, hs, t, k):
+  """Pass 1 (hier head on (x_t, h_t)) + pass 2 (token head on (x_t, h_s)): CE on gold labels."""
+  hier = apply_fn(tokens, ht, t, heads=('hier',))['hier']
+  tok = apply_fn(tokens, hs, t, heads=('token',))['token']
+  l1 = -jnp.mean(jnp.take_along_axis(jax.nn.log_softmax(hier), levels[..., None], -1))
+  l2 = -jnp.mean(jnp.take_along_axis(jax.nn.log_softmax(tok), tokens[..., None], -1))
+  return l1, l2
+
+
+@pytest.mark.parametrize('backbone', ['dit', 'gpt2'])
+def test_gradients_reach_both_heads_and_every_block(backbone):
+  cfg, model, params = _setup(backbone=backbone, tie_embeddings=backbone == 'gpt2')
+  tokens, _, t = _inputs()
+  levels = jnp.asarray(np.random.default_rng(2).integers(0, 3, (B, L)), jnp.int32)
+  ht = jnp.full_like(levels, 3)  # all h_m
+  hs = jnp.where(jnp.arange(L) % 2 == 0, levels, 3)
+
+  def losses(p):
+    return _two_pass_loss(models.make_apply_fn(model, p, train=False), tokens, levels, ht, hs,
+                          t, 3)
+
+  g1 = jax.grad(lambda p: losses(p)[0])(params)
+  g2 = jax.grad(lambda p: losses(p)[1])(params)
+  g = jax.grad(lambda p: sum(losses(p)))(params)
+  norm = lambda tree: float(sum(jnp.sum(x ** 2) for x in jax.tree_util.tree_leaves(tree)))
+  hier_name, tok_name = ('hier_layer', 'output_layer') if backbone == 'dit' else (
+      'hier_head', 'wte')
+  blocks = [n for n in params if n.startswith(('blocks_', 'h_'))]
+  assert len(blocks) == 2
+  # One parameter tree: both passes differentiate into the same shared blocks.
+  for name in blocks:
+    assert norm(g1[name]) > 0 and norm(g2[name]) > 0
+  assert norm(g1[hier_name]) > 0 and norm(g2[hier_name]) == 0  # hier head only via pass 1
+  assert norm(g2[tok_name]) > 0
+  if backbone == 'dit':
+    assert norm(g1['output_layer']) == 0  # token head only via pass 2
+  for path, leaf in jax.tree_util.tree_leaves_with_path(g):
+    assert float(jnp.sum(leaf ** 2)) > 0, jax.tree_util.keystr(path)
+  jax.tree_util.tree_map(lambda a, b1, b2: np.testing.assert_allclose(a, b1 + b2, atol=1e-6),
+                         g, g1, g2)
+
+
+def test_grads_zero_at_adaln_zero_init_then_flow_after_sgd():
+  cfg = _cfg()
+  model = models.build_model(cfg)
+  params = models.init_params(model, jax.random.key(0), L)
+  tokens, levels, t = _inputs()
+  out = models.make_apply_fn(model, params, train=False)(tokens, levels, t,
+                                                         heads=('hier', 'token'))
+  assert float(jnp.abs(out['hier']).max()) == 0 and float(jnp.abs(out['token']).max()) == 0
+  gold = jnp.asarray(np.random.default_rng(2).integers(0, 3, (B, L)), jnp.int32)
+  ht = jnp.full_like(gold, 3)
+
+  @jax.jit
+  def grad_fn(p):
+    return jax.grad(lambda q: sum(_two_pass_loss(models.make_apply_fn(model, q, train=False),
+                                                 tokens, gold, ht, gold, t, 3)))(p)
+
+  g = grad_fn(params)
+  assert float(jnp.abs(g['blocks_0']['attn_qkv']['kernel']).max()) == 0  # gate = 0 cuts it
+  assert float(jnp.abs(g['output_layer']['linear']['kernel']).max()) > 0
+  for _ in range(2):
+    params = jax.tree_util.tree_map(lambda p, d: p - 0.5 * d, params, g)
+    g = grad_fn(params)
+  for path, leaf in jax.tree_util.tree_leaves_with_path(g):
+    assert float(jnp.abs(leaf).max()) > 0, jax.tree_util.keystr(path)
+
+
+@pytest.mark.parametrize('backbone', ['dit', 'gpt2'])
+def test_head_selection_does_not_change_outputs(backbone):
+  cfg, model, params = _setup(backbone=backbone)
+  tokens, levels, t = _inputs()
+  f = models.make_apply_fn(model, params, train=False)
+  both = f(tokens, levels, t, heads=('hier', 'token'))
+  assert set(f(tokens, levels, t, heads=('token',))) == {'token'}
+  np.testing.assert_array_equal(f(tokens, levels, t, heads=('token',))['token'], both['token'])
+  np.testing.assert_array_equal(f(tokens, levels, t, heads=('hier',))['hier'], both['hier'])
+  assert both['hier'].shape == (B, L, 3) and both['token'].shape == (B, L, V)
+  jitted = jax.jit(lambda a, b, c: f(a, b, c, heads=('hier', 'token')))(tokens, levels, t)
+  np.testing.assert_allclose(jitted['token'], both['token'], atol=1e-5)
+  with pytest.raises(ValueError, match='heads'):
+    f(tokens, levels, t, heads=('logits',))
+
+
+@pytest.mark.parametrize('backbone', ['dit', 'gpt2'])
+def test_time_conditioning_on_off(backbone):
+  tokens, levels, t = _inputs()
+  t2 = jnp.asarray([0.9, 0.1], jnp.float32)
+  for tc in (False, True):
+    cfg, model, params = _setup(backbone=backbone, time_conditioning=tc)
+    f = models.make_apply_fn(model, params, train=False)
+    a = f(tokens, levels, t, heads=('hier', 'token'))
+    b = f(tokens, levels, t2, heads=('hier', 'token'))
+    diff = max(float(jnp.abs(a[h] - b[h]).max()) for h in a)
+    if tc:
+      assert diff > 1e-4
+    else:
+      assert diff == 0.0
+
+
+@pytest.mark.parametrize('backbone', ['dit', 'gpt2'])
+def test_single_pass_token_levels(backbone):
+  cfg, model, params = _setup(backbone=backbone, variant='single_pass')
+  tokens, levels, t = _inputs()
+  f = models.make_apply_fn(model, params, train=False)
+  tl = jnp.zeros((B, L), jnp.int32)
+  tl2 = tl.at[1, 5].set(2)
+  a = f(tokens, levels, t, heads=('hier', 'token'), token_levels=tl)
+  b = f(tokens, levels, t, heads=('hier', 'token'), token_levels=tl2)
+  np.testing.assert_array_equal(a['hier'], b['hier'])  # hierarchy head does not see it
+  changed = np.asarray(jnp.abs(a['token'] - b['token']).max(-1) > 1e-6)
+  want = np.zeros((B, L), bool)
+  want[1, 5] = True
+  np.testing.assert_array_equal(changed, want)  # only the position whose level changed
+  with pytest.raises(ValueError, match='token_levels'):
+    f(tokens, levels, t, heads=('token',))
+  _, m2, p2 = _setup(backbone=backbone, variant='two_pass')
+  with pytest.raises(ValueError, match='token_levels'):
+    models.make_apply_fn(m2, p2, train=False)(tokens, levels, t, heads=('token',),
+                                               token_levels=tl)
+
+
+def test_levels_input_and_k1():
+  cfg, model, params = _setup()
+  tokens, levels, t = _inputs()
+  f = models.make_apply_fn(model, params, train=False)
+  a = f(tokens, levels, t, heads=('token',))['token']
+  b = f(tokens, (levels + 1) % 4, t, heads=('token',))['token']
+  assert float(jnp.abs(a - b).max()) > 1e-4
+  # K = 1 (MDLM): no level table, no hierarchy head; levels are ignored; 'hier' is log g = 0.
+  cfg1, model1, params1 = _setup(num_levels=1)
+  assert 'level_embed' not in params1 and 'hier_layer' not in params1
+  f1 = models.make_apply_fn(model1, params1, train=False)
+  a1 = f1(tokens, levels * 0, t, heads=('hier', 'token'))
+  b1 = f1(tokens, levels, t, heads=('hier', 'token'))
+  np.testing.assert_array_equal(a1['token'], b1['token'])
+  np.testing.assert_array_equal(a1['hier'], np.zeros((B, L, 1)))
+
+
+def test_no_subs_in_model():
+  # SUBS (MASK logit -inf, revealed positions copy their token) belongs to parameterization.py.
+  cfg, model, params = _setup()
+  mask_id = models.resolve_mask_id(cfg)
+  assert mask_id == V - 1
+  tokens, levels, t = _inputs()
+  tokens = tokens.at[:, ::2].set(mask_id)
+  tok = models.make_apply_fn(model, params, train=False)(tokens, levels, t,
+                                                         heads=('token',))['token']
+  assert bool(jnp.all(jnp.isfinite(tok)))
+  revealed = np.asarray(tok)[:, 1::2]  # not a one-hot copy of the input token
+  assert np.all(revealed.max(-1) - revealed.min(-1) < 50)
+  assert float(np.abs(np.asarray(tok)[..., mask_id]).max()) > 0
+
+
+def test_out_of_range_ids_are_loud():
+  cfg, model, params = _setup()
+  tokens, levels, t = _inputs()
+  tok = models.make_apply_fn(model, params, train=False)(tokens.at[0, 0].set(V), levels, t,
+                                                         heads=('token',))['token']
+  assert bool(jnp.isnan(tok[0]).any()) and bool(jnp.isfinite(tok[1]).all())
+
+
+# ----------------------------------------------------------------------------- dropout / precision
+
+
+def test_dropout_rng_and_pass_salts():
+  cfg, model, params = _setup(dropout=0.3)
+  tokens, levels, t = _inputs()
+  key = jax.random.key(7)
+  run = lambda rng, heads: models.make_apply_fn(model, params, train=True, rng=rng)(
+      tokens, levels, t, heads=heads)['token']
+  np.testing.assert_array_equal(run(key, ('token',)), run(key, ('token',)))
+  assert float(jnp.abs(run(key, ('token',)) - run(jax.random.key(8), ('token',))).max()) > 1e-4
+  # Different heads tuples fold different salts into the key: different dropout masks.
+  assert models.heads_salt(('hier',)) != models.heads_salt(('token',))
+  assert float(jnp.abs(run(key, ('token',)) - run(key, ('hier', 'token'))).max()) > 1e-4
+  ev = models.make_apply_fn(model, params, train=False)
+  ev_a = ev(tokens, levels, t, heads=('token',))['token']
+  ev_b = ev(tokens, levels, t, heads=('hier', 'token'))['token']
+  np.testing.assert_array_equal(ev_a, ev_b)
+  assert float(jnp.abs(ev_a - run(key, ('token',))).max()) > 1e-4
+  with pytest.raises(ValueError, match='rng'):
+    models.make_apply_fn(model, params, train=True)
+
+
+@pytest.mark.parametrize('backbone', ['dit', 'gpt2'])
+def test_bf16_logits_close_to_float32(backbone):
+  # bf16 has an 8-bit mantissa (relative step 2^-8 ≈ 0.4%); after two blocks the logits of this
+  # perturbed tiny model agree with float32 to within 3% of their scale.
+  cfg, model, params = _setup(backbone=backbone)
+  model16 = models.build_model(_cfg(backbone=backbone, dtype='bfloat16'))
+  tokens, levels, t = _inputs()
+  a = models.make_apply_fn(model, params, train=False)(tokens, levels, t,
+                                                       heads=('hier', 'token'))
+  b = models.make_apply_fn(model16, params, train=False)(tokens, levels, t,
+                                                         heads=('hier', 'token'))
+  for h in a:
+    assert b[h].dtype == jnp.float32
+    scale = float(jnp.abs(a[h]).max())
+    err = float(jnp.abs(a[h] - b[h]).max())
+    assert 0 < err < 0.03 * scale, (h, err, scale)
+
+
+# ----------------------------------------------------------------------------- sharding / params
+
+
+def test_logical_specs_and_rules():
+  cfg, model, params = _setup(variant='single_pass')
+  specs = models.logical_specs(model, L)
+  allowed = {'vocab', 'embed', 'mlp', 'heads', 'kv', 'qkv', 'levels', 'cond', 'norm', None}
+  flat_p = jax.tree_util.tree_leaves_with_path(params)
+  flat_s = jax.tree_util.tree_leaves(specs, is_leaf=lambda x: isinstance(
+      x, jax.sharding.PartitionSpec))
+  assert len(flat_p) == len(flat_s)
+  for (path, p), s in zip(flat_p, flat_s):
+    assert isinstance(p, jax.Array), jax.tree_util.keystr(path)  # unboxed
+    assert len(s) == p.ndim and set(s) <= allowed, (jax.tree_util.keystr(path), s)
+  qkv = specs['blocks_0']['attn_qkv']['kernel']
+  P = jax.sharding.PartitionSpec
+  assert nn.logical_to_mesh_axes(qkv, models.LOGICAL_RULES) == P('fsdp', None, 'tensor', None)
+  assert nn.logical_to_mesh_axes(specs['vocab_embed']['embedding'],
+                                 models.LOGICAL_RULES) == P('tensor', 'fsdp')
+  # Activations: 'fsdp' is taken by 'batch', so 'embed' stays unsharded.
+  assert nn.logical_to_mesh_axes(('batch', 'length', 'embed'),
+                                 models.LOGICAL_RULES) == P(('data', 'fsdp'), None, None)
+
+
+@pytest.mark.parametrize('field,value', [
+    ('backbone', 'mamba'), ('num_levels', 0), ('hidden_size', 15), ('mask_id', V),
+    ('mask_id', -2), ('variant', 'three_pass'), ('position_embedding', 'alibi'),
+    ('dtype', 'float16'), ('dropout', 1.0), ('vocab_size', 1),
+])
+def test_bad_settings_name_the_field(field, value):
+  with pytest.raises(ValueError, match=f'model.{field}'):
+    models.build_model(_cfg(**{field: value}))
+
+
+def test_sudoku_positions_need_81():
+  with pytest.raises(ValueError, match='model.seq_len'):
+    models.build_model(_cfg(position_embedding='sudoku', seq_len=80))
+  with pytest.raises(ValueError, match='cfg.model'):
+    models.build_model(get_base_config())

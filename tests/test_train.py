@@ -1,0 +1,242 @@
+"""Training loop, train step, optimiser and metrics (hmdlm_jax/train.py, optim.py, metrics.py).
+
+Whole-run checks use the session's reference run (tests/conftest.py): configs/tiny_test.py, HMDLM
+K=6, trained in a subprocess by `python -m hmdlm_jax.main`. Unit checks run in-process on tiny
+pure functions.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+import pytest
+
+from tests.conftest import REF_STEPS, main_cmd, read_jsonl, run_cmd, train_losses
+
+from hmdlm_jax import metrics as metrics_lib
+from hmdlm_jax import optim
+from hmdlm_jax import train
+
+
+def _tiny_config() -> ml_collections.ConfigDict:
+  from configs import tiny_test  # pylint: disable=g-import-not-at-top
+  return tiny_test.get_config()
+
+
+def _assert_loss_falls(losses: dict[int, float], margin: float) -> tuple[float, float]:
+  steps = sorted(losses)
+  assert steps == list(range(1, REF_STEPS + 1)), 'one train record per step expected'
+  first = float(np.mean([losses[s] for s in steps[:5]]))
+  last = float(np.mean([losses[s] for s in steps[-5:]]))
+  assert np.isfinite(first) and np.isfinite(last)
+  assert last < (1.0 - margin) * first, (first, last)
+  return first, last
+
+
+# ----------------------------------------------------------------------------- whole runs
+
+
+def test_hmdlm_loss_falls(reference_run):
+  # Fixed seed, 4 memorisable puzzles: measured 3.7 -> ~1.2 nats; demand a 25% drop.
+  _assert_loss_falls(train_losses(reference_run['workdir']), margin=0.25)
+  recs = read_jsonl(os.path.join(reference_run['workdir'], 'metrics.jsonl'))
+  # The hierarchy terms are active for K = 6.
+  assert max(abs(r['hier']) for r in recs) > 0.1
+
+
+def test_mdlm_twin_loss_falls(tmp_path, puzzle_cache, jax_cache):
+  """`--config.model.num_levels=1` alone gives MDLM: offsets derived as (0,), no hierarchy loss."""
+  workdir = str(tmp_path)
+  proc = run_cmd(main_cmd(workdir, puzzle_cache, '--config.model.num_levels=1'), jax_cache,
+                 timeout=240)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  with open(os.path.join(workdir, 'config.json'), encoding='utf-8') as f:
+    cfg = json.load(f)
+  assert cfg['model']['num_levels'] == 1 and cfg['schedule']['offsets'] == [0.0]
+  recs = read_jsonl(os.path.join(workdir, 'metrics.jsonl'))
+  assert all(r['hier'] == 0.0 and r['cons'] == 0.0 for r in recs if r['split'] == 'train')
+  _assert_loss_falls(train_losses(workdir), margin=0.15)
+
+
+def test_train_step_compiles_once(reference_run):
+  with open(os.path.join(reference_run['workdir'], 'train_summary.json'), encoding='utf-8') as f:
+    summary = json.load(f)
+  assert summary['step'] == REF_STEPS and summary['stop_reason'] == 'num_steps'
+  assert summary['step_compilations'] == 1
+
+
+def test_metrics_jsonl_and_tensorboard(reference_run):
+  workdir = reference_run['workdir']
+  recs = metrics_lib.read_metrics(workdir)  # raises on a line that is not JSON
+  train_recs = [r for r in recs if r['split'] == 'train']
+  # tiny_test logs every step: exactly one record per step.
+  assert [r['step'] for r in train_recs] == list(range(1, REF_STEPS + 1))
+  for r in train_recs:
+    for k in metrics_lib.REQUIRED_TRAIN_KEYS + ('lm', 'hier', 'cons', 'bad_steps',
+                                                'skipped_steps'):
+      assert k in r, k
+    assert r['lr'] == pytest.approx(2e-2, rel=1e-6)  # tiny_test: constant lr, no warm-up
+    assert r['grad_norm'] > 0 and r['steps_per_s'] > 0
+    assert r['tokens_per_s'] == pytest.approx(r['steps_per_s'] * 8 * 81, rel=1e-6)
+    assert r['bad_steps'] == 0 and r['skipped_steps'] == 0
+  events = os.listdir(os.path.join(workdir, 'tb'))
+  assert any(e.startswith('events.out.tfevents') for e in events)
+  assert os.path.getsize(os.path.join(workdir, 'tb', events[0])) > 0
+  with open(os.path.join(workdir, 'config.json'), encoding='utf-8') as f:
+    cfg = json.load(f)
+  assert cfg['schedule']['offsets'] == [0.0, 0.1, 0.2, 0.3, 0.4, 0.5]
+  assert cfg['train']['num_steps'] == REF_STEPS
+
+
+# ----------------------------------------------------------------------------- NaN guard
+
+
+def test_nan_steps_are_skipped_and_run_stops(tmp_path, puzzle_cache, jax_cache):
+  """debug_nan_steps poisons the loss of steps 3.. (0-based): 3 good updates, then skipped steps.
+
+  With max_bad_steps=3 the loop stops after the third consecutive bad step (while the next one
+  is in flight), saves a checkpoint whose parameters and optimiser state equal those of the
+  last good step (checkpoint 3, saved by ckpt_every=3), and exits 1 with a clear message.
+  """
+  workdir = str(tmp_path)
+  cmd = main_cmd(workdir, puzzle_cache, '--config.train.debug_nan_steps=(3,4,5,6,7,8,9)',
+                 '--config.train.max_bad_steps=3', '--config.train.ckpt_every=3')
+  proc = run_cmd(cmd, jax_cache, timeout=180)
+  assert proc.returncode == 1, proc.stderr[-3000:]
+  assert 'consecutive' in proc.stderr and 'max_bad_steps=3' in proc.stderr
+  recs = {r['step']: r for r in read_jsonl(os.path.join(workdir, 'metrics.jsonl'))}
+  assert [recs[s]['update_ok'] for s in (1, 2, 3)] == [1.0, 1.0, 1.0]
+  assert [recs[s]['bad_steps'] for s in (4, 5, 6)] == [1.0, 2.0, 3.0]
+  assert recs[6]['skipped_steps'] == 3.0 and recs[6]['loss'] == 'nan'
+  from tests.conftest import load_checkpoint_state  # pylint: disable=g-import-not-at-top
+  steps = sorted(int(s) for s in os.listdir(os.path.join(workdir, 'checkpoints')))
+  assert steps[0] == 3 and steps[-1] == 7, steps  # stop detected after step 7 was dispatched
+  good, last = load_checkpoint_state(workdir, 3), load_checkpoint_state(workdir, 7)
+  assert int(last['step']) == 7 and int(last['bad_steps']) == 4
+  assert int(last['skipped_steps']) == 4
+  for name in ('params', 'ema_params', 'opt_state'):
+    jax.tree.map(lambda a, b: np.testing.assert_array_equal(np.asarray(a), np.asarray(b)),
+                 good[name], last[name])
+  assert all(np.all(np.isfinite(np.asarray(x))) for x in jax.tree.leaves(last['params']))
+
+
+# ----------------------------------------------------------------------------- config errors
+
+
+@pytest.mark.parametrize('flag, expected', [
+    ('--config.model.nonexistent=1', 'nonexistent'),
+    ('--config.model.num_levels=abc', 'num_levels'),
+    ('--config.optim.decay=linear', "optim.decay='linear' is not one of"),
+    ('--config.mesh.data=3', 'mesh.data=3'),
+])
+def test_bad_config_gives_clear_error(tmp_path, puzzle_cache, jax_cache, flag, expected):
+  proc = run_cmd(main_cmd(str(tmp_path), puzzle_cache, flag), jax_cache, timeout=120)
+  assert proc.returncode != 0
+  assert expected in proc.stderr, proc.stderr[-2000:]
+  assert 'Traceback' not in proc.stderr
+
+
+def test_validate_config_names_fields():
+  cfg = _tiny_config()
+  cfg.train.grad_accum = 3  # batch 8 is not a multiple of 3
+  with pytest.raises(ValueError, match='data.batch_size=8 must be a positive multiple of '
+                     'train.grad_accum=3'):
+    train.validate_config(cfg)
+  cfg = _tiny_config()
+  cfg.train.log_every = 0
+  with pytest.raises(ValueError, match='train.log_every=0'):
+    train.validate_config(cfg)
+  cfg = _tiny_config()
+  cfg.optim.b2 = 1.0
+  with pytest.raises(ValueError, match=r'optim.b2=1.0 must lie in \[0, 1\)'):
+    train.validate_config(cfg)
+
+
+def test_resolve_config_derives_offsets_from_k():
+  cfg = _tiny_config()
+  for k, want in [(6, (0.0, 0.1, 0.2, 0.3, 0.4, 0.5)), (1, (0.0,)), (2, (0.0, 0.5)),
+                  (3, (0.0, 0.25, 0.5))]:
+    cfg.model.num_levels = k
+    got = train.resolve_config(cfg).schedule.offsets
+    np.testing.assert_allclose(got, want, rtol=0, atol=1e-12)
+  cfg.schedule.offsets_max = -1.0  # off: offsets stay as given
+  cfg.schedule.offsets = (0.0, 0.3)
+  assert tuple(train.resolve_config(cfg).schedule.offsets) == (0.0, 0.3)
+
+
+def test_model_batch_levels():
+  batch = {'tokens': np.zeros((2, 3), np.int32), 'levels': np.array([[0, 5, 2], [1, 1, 4]]),
+           'given': np.zeros((2, 3), bool), 'loss_mask': np.ones((2, 3), bool),
+           'weight': np.ones(2, np.float32)}
+  out = train.model_batch(batch, 1)  # MDLM: a single level
+  assert set(out) == set(train.BATCH_KEYS) and not out['levels'].any()
+  np.testing.assert_array_equal(train.model_batch(batch, 6)['levels'], batch['levels'])
+  with pytest.raises(ValueError, match='model.num_levels=3'):
+    train.model_batch(batch, 3)
+
+
+def test_microbatches_are_strided():
+  x = jnp.arange(12).reshape(6, 2)
+  mb = train._microbatches({'x': x}, 3)['x']  # pylint: disable=protected-access
+  assert mb.shape == (3, 2, 2)
+  np.testing.assert_array_equal(mb[0], x[0::3])
+  np.testing.assert_array_equal(mb[2], x[2::3])
+
+
+# ----------------------------------------------------------------------------- optimiser
+
+
+def _optim_cfg(**kw) -> ml_collections.ConfigDict:
+  c = ml_collections.ConfigDict(dict(lr=1e-3, warmup_steps=10, decay='constant', b1=0.9, b2=0.999,
+                                     weight_decay=0.0, grad_clip=1.0, ema_decay=0.99,
+                                     ema_warmup=False))
+  c.update(kw)
+  return c
+
+
+def test_lr_schedule_exact():
+  s = optim.make_lr_schedule(_optim_cfg(), num_steps=100)
+  np.testing.assert_allclose([float(s(n)) for n in (0, 5, 10, 50, 99)],
+                             [0.0, 5e-4, 1e-3, 1e-3, 1e-3], rtol=1e-6)
+  c = optim.make_lr_schedule(_optim_cfg(decay='cosine'), num_steps=110)
+  # After warm-up: lr · (1 + cos(π n/100)) / 2 for n = step - 10.
+  for n in (0, 25, 50, 100):
+    want = 1e-3 * 0.5 * (1 + np.cos(np.pi * n / 100))
+    assert float(c(10 + n)) == pytest.approx(want, rel=1e-5, abs=1e-12)
+  with pytest.raises(ValueError, match="optim.decay='linear'"):
+    optim.make_lr_schedule(_optim_cfg(decay='linear'), 10)
+
+
+def test_optimizer_clips_and_matches_adamw_reference():
+  """One update against a numpy AdamW re-derivation (bias-corrected, clipped gradient)."""
+  cfg = _optim_cfg(warmup_steps=0, weight_decay=0.1, grad_clip=0.5)
+  tx = optim.make_optimizer(cfg, 10)
+  params = {'w': jnp.array([[1.0, -2.0], [0.5, 0.0]]), 'b': jnp.array([0.3, -0.1])}
+  grads = {'w': jnp.array([[3.0, 0.0], [-4.0, 1.0]]), 'b': jnp.array([0.0, 2.0])}
+  updates, state = tx.update(grads, tx.init(params), params)
+  norm = np.sqrt(9 + 16 + 1 + 4)
+  for k in params:
+    g = np.asarray(grads[k]) * 0.5 / norm
+    m, v = 0.1 * g, 0.001 * g * g
+    mhat, vhat = m / 0.1, v / 0.001
+    step = mhat / (np.sqrt(vhat) + 1e-8)
+    if k == 'w':  # weight decay on matrices only
+      step = step + 0.1 * np.asarray(params[k])
+    np.testing.assert_allclose(np.asarray(updates[k]), -1e-3 * step, rtol=1e-5, atol=1e-9)
+  assert float(optim.current_lr(state)) == pytest.approx(1e-3)
+
+
+def test_ema_update_and_warmup():
+  ema = {'a': jnp.array([1.0, 2.0])}
+  new = optim.ema_update(ema, {'a': jnp.array([3.0, 0.0])}, jnp.float32(0.75))
+  np.testing.assert_allclose(np.asarray(new['a']), [1.5, 1.5])
+  cfg = _optim_cfg(ema_decay=0.999, ema_warmup=True)
+  assert float(optim.ema_decay_at(cfg, 0)) == pytest.approx(0.1)
+  assert float(optim.ema_decay_at(cfg, 90)) == pytest.approx(0.91)
+  assert float(optim.ema_decay_at(cfg, 10**6)) == pytest.approx(0.999)
+  assert float(optim.ema_decay_at(_optim_cfg(ema_decay=0.999), 0)) == pytest.approx(0.999)
