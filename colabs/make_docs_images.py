@@ -31,7 +31,7 @@ from hmdlm_jax import visualize  # noqa: E402
 from hmdlm_jax.data import sudoku as sudoku_data  # noqa: E402
 
 # Example 1 of the paper's Appendix F (unique solution).
-PUZZLE = '506070800400000016000000000002000003070050400000900020960000005000300020070001000'
+PUZZLE = '506070800400000016000000000002000003070050400000900020960000500030002007000100000'
 
 
 def main(argv: list[str] | None = None) -> int:

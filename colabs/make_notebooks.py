@@ -186,8 +186,8 @@ runs the configured sampler (confidence ordering for Sudoku) and records for eve
 from hmdlm_jax import evaluate
 from hmdlm_jax.data import sudoku as sudoku_data
 
-PUZZLE = ('506070800400000016000000000002000003070050400000900020960000005'
-          '000300020070001000')
+PUZZLE = ('506070800400000016000000000002000003070050400000900020960000500'
+          '030002007000100000')
 records = evaluate.run_sample(config, str(RUN_DIR), puzzles=[PUZZLE])
 rec = records[0]
 num_solutions, solution = sudoku_data.count_solutions(evaluate.parse_puzzle(PUZZLE))

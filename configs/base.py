@@ -114,6 +114,10 @@ def get_base_config() -> ml_collections.ConfigDict:
   sm.num_samples = 16
   sm.seeds = (0,)
 
+  # Initialisation from a converted MDLM checkpoint (hmdlm_jax/convert_mdlm.py); '' = random init.
+  c.init = ini = ml_collections.ConfigDict()
+  ini.mdlm_checkpoint = ''
+
   # Evaluation; `kind` selects the evaluator ('sudoku' | 'perplexity').
   c.eval = e = ml_collections.ConfigDict()
   e.kind = 'sudoku'

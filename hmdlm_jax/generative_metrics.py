@@ -19,7 +19,7 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import math
-from typing import Any, Protocol, Sequence, runtime_checkable
+from typing import Any, Callable, Protocol, Sequence, runtime_checkable
 
 import numpy as np
 
@@ -216,18 +216,32 @@ def generative_perplexity(texts: Sequence[str], scorer: ARScorer) -> dict[str, A
 
 
 def gen_ppl_report(texts: Sequence[str], *, scorer: ARScorer | None = None,
-                   model_name: str = DEFAULT_SCORER, **scorer_kwargs: Any) -> dict[str, Any]:
+                   model_name: str = DEFAULT_SCORER, unavailable_reason: str | None = None,
+                   **scorer_kwargs: Any) -> dict[str, Any]:
   """Gen PPL with `scorer`, or with a locally cached `TransformersGPT2Scorer(model_name)`.
 
-  When the scorer cannot be built the result is `{'gen_ppl': None, 'gen_ppl_unavailable_reason':
-  ...}`; errors while scoring (NaN, empty input) propagate.
+  When the scorer cannot be built (or `unavailable_reason` says so already, e.g. from
+  `load_or_reason`) the result is `{'gen_ppl': None, 'gen_ppl_unavailable_reason': ...}`; errors
+  while scoring (NaN, empty input) propagate.
   """
+  if scorer is None and unavailable_reason is None:
+    scorer, unavailable_reason = load_or_reason(TransformersGPT2Scorer, model_name,
+                                                **scorer_kwargs)
   if scorer is None:
-    try:
-      scorer = TransformersGPT2Scorer(model_name, **scorer_kwargs)
-    except ScorerUnavailableError as e:
-      return {'gen_ppl': None, 'gen_ppl_unavailable_reason': str(e), 'gen_ppl_scorer': model_name}
+    return {'gen_ppl': None, 'gen_ppl_unavailable_reason': unavailable_reason,
+            'gen_ppl_scorer': model_name}
   return generative_perplexity(texts, scorer)
+
+
+def load_or_reason(factory: Any, *args: Any, **kwargs: Any) -> tuple[Any, str | None]:
+  """`(factory(*args, **kwargs), None)`, or `(None, reason)` on ScorerUnavailableError.
+
+  Lets a caller load GPT-2 Large once for several sample sets (seeds).
+  """
+  try:
+    return factory(*args, **kwargs), None
+  except ScorerUnavailableError as e:
+    return None, str(e)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -273,28 +287,29 @@ def mauve_unavailable() -> str | None:
   return None
 
 
-def mauve_report(samples: Sequence[str], references: Sequence[str], *,
-                 featurizer: TransformersFeaturizer | None = None,
-                 featurize_model_name: str = DEFAULT_FEATURIZER, seed: int = 25,
+def mauve_report(samples: Sequence[str], references: Sequence[str] | Callable[[], Sequence[str]],
+                 *, featurizer: TransformersFeaturizer | None = None,
+                 featurize_model_name: str = DEFAULT_FEATURIZER,
+                 unavailable_reason: str | None = None, seed: int = 25,
                  **mauve_kwargs: Any) -> dict[str, Any]:
   """MAUVE(samples, references) when `mauve-text` and the featuriser are available locally.
 
-  Returns `{'mauve': float}` or `{'mauve': None, 'mauve_unavailable_reason': str}`.
+  `references` may be a callable, called only when MAUVE can run (reading a test split for
+  nothing is avoided). Returns `{'mauve': float, ...}` or `{'mauve': None,
+  'mauve_unavailable_reason': str}`.
   """
-  reason = mauve_unavailable()
+  reason = unavailable_reason or mauve_unavailable()
+  if reason is None and featurizer is None:
+    featurizer, reason = load_or_reason(TransformersFeaturizer, featurize_model_name)
   if reason is not None:
     return {'mauve': None, 'mauve_unavailable_reason': reason}
-  if not samples or not references:
+  refs = list(references() if callable(references) else references)
+  if not samples or not refs:
     return {'mauve': None, 'mauve_unavailable_reason':
-            f'need samples and reference texts, got {len(samples)} and {len(references)}'}
-  if featurizer is None:
-    try:
-      featurizer = TransformersFeaturizer(featurize_model_name)
-    except ScorerUnavailableError as e:
-      return {'mauve': None, 'mauve_unavailable_reason': str(e)}
+            f'need samples and reference texts, got {len(samples)} and {len(refs)}'}
   mauve = importlib.import_module('mauve')
   p = featurizer.features(samples)
-  q = featurizer.features(references)
+  q = featurizer.features(refs)
   out = mauve.compute_mauve(p_features=p, q_features=q, seed=seed, verbose=False, **mauve_kwargs)
   return {'mauve': float(out.mauve), 'mauve_featurizer': featurizer.name,
-          'mauve_num_samples': len(samples), 'mauve_num_references': len(references)}
+          'mauve_num_samples': len(samples), 'mauve_num_references': len(refs)}

@@ -93,5 +93,23 @@ def main(argv: list[str]) -> None:
     sys.exit(1)
 
 
+def parse_flags(argv: list[str]) -> list[str]:
+  """absl's flag parsing, with a clear message for a `--config.*` override ml_collections rejects.
+
+  ml_collections raises AttributeError/KeyError (with a traceback) for an unknown field; we print
+  which override is wrong and exit 1 instead. Bad values already give absl's one-line error.
+  """
+  try:
+    return app.parse_flags_with_usage(argv)
+  except (AttributeError, KeyError, TypeError, ValueError) as e:
+    key = str(e).strip('"\'').split('\n')[0].strip('"\'')
+    overrides = [a.split('=')[0] for a in argv[1:] if a.startswith('--config.')]
+    culprits = [o for o in overrides if key and key in o.split('.')] or overrides
+    print(f'hmdlm_jax: error: invalid config override {", ".join(culprits)}: '
+          f'{type(e).__name__}: {str(e).strip()} (unknown field? the schema is configs/base.py)',
+          file=sys.stderr, flush=True)
+    sys.exit(1)
+
+
 if __name__ == '__main__':
-  app.run(main)
+  app.run(main, flags_parser=parse_flags)

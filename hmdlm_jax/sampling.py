@@ -11,19 +11,19 @@ jits the whole sampler, e.g.
 (`make_sampler` below packages exactly this). `schedule` and `cfg` are frozen dataclasses (static).
 
 Ancestral ordering (Algorithm 2; the paper's sampler).
-  pass 1 on (x, h, t) -> g^i (`level_log_probs`, prior correction as configured; SPEC 4)
-  every masked i draws from Cat(λ_0 g_0, …, λ_{K-1} g_{K-1}, 1 − Σ_k λ_k g_k), λ_k = λ_k(s, t)
-      (Algorithm 2 line 11); a drawn level is written into h and i joins the reveal set R
+  pass 1 on (x, h, t) -> g^i (`level_log_probs`, prior correction as configured; SPEC 4);
+  every masked i draws from Cat(λ_0 g_0, …, λ_{K-1} g_{K-1}, 1 − Σ_k λ_k g_k), λ_k = λ_k(s,t)
+  (Algorithm 2 line 11); a drawn level is written into h and i joins the reveal set R;
   pass 2 -> f^i (`token_log_probs`, SUBS) with temperature τ; each i ∈ R draws its token
       (or takes the argmax when greedy); the pair (x^i, h^i) is frozen.
   Pass-2 context. two_pass: the paper's model sees (x, h) with the freshly drawn levels at R
-  (Algorithm 2 line 17). single_pass (SPEC 4 extension): the backbone sees the pass-1 inputs (x, h_t)
-  and the token head receives each position's own level through `token_levels` (the drawn level at
-  R, h_m elsewhere). The apply_fn contract has no way to hand a backbone from one call to the next,
-  so single_pass also makes two apply_fn calls per step and `nfe` counts both; its saving is in
-  training and in the bound (one pass), not in sampling.
-  Last step (n = 1, s = 0): λ_k(0, t) = 1 for every level still active at t (α_k(t) < 1), so every
-  masked position is revealed: it draws its level from g renormalised over the active levels
+  (Algorithm 2 line 17). single_pass (SPEC 4 extension): the backbone sees the pass-1 inputs
+  (x, h_t) and the token head receives each position's own level through `token_levels` (the
+  drawn level at R, h_m elsewhere). The apply_fn contract has no way to hand a backbone from one
+  call to the next, so single_pass also makes two apply_fn calls per step and `nfe` counts both;
+  its saving is in training and in the bound (one pass), not in sampling.
+  Last step (n = 1, s = 0): λ_k(0, t) = 1 for every level still active at t (α_k(t) < 1), so
+  every masked position is revealed: it draws its level from g renormalised over the active levels
   (SPEC 7). Guards so that no position is ever left masked: if no level is active at t = 1/T (all
   offsets ≥ 1/T) every level is allowed; if g carries no mass on the allowed levels (underflow) the
   allowed levels are drawn uniformly.
@@ -35,32 +35,37 @@ call per step predicts its token; `variant` is irrelevant and the level state is
 
 Confidence ordering (Sudoku, typically T = L = 81; MDLM/MGDM-style top-k decoding).
   Per step the number of positions to reveal is the number Algorithm 2 expects,
-      k_n = clip(round(Σ_{i masked} π_i), 1, #eligible),  π_i = Σ_k λ_k(s,t) g^i_k     (paper eq. 8)
+      k_n = clip(round(Σ_{i masked} π_i), 1, #eligible),  π_i = Σ_k λ_k(s,t) g^i_k  (eq. 8)
   (all remaining masked positions at the last step). The positions are the k_n masked ones with the
   highest
       score_i = log π_i + log max_v f^i(v),
   i.e. the log-probability of position i's single most likely move under the ancestral sampler
-  (revealed now × its most likely token). Why this rule: log π_i carries the hierarchy (a position
-  the head puts on a high level, whose λ is larger, comes first; λ_k ≤ λ_{k'} for k < k', Appendix D)
-  and log max f carries the token confidence; for K == 1, π_i = λ(s, t) is the same for every i and
-  the rule is exactly MDLM/MGDM top-k confidence decoding. Eligible = masked with π_i > 0 (a position
-  the head puts only on levels that cannot be revealed yet waits; the last step takes everyone).
+  (revealed now × its most likely token). Why this rule: log π_i carries the hierarchy (a
+  position the head puts on a high level, whose λ is larger, comes first; λ_k ≤ λ_{k'} for
+  k < k', Appendix D) and log max f carries the token confidence; for K == 1, π_i = λ(s, t) is
+  the same for every i and the rule is exactly MDLM/MGDM top-k confidence decoding. Eligible =
+  masked with π_i > 0 (a position the head puts only on levels that cannot be revealed yet
+  waits; the last step takes everyone). Ties go to the lower position index.
   Level context: a candidate's level is its most probable level GIVEN that it is revealed now,
   ĥ^i = argmax_k λ_k g^i_k (argmax g over the active levels at the last step). Pass 2 is run once
   for all candidates, each conditioned on its candidate level: two_pass writes ĥ at every masked
-  position of h (predicted levels, so nothing leaks; this is Algorithm 2's context at its last step,
-  where R = all masked positions); single_pass passes ĥ as `token_levels` over the pass-1 inputs
-  (exactly its training context). A revealed position keeps ĥ^i as its level and takes the argmax
-  token (greedy) or a draw from f^i at temperature τ. Confidence + greedy is fully deterministic.
+  position of h (predicted levels, so nothing leaks; this is Algorithm 2's context at its last
+  step, where R = all masked positions); single_pass passes ĥ as `token_levels` over the pass-1
+  inputs (exactly its training context). Caveat: Algorithm 1 trains the two-pass model with
+  levels shown on a small reveal set only, so showing ĥ everywhere is a wider context than most
+  of its training (the single-pass variant has no such gap). A revealed position keeps ĥ^i as its
+  level and takes the argmax token (greedy) or a draw from f^i at temperature τ. Confidence +
+  greedy is fully deterministic.
 
-Given positions (infilling prompts, Sudoku clues) start revealed with their tokens and levels and are
-never resampled; their `reveal_step` is T + 1.
+Given positions (infilling prompts, Sudoku clues) start revealed with their tokens and levels and
+are never resampled; their `reveal_step` is T + 1.
 
 Cache (MDLM's idea, `use_cache`). With `use_cache=False` every pass is called at every step
 (nfe = 2T two-pass/single-pass, T for K == 1). With `use_cache=True`
-  * a call whose output would be unused is skipped: pass 2 when no position of the batch is revealed
-    at this step, pass 1 when no position of the batch is masked any more. This is exact whatever
-    the time conditioning (for K == 1 the network is only called on steps that reveal something).
+  * a call whose output would be unused is skipped: pass 2 when no position of the batch is
+    revealed at this step, pass 1 when no position of the batch is masked any more. This is exact
+    whatever the time conditioning (for K == 1 the network is only called on steps that reveal
+    something).
   * pass 1 reuses the raw hierarchy logits of its last call when no position of the batch was
     revealed since that call, because then (x, h) are unchanged; only t moved, so this is done only
     when `time_conditioning` is False (the model ignores t). g is recomputed from the cached logits
@@ -84,6 +89,7 @@ import jax
 import jax.numpy as jnp
 
 from hmdlm_jax import parameterization
+from hmdlm_jax import schedules
 from hmdlm_jax.schedules import Schedule
 
 ApplyFn = Callable[..., dict]
@@ -176,11 +182,23 @@ class SampleOutput(NamedTuple):
   levels:      int32 [B, L], the DRAWN levels in 0..K-1 (given positions: their given level).
   reveal_step: int32 [B, L], the n at which the position was revealed (1..T; T + 1 for given).
   nfe:         int32 [], apply_fn calls actually executed (whole batch = one call).
+  nan_calls:   int32 [], executed calls that returned a NaN logit (the samples are then garbage;
+               `check_finite` raises). Last, so the four design.md fields keep their positions.
   """
   tokens: jax.Array
   levels: jax.Array
   reveal_step: jax.Array
   nfe: jax.Array
+  nan_calls: jax.Array
+
+
+def check_finite(out: SampleOutput) -> SampleOutput:
+  """Host-side: raises FloatingPointError if any network call of the run returned NaN logits."""
+  bad = int(out.nan_calls)
+  if bad:
+    raise FloatingPointError(f'sampling: {bad} of {int(out.nfe)} network calls returned NaN '
+                             'logits; the samples are invalid (check the checkpoint / dtype).')
+  return out
 
 
 def _check_int(field: str, value: Any, *, minimum: int) -> None:
@@ -328,14 +346,20 @@ def sample(apply_fn: ApplyFn, key: jax.Array, schedule: Schedule, cfg: SampleCon
   x0, h0, given = _validate_given(given_tokens, given_levels, given_mask, batch_size, seq_len, cfg)
   reveal0 = jnp.where(given, num_steps + 1, 0).astype(jnp.int32)
 
-  def pass1(x: jax.Array, h: jax.Array, t_b: jax.Array) -> jax.Array:
-    out = apply_fn(x, h, t_b, heads=('hier',))
-    logits = out['hier']
+  def pass1(x: jax.Array, h: jax.Array, t_b: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """Raw hierarchy logits [B, L, K] float32 and whether any is NaN."""
+    logits = apply_fn(x, h, t_b, heads=('hier',))['hier']
     chex.assert_shape(logits, (batch_size, seq_len, num_levels))
-    return logits.astype(jnp.float32)
+    logits = logits.astype(jnp.float32)
+    return logits, jnp.any(jnp.isnan(logits))
 
-  def pass2(x: jax.Array, h_in: jax.Array, own_levels: jax.Array, t_b: jax.Array) -> jax.Array:
-    """log f [B, L, V] (SUBS). h_in: backbone levels; own_levels: the token head's (single_pass)."""
+  def pass2(x: jax.Array, h_in: jax.Array, own_levels: jax.Array,
+            t_b: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """log f [B, L, V] (SUBS) and whether any logit is NaN.
+
+    h_in: the backbone's levels; own_levels: h with the drawn / candidate levels (two_pass: the
+    backbone input; single_pass: `token_levels` over the pass-1 inputs).
+    """
     if hier and cfg.variant == 'single_pass':
       out = apply_fn(x, h_in, t_b, heads=('token',), token_levels=own_levels)
     else:
@@ -344,10 +368,11 @@ def sample(apply_fn: ApplyFn, key: jax.Array, schedule: Schedule, cfg: SampleCon
     chex.assert_rank(logits, 3)
     chex.assert_axis_dimension(logits, 0, batch_size)
     chex.assert_axis_dimension(logits, 1, seq_len)
-    return parameterization.token_log_probs(logits, x, mask_id=cfg.mask_id)
+    nan = jnp.any(jnp.isnan(logits))
+    return parameterization.token_log_probs(logits, x, mask_id=cfg.mask_id), nan
 
   def step(carry, n):
-    x, h, reveal, nfe, hier_cache, cache_valid = carry
+    x, h, reveal, nfe, nan_calls, hier_cache, cache_valid = carry
     k_level, k_token = jax.random.split(jax.random.fold_in(key, n))
     t = n.astype(jnp.float32) / num_steps
     s = (n - 1).astype(jnp.float32) / num_steps
@@ -363,12 +388,14 @@ def sample(apply_fn: ApplyFn, key: jax.Array, schedule: Schedule, cfg: SampleCon
       if cfg.use_cache:
         reuse = cache_valid & (not cfg.time_conditioning)
         call1 = any_masked & ~reuse
-        hier_logits = jax.lax.cond(call1, lambda: pass1(x, h, t_b), lambda: hier_cache)
+        hier_logits, nan1 = jax.lax.cond(call1, lambda: pass1(x, h, t_b),
+                                         lambda: (hier_cache, jnp.zeros((), bool)))
         nfe = nfe + call1.astype(jnp.int32)
         cache_valid = cache_valid | call1
       else:
-        hier_logits = pass1(x, h, t_b)
+        hier_logits, nan1 = pass1(x, h, t_b)
         nfe = nfe + 1
+      nan_calls = nan_calls + nan1.astype(jnp.int32)
       log_g = parameterization.level_log_probs(
           hier_logits, t_b, schedule, prior_corrected=cfg.prior_corrected)
     else:
@@ -395,7 +422,7 @@ def sample(apply_fn: ApplyFn, key: jax.Array, schedule: Schedule, cfg: SampleCon
 
     # Pass 2 -> tokens (and, for confidence ordering, the choice of positions).
     def tokens_and_reveal():
-      token_logp = pass2(x, h, pass2_levels, t_b)
+      token_logp, nan2 = pass2(x, h, pass2_levels, t_b)
       if cfg.ordering == 'ancestral':
         chosen = reveal_now
       else:
@@ -405,38 +432,43 @@ def sample(apply_fn: ApplyFn, key: jax.Array, schedule: Schedule, cfg: SampleCon
         rank = jnp.argsort(order, axis=-1)
         chosen = eligible & (rank < count[:, None])
       new_tok = _draw_tokens(k_token, token_logp, cfg)
-      return jnp.where(chosen, new_tok, x), chosen
+      return jnp.where(chosen, new_tok, x), chosen, nan2
 
     if cfg.use_cache:
       need2 = jnp.any(reveal_now) if cfg.ordering == 'ancestral' else jnp.any(count > 0)
-      new_x, chosen = jax.lax.cond(
-          need2, tokens_and_reveal, lambda: (x, jnp.zeros_like(masked)))
+      new_x, chosen, nan2 = jax.lax.cond(
+          need2, tokens_and_reveal, lambda: (x, jnp.zeros_like(masked), jnp.zeros((), bool)))
       nfe = nfe + need2.astype(jnp.int32)
     else:
-      new_x, chosen = tokens_and_reveal()
+      new_x, chosen, nan2 = tokens_and_reveal()
       nfe = nfe + 1
-    # Freeze the revealed pairs (Algorithm 2 line 21); pass2_levels holds the drawn / candidate level.
+    nan_calls = nan_calls + nan2.astype(jnp.int32)
+    # Freeze the revealed pairs (Algorithm 2 line 21); pass2_levels: drawn / candidate levels.
     new_h = jnp.where(chosen, pass2_levels, h)
     reveal = jnp.where(chosen, n, reveal)
     # (x, h) changed -> the cached pass-1 logits are stale.
     cache_valid = cache_valid & ~jnp.any(chosen)
-    return (new_x, new_h, reveal, nfe, hier_logits, cache_valid), None
+    return (new_x, new_h, reveal, nfe, nan_calls, hier_logits, cache_valid), None
 
-  carry0 = (x0, h0, reveal0, jnp.zeros((), jnp.int32),
+  zero = jnp.zeros((), jnp.int32)
+  carry0 = (x0, h0, reveal0, zero, zero,
             jnp.zeros((batch_size, seq_len, num_levels), jnp.float32), jnp.zeros((), bool))
   steps = jnp.arange(num_steps, 0, -1, dtype=jnp.int32)
-  (x, h, reveal, nfe, _, _), _ = jax.lax.scan(step, carry0, steps)
-  return SampleOutput(tokens=x, levels=h, reveal_step=reveal, nfe=nfe)
+  (x, h, reveal, nfe, nan_calls, _, _), _ = jax.lax.scan(step, carry0, steps)
+  return SampleOutput(tokens=x, levels=h, reveal_step=reveal, nfe=nfe, nan_calls=nan_calls)
 
 
 def make_sampler(apply_fn_builder: Callable[[Any], ApplyFn], schedule: Schedule,
-                 cfg: SampleConfig, *, batch_size: int, seq_len: int) -> Callable[..., SampleOutput]:
+                 cfg: SampleConfig, *, batch_size: int, seq_len: int,
+                 check_ordering: str = 'error') -> Callable[..., SampleOutput]:
   """A jitted `fn(params, key, given_tokens=None, given_levels=None, given_mask=None)`.
 
   `apply_fn_builder(params)` returns the apply_fn, e.g.
   `functools.partial(make_apply_fn, model, train=False)` (params traced, so one compile serves
-  every checkpoint).
+  every checkpoint). `check_ordering` (the config's `schedule.check_ordering`: 'error' | 'warn' |
+  'off') validates Appendix D's reveal ordering on this sampling grid once, here (SPEC 2).
   """
+  schedules.check_ordering(schedule, cfg.num_steps, check_ordering)
 
   @jax.jit
   def run(params, key, given_tokens=None, given_levels=None, given_mask=None) -> SampleOutput:

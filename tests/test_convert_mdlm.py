@@ -227,8 +227,8 @@ def test_forward_matches_pytorch(reference, safetensors_file, time_conditioning)
 def test_converted_tree_matches_model_tree(safetensors_file):
   params, _ = convert_mdlm.convert_state_dict(convert_mdlm.load_mdlm_state_dict(safetensors_file))
   abstract = models.abstract_params(models.build_model(model_config(1, False)), L)
-  shapes = lambda tree: jax.tree_util.tree_map(np.shape, tree)  # pylint: disable=unnecessary-lambda-assignment
-  assert shapes(params) == shapes(abstract)
+  assert (jax.tree_util.tree_map(np.shape, params) ==
+          jax.tree_util.tree_map(np.shape, abstract))
 
 
 def test_hmdlm_init_keeps_fresh_level_parts(reference, safetensors_file, tmp_path):
@@ -238,7 +238,8 @@ def test_hmdlm_init_keeps_fresh_level_parts(reference, safetensors_file, tmp_pat
   fresh = fresh_params(cfg, 3)
   merged = convert_mdlm.init_from_mdlm(fresh, str(dst))
   for name in ('level_embed', 'hier_layer'):
-    for a, b in zip(jax.tree_util.tree_leaves(merged[name]), jax.tree_util.tree_leaves(fresh[name])):
+    leaves = zip(jax.tree_util.tree_leaves(merged[name]), jax.tree_util.tree_leaves(fresh[name]))
+    for a, b in leaves:
       np.testing.assert_array_equal(a, b)
   # With the level table zeroed the HMDLM token pass is MDLM's network exactly.
   merged['level_embed']['embedding'] = np.zeros_like(merged['level_embed']['embedding'])

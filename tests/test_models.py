@@ -4,13 +4,17 @@ forward passes, gradient flow through both passes, the heads contract, precision
 adaLN-zero: every DiT block's modulation Linear and both heads' output Linears start at zero, so at
 initialisation the logits are exactly 0 and the gradient of every block-internal weight is exactly
 0 (the zero gates cut the path). Tests that need informative outputs or gradients therefore
-perturb every parameter with N(0, 0.1²) noise (`_perturb`); `test_grads_zero_at_adaln_zero_init_
-then_flow_after_sgd` checks both the zero-gradient fact and that two SGD steps from the real init
-open every path.
+use a perturbed init: every parameter gets N(0, 0.1²) noise (`_random_params`);
+`test_grads_zero_at_adaln_zero_init_then_flow_after_sgd` checks both the zero-gradient fact at the
+real init and that two SGD steps from it open every path.
+
+Speed (2 shared CPU cores): parameters come from jax.eval_shape plus numpy draws, and every forward
+is jitted once per (model, heads) and cached, so the file compiles a few dozen small programs.
 """
 
 from __future__ import annotations
 
+import functools
 import math
 
 import flax.linen as nn
@@ -30,25 +34,53 @@ B, L, V = 2, 8, 11
 def _cfg(**over):
   """A tiny model config section (configs/base.py schema)."""
   c = get_base_config().model
-  c.update(dict(num_levels=3, vocab_size=V, seq_len=L, num_layers=2, hidden_size=16, num_heads=2,
+  c.update(dict(num_levels=3, vocab_size=V, seq_len=L, num_layers=1, hidden_size=16, num_heads=2,
                 mlp_dim=32, cond_dim=8, dropout=0.1))
   c.update(over)
   return c
 
 
-def _perturb(params, key, scale=0.1):
-  leaves, tree = jax.tree_util.tree_flatten(params)
-  keys = jax.random.split(key, len(leaves))
-  return jax.tree_util.tree_unflatten(
-      tree, [x + scale * jax.random.normal(k, x.shape, x.dtype) for x, k in zip(leaves, keys)])
+def _random_params(model, seq_len, seed, scale=0.1):
+  """Parameters of the real shapes (eval_shape, nothing compiled) with random values: the init
+  (adaLN-zero) plus N(0, scale²) noise, i.e. LayerNorm weights 1 + noise, everything else noise.
+  numpy draws keep the 2-core test machine from compiling one random kernel per shape."""
+  r = np.random.default_rng(seed)
+  abstract = models.abstract_params(model, seq_len)
+
+  def draw(path, x):
+    base = 1.0 if jax.tree_util.keystr(path).endswith("['weight']") else 0.0
+    return jnp.asarray(base + scale * r.normal(size=x.shape), jnp.float32)
+
+  return jax.tree_util.tree_map_with_path(draw, abstract)
+
+
+@functools.lru_cache(maxsize=None)
+def _setup_cached(items):
+  over = dict(items)
+  seed = over.pop('_seed')
+  cfg = _cfg(**over)
+  model = models.build_model(cfg)
+  return cfg, model, _random_params(model, cfg.seq_len, seed)
 
 
 def _setup(seed=0, **over):
-  cfg = _cfg(**over)
-  model = models.build_model(cfg)
-  params = _perturb(models.init_params(model, jax.random.key(seed), cfg.seq_len),
-                    jax.random.key(seed + 100))
-  return cfg, model, params
+  return _setup_cached(tuple(sorted(over.items())) + (('_seed', seed),))
+
+
+@functools.lru_cache(maxsize=None)
+def _jitted_apply(model, heads, train):
+  def f(params, tokens, levels, t, token_levels, rng):
+    return models.make_apply_fn(model, params, train=train, rng=rng)(
+        tokens, levels, t, heads=heads, token_levels=token_levels)
+  return jax.jit(f)
+
+
+def _fwd(model, params, tokens, levels, t, heads=('hier', 'token'), token_levels=None,
+         train=False, rng=None):
+  """The apply_fn of make_apply_fn, jitted once per (model, heads, train); numpy outputs (eager
+  jnp ops on the results would compile one kernel per shape)."""
+  out = _jitted_apply(model, tuple(heads), train)(params, tokens, levels, t, token_levels, rng)
+  return jax.device_get(out)
 
 
 def _inputs(seed=0, k=3, length=L):
@@ -147,7 +179,7 @@ def test_dit_time_conditioning_keeps_param_count():
   # MDLM builds sigma_map even with time conditioning off (it then feeds σ = 0).
   on = models.param_count_breakdown(_cfg(time_conditioning=True))['total']
   off = models.param_count_breakdown(_cfg(time_conditioning=False))['total']
-  base, extra = _dit_total(V, 16, 8, 32, 2, 3)
+  base, extra = _dit_total(V, 16, 8, 32, 1, 3)
   assert on == off == base + extra
 
 
@@ -246,19 +278,19 @@ def test_ddit_block_matches_numpy():
   x = r.normal(size=(2, 6, h)).astype(np.float32)
   c = r.normal(size=(2, c_dim)).astype(np.float32)
   rope = layers.rotary_cos_sin(6, h // 2)
-  variables = block.init(jax.random.key(0), jnp.asarray(x), jnp.asarray(c), rope)
-  params = _perturb(nn.meta.unbox(variables['params']), jax.random.key(1), 0.3)
-  got = block.apply({'params': params}, jnp.asarray(x), jnp.asarray(c), rope, train=False)
+  abstract = jax.eval_shape(lambda: block.init(jax.random.key(0), x, c, rope))['params']
+  params = jax.tree_util.tree_map(
+      lambda a: jnp.asarray(0.3 * r.normal(size=a.shape), jnp.float32), nn.meta.unbox(abstract))
+  got = jax.jit(lambda p: block.apply({'params': p}, x, c, rope, train=False))(params)
   want = _np_ddit_block(_np64(params), x.astype(np.float64), c.astype(np.float64))
   np.testing.assert_allclose(np.asarray(got), want, atol=1e-5, rtol=1e-5)
 
 
 def test_dit_forward_matches_numpy_single_pass():
-  cfg, model, params = _setup(num_layers=1, time_conditioning=True, variant='single_pass')
+  cfg, model, params = _setup(time_conditioning=True, variant='single_pass')
   tokens, levels, t = _inputs()
   token_levels = jnp.asarray(np.random.default_rng(5).integers(0, 4, (B, L)), jnp.int32)
-  out = models.make_apply_fn(model, params, train=False)(
-      tokens, levels, t, heads=('hier', 'token'), token_levels=token_levels)
+  out = _fwd(model, params, tokens, levels, t, token_levels=token_levels)
   p = _np64(params)
   x = p['vocab_embed']['embedding'][np.asarray(tokens)] + p['level_embed']['embedding'][
       np.asarray(levels)]
@@ -272,11 +304,9 @@ def test_dit_forward_matches_numpy_single_pass():
 
 
 def test_gpt2_forward_matches_numpy():
-  cfg, model, params = _setup(backbone='gpt2', num_layers=1, position_embedding='learned',
-                              tie_embeddings=True)
+  cfg, model, params = _setup(backbone='gpt2', position_embedding='learned', tie_embeddings=True)
   tokens, levels, t = _inputs()
-  out = models.make_apply_fn(model, params, train=False)(tokens, levels, t,
-                                                         heads=('hier', 'token'))
+  out = _fwd(model, params, tokens, levels, t)
   p = _np64(params)
   wte = p['wte']['embedding']
   x = wte[np.asarray(tokens)] + p['level_embed']['embedding'][np.asarray(levels)]
@@ -297,8 +327,7 @@ def test_gpt2_forward_matches_numpy():
 
 
 def test_sudoku_position_embedding_row_col_box():
-  cfg, model, params = _setup(backbone='dit', seq_len=81, position_embedding='sudoku',
-                              num_layers=1)
+  cfg, model, params = _setup(seq_len=81, position_embedding='sudoku')
   pos = layers.PositionEmbedding('sudoku', 81, 16).apply({'params': params['position']}, 81)
   p = _np64(params['position'])
   for i in (0, 10, 40, 80, 33):
@@ -306,14 +335,18 @@ def test_sudoku_position_embedding_row_col_box():
     want = (p['row_embed']['embedding'][r] + p['col_embed']['embedding'][c]
             + p['box_embed']['embedding'][(r // 3) * 3 + c // 3])
     np.testing.assert_allclose(np.asarray(pos[i]), want, atol=1e-6)
-  # Rows/cols/boxes are distinguished: cells 0 and 80 share nothing.
-  assert not np.allclose(np.asarray(pos[0]), np.asarray(pos[80]))
+  assert not np.allclose(np.asarray(pos[0]), np.asarray(pos[80]))  # share no row/col/box
+  # The model adds it to the input: permuting two cells' tokens is not an output permutation.
+  tokens, levels, t = _inputs(length=81)
+  out = _fwd(model, params, tokens, levels, t, heads=('token',))['token']
+  swapped = _fwd(model, params, tokens[:, ::-1], levels[:, ::-1], t, heads=('token',))['token']
+  assert float(np.abs(out[:, ::-1] - swapped).max()) > 1e-4
 
 
 # ----------------------------------------------------------------------------- gradients / passes
 
 
-def _two_pass_loss(apply_fn, tokens, levels, ht, hs, t, k):
+def _two_pass_loss(apply_fn, tokens, levels, ht, hs, t):
   """Pass 1 (hier head on (x_t, h_t)) + pass 2 (token head on (x_t, h_s)): CE on gold labels."""
   hier = apply_fn(tokens, ht, t, heads=('hier',))['hier']
   tok = apply_fn(tokens, hs, t, heads=('token',))['token']
@@ -324,20 +357,19 @@ def _two_pass_loss(apply_fn, tokens, levels, ht, hs, t, k):
 
 @pytest.mark.parametrize('backbone', ['dit', 'gpt2'])
 def test_gradients_reach_both_heads_and_every_block(backbone):
-  cfg, model, params = _setup(backbone=backbone, tie_embeddings=backbone == 'gpt2')
+  cfg, model, params = _setup(backbone=backbone, num_layers=2, tie_embeddings=backbone == 'gpt2')
   tokens, _, t = _inputs()
   levels = jnp.asarray(np.random.default_rng(2).integers(0, 3, (B, L)), jnp.int32)
   ht = jnp.full_like(levels, 3)  # all h_m
   hs = jnp.where(jnp.arange(L) % 2 == 0, levels, 3)
 
   def losses(p):
-    return _two_pass_loss(models.make_apply_fn(model, p, train=False), tokens, levels, ht, hs,
-                          t, 3)
+    return _two_pass_loss(models.make_apply_fn(model, p, train=False), tokens, levels, ht, hs, t)
 
-  g1 = jax.grad(lambda p: losses(p)[0])(params)
-  g2 = jax.grad(lambda p: losses(p)[1])(params)
-  g = jax.grad(lambda p: sum(losses(p)))(params)
-  norm = lambda tree: float(sum(jnp.sum(x ** 2) for x in jax.tree_util.tree_leaves(tree)))
+  # jacrev of (pass-1 loss, pass-2 loss): one vmapped backward pass, one compile.
+  g1, g2 = jax.device_get(jax.jit(jax.jacrev(losses))(params))
+  g = jax.tree_util.tree_map(np.add, g1, g2)  # gradient of the summed two-pass loss
+  norm = lambda tree: float(sum(np.sum(x ** 2) for x in jax.tree_util.tree_leaves(tree)))
   hier_name, tok_name = ('hier_layer', 'output_layer') if backbone == 'dit' else (
       'hier_head', 'wte')
   blocks = [n for n in params if n.startswith(('blocks_', 'h_'))]
@@ -350,51 +382,56 @@ def test_gradients_reach_both_heads_and_every_block(backbone):
   if backbone == 'dit':
     assert norm(g1['output_layer']) == 0  # token head only via pass 2
   for path, leaf in jax.tree_util.tree_leaves_with_path(g):
-    assert float(jnp.sum(leaf ** 2)) > 0, jax.tree_util.keystr(path)
-  jax.tree_util.tree_map(lambda a, b1, b2: np.testing.assert_allclose(a, b1 + b2, atol=1e-6),
-                         g, g1, g2)
+    assert float(np.sum(leaf ** 2)) > 0, jax.tree_util.keystr(path)
 
 
 def test_grads_zero_at_adaln_zero_init_then_flow_after_sgd():
-  cfg = _cfg()
+  cfg = _cfg(num_layers=2)
   model = models.build_model(cfg)
   params = models.init_params(model, jax.random.key(0), L)
-  tokens, levels, t = _inputs()
-  out = models.make_apply_fn(model, params, train=False)(tokens, levels, t,
-                                                         heads=('hier', 'token'))
-  assert float(jnp.abs(out['hier']).max()) == 0 and float(jnp.abs(out['token']).max()) == 0
+  leaves = jax.tree_util.tree_leaves(params)
+  assert all(isinstance(x, jax.Array) and x.dtype == jnp.float32 for x in leaves)  # unboxed
+  tokens, _, t = _inputs()
   gold = jnp.asarray(np.random.default_rng(2).integers(0, 3, (B, L)), jnp.int32)
   ht = jnp.full_like(gold, 3)
 
   @jax.jit
-  def grad_fn(p):
-    return jax.grad(lambda q: sum(_two_pass_loss(models.make_apply_fn(model, q, train=False),
-                                                 tokens, gold, ht, gold, t, 3)))(p)
+  def sgd(p):
+    loss = lambda q: sum(_two_pass_loss(models.make_apply_fn(model, q, train=False), tokens,
+                                        gold, ht, gold, t))
+    value, g = jax.value_and_grad(loss)(p)
+    return value, g, jax.tree_util.tree_map(lambda a, d: a - 0.5 * d, p, g)
 
-  g = grad_fn(params)
-  assert float(jnp.abs(g['blocks_0']['attn_qkv']['kernel']).max()) == 0  # gate = 0 cuts it
-  assert float(jnp.abs(g['output_layer']['linear']['kernel']).max()) > 0
+  value, g, params = sgd(params)
+  g = jax.device_get(g)
+  # Zero-init heads: all logits 0, so each CE is log(#classes) exactly.
+  np.testing.assert_allclose(float(value), math.log(3) + math.log(V), rtol=1e-6)
+  assert float(np.abs(g['blocks_0']['attn_qkv']['kernel']).max()) == 0  # gate = 0 cuts it
+  assert float(np.abs(g['output_layer']['linear']['kernel']).max()) > 0
   for _ in range(2):
-    params = jax.tree_util.tree_map(lambda p, d: p - 0.5 * d, params, g)
-    g = grad_fn(params)
+    value, g, params = sgd(params)
+  g = jax.device_get(g)
   for path, leaf in jax.tree_util.tree_leaves_with_path(g):
-    assert float(jnp.abs(leaf).max()) > 0, jax.tree_util.keystr(path)
+    assert float(np.abs(leaf).max()) > 0, jax.tree_util.keystr(path)
 
 
 @pytest.mark.parametrize('backbone', ['dit', 'gpt2'])
 def test_head_selection_does_not_change_outputs(backbone):
   cfg, model, params = _setup(backbone=backbone)
   tokens, levels, t = _inputs()
-  f = models.make_apply_fn(model, params, train=False)
-  both = f(tokens, levels, t, heads=('hier', 'token'))
-  assert set(f(tokens, levels, t, heads=('token',))) == {'token'}
-  np.testing.assert_array_equal(f(tokens, levels, t, heads=('token',))['token'], both['token'])
-  np.testing.assert_array_equal(f(tokens, levels, t, heads=('hier',))['hier'], both['hier'])
+  both = _fwd(model, params, tokens, levels, t)
+  only_tok = _fwd(model, params, tokens, levels, t, heads=('token',))
+  only_hier = _fwd(model, params, tokens, levels, t, heads=('hier',))
+  assert set(only_tok) == {'token'} and set(only_hier) == {'hier'}
+  np.testing.assert_allclose(only_tok['token'], both['token'], atol=1e-6)
+  np.testing.assert_allclose(only_hier['hier'], both['hier'], atol=1e-6)
   assert both['hier'].shape == (B, L, 3) and both['token'].shape == (B, L, V)
-  jitted = jax.jit(lambda a, b, c: f(a, b, c, heads=('hier', 'token')))(tokens, levels, t)
-  np.testing.assert_allclose(jitted['token'], both['token'], atol=1e-5)
+  assert both['token'].dtype == both['hier'].dtype == jnp.float32
+  f = models.make_apply_fn(model, params, train=False)
   with pytest.raises(ValueError, match='heads'):
     f(tokens, levels, t, heads=('logits',))
+  with pytest.raises(ValueError, match='heads'):
+    f(tokens, levels, t, heads=())
 
 
 @pytest.mark.parametrize('backbone', ['dit', 'gpt2'])
@@ -403,10 +440,9 @@ def test_time_conditioning_on_off(backbone):
   t2 = jnp.asarray([0.9, 0.1], jnp.float32)
   for tc in (False, True):
     cfg, model, params = _setup(backbone=backbone, time_conditioning=tc)
-    f = models.make_apply_fn(model, params, train=False)
-    a = f(tokens, levels, t, heads=('hier', 'token'))
-    b = f(tokens, levels, t2, heads=('hier', 'token'))
-    diff = max(float(jnp.abs(a[h] - b[h]).max()) for h in a)
+    a = _fwd(model, params, tokens, levels, t)
+    b = _fwd(model, params, tokens, levels, t2)
+    diff = max(float(np.abs(a[h] - b[h]).max()) for h in a)
     if tc:
       assert diff > 1e-4
     else:
@@ -417,16 +453,16 @@ def test_time_conditioning_on_off(backbone):
 def test_single_pass_token_levels(backbone):
   cfg, model, params = _setup(backbone=backbone, variant='single_pass')
   tokens, levels, t = _inputs()
-  f = models.make_apply_fn(model, params, train=False)
   tl = jnp.zeros((B, L), jnp.int32)
   tl2 = tl.at[1, 5].set(2)
-  a = f(tokens, levels, t, heads=('hier', 'token'), token_levels=tl)
-  b = f(tokens, levels, t, heads=('hier', 'token'), token_levels=tl2)
+  a = _fwd(model, params, tokens, levels, t, token_levels=tl)
+  b = _fwd(model, params, tokens, levels, t, token_levels=tl2)
   np.testing.assert_array_equal(a['hier'], b['hier'])  # hierarchy head does not see it
-  changed = np.asarray(jnp.abs(a['token'] - b['token']).max(-1) > 1e-6)
+  changed = np.asarray(np.abs(a['token'] - b['token']).max(-1) > 1e-6)
   want = np.zeros((B, L), bool)
   want[1, 5] = True
   np.testing.assert_array_equal(changed, want)  # only the position whose level changed
+  f = models.make_apply_fn(model, params, train=False)
   with pytest.raises(ValueError, match='token_levels'):
     f(tokens, levels, t, heads=('token',))
   _, m2, p2 = _setup(backbone=backbone, variant='two_pass')
@@ -438,41 +474,33 @@ def test_single_pass_token_levels(backbone):
 def test_levels_input_and_k1():
   cfg, model, params = _setup()
   tokens, levels, t = _inputs()
-  f = models.make_apply_fn(model, params, train=False)
-  a = f(tokens, levels, t, heads=('token',))['token']
-  b = f(tokens, (levels + 1) % 4, t, heads=('token',))['token']
-  assert float(jnp.abs(a - b).max()) > 1e-4
+  a = _fwd(model, params, tokens, levels, t, heads=('token',))['token']
+  b = _fwd(model, params, tokens, (levels + 1) % 4, t, heads=('token',))['token']
+  assert float(np.abs(a - b).max()) > 1e-4
   # K = 1 (MDLM): no level table, no hierarchy head; levels are ignored; 'hier' is log g = 0.
   cfg1, model1, params1 = _setup(num_levels=1)
   assert 'level_embed' not in params1 and 'hier_layer' not in params1
-  f1 = models.make_apply_fn(model1, params1, train=False)
-  a1 = f1(tokens, levels * 0, t, heads=('hier', 'token'))
-  b1 = f1(tokens, levels, t, heads=('hier', 'token'))
+  a1 = _fwd(model1, params1, tokens, levels * 0, t)
+  b1 = _fwd(model1, params1, tokens, levels, t)
   np.testing.assert_array_equal(a1['token'], b1['token'])
   np.testing.assert_array_equal(a1['hier'], np.zeros((B, L, 1)))
 
 
-def test_no_subs_in_model():
+def test_no_subs_in_model_and_bad_ids_are_loud():
   # SUBS (MASK logit -inf, revealed positions copy their token) belongs to parameterization.py.
   cfg, model, params = _setup()
   mask_id = models.resolve_mask_id(cfg)
   assert mask_id == V - 1
   tokens, levels, t = _inputs()
   tokens = tokens.at[:, ::2].set(mask_id)
-  tok = models.make_apply_fn(model, params, train=False)(tokens, levels, t,
-                                                         heads=('token',))['token']
-  assert bool(jnp.all(jnp.isfinite(tok)))
-  revealed = np.asarray(tok)[:, 1::2]  # not a one-hot copy of the input token
+  tok = np.asarray(_fwd(model, params, tokens, levels, t, heads=('token',))['token'])
+  assert np.all(np.isfinite(tok))
+  revealed = tok[:, 1::2]  # not a one-hot copy of the input token
   assert np.all(revealed.max(-1) - revealed.min(-1) < 50)
-  assert float(np.abs(np.asarray(tok)[..., mask_id]).max()) > 0
-
-
-def test_out_of_range_ids_are_loud():
-  cfg, model, params = _setup()
-  tokens, levels, t = _inputs()
-  tok = models.make_apply_fn(model, params, train=False)(tokens.at[0, 0].set(V), levels, t,
-                                                         heads=('token',))['token']
-  assert bool(jnp.isnan(tok[0]).any()) and bool(jnp.isfinite(tok[1]).all())
+  assert np.abs(tok[..., mask_id]).max() > 0
+  # Out-of-range ids give NaN rows (loud) instead of jnp's silent clamping.
+  bad = _fwd(model, params, tokens.at[0, 0].set(V), levels, t, heads=('token',))['token']
+  assert bool(np.isnan(bad[0]).any()) and bool(np.isfinite(bad[1]).all())
 
 
 # ----------------------------------------------------------------------------- dropout / precision
@@ -482,41 +510,38 @@ def test_dropout_rng_and_pass_salts():
   cfg, model, params = _setup(dropout=0.3)
   tokens, levels, t = _inputs()
   key = jax.random.key(7)
-  run = lambda rng, heads: models.make_apply_fn(model, params, train=True, rng=rng)(
-      tokens, levels, t, heads=heads)['token']
+  run = lambda rng, heads, train=True: _fwd(model, params, tokens, levels, t, heads=heads,
+                                            train=train, rng=rng)['token']
   np.testing.assert_array_equal(run(key, ('token',)), run(key, ('token',)))
-  assert float(jnp.abs(run(key, ('token',)) - run(jax.random.key(8), ('token',))).max()) > 1e-4
+  assert float(np.abs(run(key, ('token',)) - run(jax.random.key(8), ('token',))).max()) > 1e-4
   # Different heads tuples fold different salts into the key: different dropout masks.
   assert models.heads_salt(('hier',)) != models.heads_salt(('token',))
-  assert float(jnp.abs(run(key, ('token',)) - run(key, ('hier', 'token'))).max()) > 1e-4
-  ev = models.make_apply_fn(model, params, train=False)
-  ev_a = ev(tokens, levels, t, heads=('token',))['token']
-  ev_b = ev(tokens, levels, t, heads=('hier', 'token'))['token']
-  np.testing.assert_array_equal(ev_a, ev_b)
-  assert float(jnp.abs(ev_a - run(key, ('token',))).max()) > 1e-4
+  assert float(np.abs(run(key, ('token',)) - run(key, ('hier', 'token'))).max()) > 1e-4
+  ev = run(None, ('token',), train=False)
+  np.testing.assert_allclose(ev, run(None, ('hier', 'token'), train=False), atol=1e-6)
+  assert float(np.abs(ev - run(key, ('token',))).max()) > 1e-4
   with pytest.raises(ValueError, match='rng'):
     models.make_apply_fn(model, params, train=True)
 
 
 @pytest.mark.parametrize('backbone', ['dit', 'gpt2'])
 def test_bf16_logits_close_to_float32(backbone):
-  # bf16 has an 8-bit mantissa (relative step 2^-8 ≈ 0.4%); after two blocks the logits of this
-  # perturbed tiny model agree with float32 to within 3% of their scale.
+  # bf16 keeps 8 mantissa bits (relative step 2^-8 ≈ 0.4%). Stated tolerance: max |Δlogit| below
+  # 2% of max |logit| (observed 0.2–0.6% for 1–4 blocks of these tiny models), and not exactly 0
+  # (so the bf16 path really ran in bf16).
   cfg, model, params = _setup(backbone=backbone)
   model16 = models.build_model(_cfg(backbone=backbone, dtype='bfloat16'))
   tokens, levels, t = _inputs()
-  a = models.make_apply_fn(model, params, train=False)(tokens, levels, t,
-                                                       heads=('hier', 'token'))
-  b = models.make_apply_fn(model16, params, train=False)(tokens, levels, t,
-                                                         heads=('hier', 'token'))
+  a = _fwd(model, params, tokens, levels, t)
+  b = _fwd(model16, params, tokens, levels, t)
   for h in a:
     assert b[h].dtype == jnp.float32
-    scale = float(jnp.abs(a[h]).max())
-    err = float(jnp.abs(a[h] - b[h]).max())
-    assert 0 < err < 0.03 * scale, (h, err, scale)
+    scale = float(np.abs(a[h]).max())
+    err = float(np.abs(a[h] - b[h]).max())
+    assert 0 < err < 0.02 * scale, (h, err, scale)
 
 
-# ----------------------------------------------------------------------------- sharding / params
+# ----------------------------------------------------------------------------- sharding / config
 
 
 def test_logical_specs_and_rules():
@@ -528,7 +553,6 @@ def test_logical_specs_and_rules():
       x, jax.sharding.PartitionSpec))
   assert len(flat_p) == len(flat_s)
   for (path, p), s in zip(flat_p, flat_s):
-    assert isinstance(p, jax.Array), jax.tree_util.keystr(path)  # unboxed
     assert len(s) == p.ndim and set(s) <= allowed, (jax.tree_util.keystr(path), s)
   qkv = specs['blocks_0']['attn_qkv']['kernel']
   P = jax.sharding.PartitionSpec

@@ -152,16 +152,18 @@ def test_algorithm2_samples_the_data_distribution(schedule, variant):
   # The oracle's outputs depend on t (the prior factor is part of the posterior): no pass-1 reuse.
   cfg = _cfg(num_steps=1000, num_levels=2, mask_id=toy.mask_id, variant=variant,
              time_conditioning=True)
-  out = _run(oracle, jax.random.key(1), schedule, cfg, batch_size=20_000, seq_len=toy.seq_len)
+  bsz, tol = (20_000, 0.03) if variant == 'two_pass' else (10_000, 0.04)
+  out = _run(oracle, jax.random.key(1), schedule, cfg, batch_size=bsz, seq_len=toy.seq_len)
   assert not np.any(out.tokens == toy.mask_id)
   tv = _tv(_seq_index(out.tokens, toy.num_tokens), toy.probs)
-  assert tv < 0.03, f'TV(samples, data) = {tv:.4f}'
+  assert tv < tol, f'TV(samples, data) = {tv:.4f}'
   recomputed = toylib.frequency_levels(out.tokens, toy.tau, 2)
   bad_seq = float(np.mean(np.any(recomputed != out.levels, axis=-1)))
   assert bad_seq < 0.005, f'{bad_seq:.4%} of samples have drawn levels != frequency-rule levels'
   bad_pos = float(sampling.level_disagreement(out.levels, recomputed))
   assert bad_pos <= bad_seq
-  assert int(out.nfe) == 2 * 1000  # every step reveals something in a batch of 20k
+  assert int(out.nfe) == 2 * 1000  # every step reveals something in a batch this large
+  assert int(out.nan_calls) == 0
 
 
 def test_mdlm_sampler_samples_the_data_distribution():
@@ -214,7 +216,7 @@ def test_infilling_samples_the_conditional_distribution():
 
 @pytest.mark.parametrize('schedule', [LOGLINEAR, POWER], ids=['loglinear', 'power'])
 def test_reveal_times_follow_each_level_schedule(schedule):
-  """g one-hot at the true level: P(level-k position revealed by step n) = 1 - (1-α_k(s_n))/(1-α_k(1)).
+  """g one-hot at the true level: P(level k revealed by step n) = 1 - (1-α_k(s_n)) / (1-α_k(1)).
 
   (The product of (1 - λ_k(s_m, t_m)) over m = T..n telescopes.)
   """
@@ -319,30 +321,45 @@ def test_given_positions_are_never_changed(ordering):
   assert not np.any(out.tokens == toy.mask_id) and np.all(out.levels < 2)
 
 
+def _permuted_logits(rng, bsz, seq_len, vocab):
+  """Token logits whose values at each position are a permutation of 0..V-1 (gaps of 1)."""
+  return np.stack([np.stack([rng.permutation(vocab).astype(float) for _ in range(seq_len)])
+                   for _ in range(bsz)])
+
+
 @pytest.mark.parametrize('num_levels', [1, 2])
-def test_greedy_takes_the_argmax_and_low_temperature_approaches_it(num_levels):
+def test_greedy_takes_the_argmax(num_levels):
   bsz, seq_len, vocab = 200, 6, 6  # real tokens 0..4, MASK = 5
   rng = np.random.default_rng(4)
-  tok = np.stack([np.stack([rng.permutation(vocab).astype(float) for _ in range(seq_len)])
-                  for _ in range(bsz)])  # logit gaps of 1
-  hier = rng.normal(size=(bsz, seq_len, num_levels))
-  model = _const_model(hier, tok)
+  tok = _permuted_logits(rng, bsz, seq_len, vocab)
+  model = _const_model(rng.normal(size=(bsz, seq_len, num_levels)), tok)
   schedule = LOGLINEAR if num_levels == 2 else MDLM
-  logits = np.where(np.arange(vocab) == 5, -np.inf, tok)
-  best = np.argmax(logits, -1)
+  best = np.argmax(np.where(np.arange(vocab) == 5, -np.inf, tok), -1)
+  cfg = _cfg(num_steps=16, num_levels=num_levels, mask_id=5, greedy=True)
+  steps = []
   for key in (10, 11):
-    cfg = _cfg(num_steps=16, num_levels=num_levels, mask_id=5, greedy=True)
     out = _run(model, jax.random.key(key), schedule, cfg, batch_size=bsz, seq_len=seq_len)
     np.testing.assert_array_equal(out.tokens, best)
-  n_pos = bsz * seq_len
-  for tau in (1.0, 0.1, 0.02):
-    cfg = _cfg(num_steps=16, num_levels=num_levels, mask_id=5, temperature=tau)
-    out = _run(model, jax.random.key(12), schedule, cfg, batch_size=bsz, seq_len=seq_len)
+    steps.append(out.reveal_step)
+  assert not np.array_equal(*steps)  # the reveal order is still random; the tokens are not
+
+
+def test_temperature_scales_the_token_distribution():
+  """P(draw != argmax) = 1 - max softmax(logits / τ); τ -> 0 approaches greedy."""
+  bsz, seq_len, vocab = 200, 6, 6
+  rng = np.random.default_rng(5)
+  tok = _permuted_logits(rng, bsz, seq_len, vocab)
+  model = _const_model(rng.normal(size=(bsz, seq_len, 2)), tok)
+  logits = np.where(np.arange(vocab) == 5, -np.inf, tok)
+  best = np.argmax(logits, -1)
+  for tau in (0.3, 0.02):
+    cfg = _cfg(num_steps=16, num_levels=2, mask_id=5, temperature=tau)
+    out = _run(model, jax.random.key(12), LOGLINEAR, cfg, batch_size=bsz, seq_len=seq_len)
     p = np.exp(logits / tau - np.logaddexp.reduce(logits / tau, axis=-1, keepdims=True))
-    expected = float(np.mean(1.0 - p.max(-1)))  # P(draw != argmax) at temperature τ
+    expected = float(np.mean(1.0 - p.max(-1)))
     observed = float(np.mean(out.tokens != best))
-    _assert_fraction(observed, expected, n_pos, f'non-argmax share at τ={tau}')
-    if tau == 0.02:
+    _assert_fraction(observed, expected, bsz * seq_len, f'non-argmax share at τ={tau}')
+    if tau == 0.02:  # P(non-argmax) ≈ 4 e^-50 per position
       assert observed == 0.0
 
 
@@ -384,8 +401,7 @@ def _expected_calls(reveal_step: np.ndarray, steps: int, *, reuse_pass1: bool,
 
 
 @pytest.mark.parametrize('ordering,variant', [('ancestral', 'two_pass'),
-                                              ('ancestral', 'single_pass'),
-                                              ('confidence', 'two_pass')])
+                                              ('confidence', 'single_pass')])
 def test_nfe_counts_and_cache_equivalence(ordering, variant):
   bsz, seq_len, steps, vocab = 2, 4, 40, 5
   given = np.zeros((bsz, seq_len), bool)
@@ -577,7 +593,8 @@ def test_sample_config_from_config():
 
 @pytest.mark.parametrize('section,field,value', [
     ('sample', 'ordering', 'random'), ('sample', 'temperature', 0.0),
-    ('sample', 'temperature', -1.0), ('sample', 'num_steps', 0), ('sample', 'ordering', 'Confidence'),
+    ('sample', 'temperature', -1.0), ('sample', 'num_steps', 0),
+    ('sample', 'ordering', 'Confidence'),
     ('model', 'variant', 'three_pass'), ('model', 'num_levels', 0),
     ('model', 'mask_id', 10 ** 9)])
 def test_sample_config_rejects_bad_values(section, field, value):
@@ -616,22 +633,44 @@ def test_sample_rejects_inconsistent_arguments():
 def test_make_sampler_jits_with_params_as_argument():
   bsz, seq_len = 3, 5
   schedule = LOGLINEAR
-  cfg = _cfg(num_steps=8, num_levels=2, mask_id=4, greedy=True)
+  cfg = _cfg(num_steps=4, num_levels=2, mask_id=4, greedy=True)
 
   def builder(params):
     return _const_model(params['hier'], params['tok'])
 
   run = sampling.make_sampler(builder, schedule, cfg, batch_size=bsz, seq_len=seq_len)
   rng = np.random.default_rng(6)
-  for _ in range(2):  # new params, same compiled function
+  for _ in range(2):  # new params, same compiled function; greedy tokens = argmax of the params
     params = {'hier': jnp.asarray(rng.normal(size=(bsz, seq_len, 2)), jnp.float32),
               'tok': jnp.asarray(rng.normal(size=(bsz, seq_len, 5)), jnp.float32)}
-    got = run(params, jax.random.key(1))
-    want = sampling.sample(builder(params), jax.random.key(1), schedule, cfg, batch_size=bsz,
-                           seq_len=seq_len)
-    for a, b in zip(got, want):
-      np.testing.assert_array_equal(a, b)
+    out = run(params, jax.random.key(1))
+    np.testing.assert_array_equal(out.tokens, np.argmax(np.asarray(params['tok'])[..., :4], -1))
+    assert np.all((out.reveal_step >= 1) & (out.reveal_step <= 4))
   assert run._cache_size() == 1
+
+
+def test_make_sampler_checks_the_reveal_ordering():
+  """Offsets decreasing in the level violate Appendix D on the grid: rejected unless 'off'."""
+  bad = Schedule('loglinear', (0.25, 0.0))
+  cfg = _cfg(num_steps=10, num_levels=2, mask_id=4)
+  with pytest.raises(ValueError, match='Appendix D'):
+    sampling.make_sampler(lambda p: p, bad, cfg, batch_size=1, seq_len=2)
+  sampling.make_sampler(lambda p: p, bad, cfg, batch_size=1, seq_len=2, check_ordering='off')
+
+
+def test_nan_logits_are_reported():
+  bsz, seq_len = 2, 3
+  hier = np.zeros((bsz, seq_len, 2))
+  hier[0, 1, 0] = np.nan
+  cfg = _cfg(num_steps=5, num_levels=2, mask_id=3, use_cache=False)
+  out = _run(_const_model(hier, np.zeros((bsz, seq_len, 4))), jax.random.key(0), LOGLINEAR, cfg,
+             batch_size=bsz, seq_len=seq_len)
+  assert int(out.nan_calls) == 5  # every pass-1 call
+  with pytest.raises(FloatingPointError, match='5 of 10 network calls returned NaN'):
+    sampling.check_finite(out)
+  ok = _run(_const_model(np.zeros_like(hier), np.zeros((bsz, seq_len, 4))), jax.random.key(0),
+            LOGLINEAR, cfg, batch_size=bsz, seq_len=seq_len)
+  assert sampling.check_finite(ok) is ok
 
 
 def test_level_disagreement():

@@ -160,8 +160,10 @@ def test_text_pipeline_rows_and_labels(tmp_path, bert):
 
 def test_train_order_is_seeded_and_sharded(tmp_path):
   c = text_cfg(tmp_path, sentences(48), test_fraction=0.1)
-  first = lambda seed, p=0, n=1: next(iter(get_dataset(c, 'train', seed=seed, process_index=p,  # pylint: disable=g-long-lambda
-                                                       process_count=n)))['tokens']
+  def first(seed: int, p: int = 0, n: int = 1) -> np.ndarray:
+    ds = get_dataset(c, 'train', seed=seed, process_index=p, process_count=n)
+    return next(iter(ds))['tokens']
+
   np.testing.assert_array_equal(first(1), first(1))
   assert not np.array_equal(first(1), first(2))
   c.data.batch_size = 16
@@ -214,7 +216,9 @@ def test_text_readers(tmp_path):
 
 def test_config_errors(tmp_path):
   c = text_cfg(tmp_path, sentences(10), test_fraction=0.2)
-  ds = lambda: get_dataset(c, 'train', seed=0, process_index=0, process_count=1)  # pylint: disable=unnecessary-lambda-assignment
+  def ds():
+    return get_dataset(c, 'train', seed=0, process_index=0, process_count=1)
+
   c.model.seq_len = 64
   with pytest.raises(ValueError, match=r'data.seq_len=32 differs from config.model.seq_len=64'):
     ds()
@@ -409,6 +413,9 @@ def test_wikihow_overlong_rows_dropped(gpt2_dir):
   want = {tuple(expected_wikihow_row(tok, a, seq_len)[0]) for a in fits}
   train = collect(get_dataset(c, 'train', seed=0, process_index=0, process_count=1), 6)
   assert {tuple(t) for t in train['tokens']} == want  # train skips them lazily
+  c = wikihow_cfg(gpt2_dir, 64, test_path=str(WIKIHOW_CSV))
+  with pytest.raises(ValueError, match='None of the first 5 train examples fits'):
+    get_dataset(c, 'train', seed=0, process_index=0, process_count=1)
 
 
 def test_wikihow_pieces_tokenise_like_the_joined_text(gpt2_dir):

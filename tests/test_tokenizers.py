@@ -24,7 +24,8 @@ def build_tiny_gpt2(directory: pathlib.Path, vocab_size: int = 400) -> pathlib.P
   """
   import tokenizers  # pylint: disable=g-import-not-at-top
   import transformers  # pylint: disable=g-import-not-at-top
-  from tokenizers import decoders, models, pre_tokenizers, trainers  # pylint: disable=g-import-not-at-top
+  # pylint: disable-next=g-import-not-at-top
+  from tokenizers import decoders, models, pre_tokenizers, trainers
   tok = tokenizers.Tokenizer(models.BPE())
   tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
   tok.decoder = decoders.ByteLevel()
@@ -101,7 +102,8 @@ def test_offline_vocab_is_bert_base_uncased(vocab):
   directory = T.offline_bert_vocab_dir()
   assert (directory / 'vocab.txt').is_file()
   assert len(vocab) == 30522
-  assert [vocab[t] for t in ('[PAD]', '[UNK]', '[CLS]', '[SEP]', '[MASK]')] == [0, 100, 101, 102, 103]
+  specials = ('[PAD]', '[UNK]', '[CLS]', '[SEP]', '[MASK]')
+  assert [vocab[t] for t in specials] == [0, 100, 101, 102, 103]
 
 
 def test_bert_special_ids_and_mask(bert):
@@ -191,8 +193,24 @@ def test_check_vocab(bert):
   m.mask_id = 30522
   T.check_vocab(m, bert)
   m.vocab_size = 30522
-  with pytest.raises(ValueError, match=r'config.model.vocab_size=30522 .* = 30523'):
+  with pytest.raises(ValueError, match=r'config.model.vocab_size=30522 .* need 30523 rows'):
     T.check_vocab(m, bert)
   m.vocab_size, m.mask_id = 30523, 103
   with pytest.raises(ValueError, match='config.model.mask_id=103'):
     T.check_vocab(m, bert)
+
+
+def test_reused_tokenizer_mask_matches_mdlm_lm1b():
+  """data.mask_token='tokenizer': BERT's own [MASK] = 103 and V = 30522 (MDLM's LM1B layout)."""
+  tok = T.load_tokenizer(T.OFFLINE_BERT, mask_token='tokenizer')
+  assert (tok.mask_id, tok.model_vocab_size) == (103, 30522)
+  # A literal "[MASK]" in the text must not collide with the MASK token.
+  ids = tok.encode('the [MASK] sat')
+  assert 103 not in ids and tok.hf.unk_token_id in ids
+  T.check_vocab(ml_collections.ConfigDict({'vocab_size': 30522, 'mask_id': 103}), tok)
+  with pytest.raises(ValueError, match='mask_id=-1'):
+    T.check_vocab(ml_collections.ConfigDict({'vocab_size': 30522, 'mask_id': -1}), tok)
+  with pytest.raises(ValueError, match='vocab_size=30523'):
+    T.check_vocab(ml_collections.ConfigDict({'vocab_size': 30523, 'mask_id': 103}), tok)
+  with pytest.raises(ValueError, match='data.mask_token'):
+    T.load_tokenizer(T.OFFLINE_BERT, mask_token='reuse')

@@ -1,8 +1,8 @@
 """LM1B through TensorFlow Datasets' array_record format (SPEC 6, 9), read without TensorFlow.
 
 Reading: `tfds.data_source('lm1b', data_dir=config.data.tfds_data_dir, download=False)` gives a
-random-access source of {'text': bytes} records (array_record files; tensorflow-datasets 4.9.10 reads
-them without TensorFlow). The Grain chain of hmdlm_jax/data/text.py then tokenises one sentence per
+random-access source of {'text': bytes} records (array_record files; tensorflow-datasets 4.9.10
+reads them without TensorFlow). The Grain chain of hmdlm_jax/data/text.py then tokenises one sentence per
 row with bert-base-uncased ([CLS] ... [SEP] [PAD]..., L = 128, no packing, long sentences truncated
 with [SEP] kept, as MDLM) and labels levels with the frequency rule (τ = data.tau, default 1).
 Splits: TFDS 'train' (30,301,028 sentences) and 'test' (the held-out set, MDLM's LM1B test split).
@@ -17,7 +17,9 @@ Preparing the data_dir (once):
 - Without TensorFlow, from the extracted `1-billion-word-language-modeling-benchmark-r13output`
   folder (the tarball at www.statmt.org/lm-benchmark), with the same TFDS builder:
     python -m hmdlm_jax.data.lm1b --source_dir=EXTRACTED --data_dir=DIR
-Either way DIR/lm1b/1.1.0/ holds dataset_info.json, features.json and lm1b-{train,test}.array_record-*.
+Either way DIR/lm1b/1.1.0/ holds dataset_info.json, features.json and
+lm1b-{train,test}.array_record-*. (Building with TFDS's builder needs the package
+importlib_resources, which tensorflow-datasets 4.9.10 imports but does not declare.)
 """
 
 from __future__ import annotations
@@ -42,13 +44,15 @@ TEST_GLOB = os.path.join(_TOP, 'heldout-monolingual.tokenized.shuffled', 'news.e
 PREPARE_HINT = (
     'Prepare it once with `tfds build lm1b --file_format=array_record --data_dir=DIR` on a machine '
     'with TensorFlow, or without TensorFlow from the extracted LM1B tarball with `python -m '
-    'hmdlm_jax.data.lm1b --source_dir=EXTRACTED --data_dir=DIR`, then set config.data.tfds_data_dir.')
+    'hmdlm_jax.data.lm1b --source_dir=EXTRACTED --data_dir=DIR`, then set '
+    'config.data.tfds_data_dir.')
 
 
 def _builder_with_files(files: dict[str, list[str]], data_dir: str) -> Any:
   """TFDS's own LM1B builder, reading the given text files instead of globbing with TensorFlow."""
   from tensorflow_datasets.core import registered  # pylint: disable=g-import-not-at-top
-  from tensorflow_datasets.datasets.lm1b import lm1b_dataset_builder  # pylint: disable=g-import-not-at-top
+  # pylint: disable-next=g-import-not-at-top
+  from tensorflow_datasets.datasets.lm1b import lm1b_dataset_builder
 
   base = lm1b_dataset_builder.Builder
   with registered.skip_registration():

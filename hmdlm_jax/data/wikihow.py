@@ -33,7 +33,6 @@ import logging
 import pathlib
 import re
 import sys
-from collections.abc import Sequence
 from typing import Any
 
 import grain
@@ -169,7 +168,7 @@ def read_articles(path: str, field: str = 'data.train_path') -> list[dict[str, s
 
 
 def wikihow_pieces(article: dict[str, str]) -> list[tuple[str, int]]:
-  """Row pieces: title (given prompt), summary, body; '\\n' ends the first two (module docstring)."""
+  """Row pieces: title (given prompt), summary, body; '\\n' ends the first two (see above)."""
   return [(article['title'] + '\n', text_lib.SEG_PROMPT),
           (article['summary'] + '\n', text_lib.SEG_SUMMARY),
           (article['body'], text_lib.SEG_BODY)]

@@ -46,6 +46,10 @@ mlp_2, adaLN_modulation}, output_layer/{norm_final, adaLN_modulation, linear}. a
 [H, 3, heads, head_dim] (MDLM's 'b s (three h d)' order) and attn_out's [heads, head_dim, H].
 HMDLM adds level_embed/embedding, hier_layer/..., and (single pass) token_level_embed/embedding.
 
+Precision (model.dtype): parameters, residual stream, LayerNorm statistics, softmax, rotary and the
+time MLP are float32; matmuls run in the compute dtype with float32 accumulation; the logits are
+returned in float32 (layers.py).
+
 The SUBS parameterisation and the hierarchy prior correction are NOT applied here
 (hmdlm_jax/parameterization.py does both); outputs are raw float32 logits.
 """
@@ -159,7 +163,8 @@ class DiT(nn.Module):
 
     # MDLM feeds σ = 0 when time conditioning is off; the embedder exists either way.
     t_in = t if self.time_conditioning else jnp.zeros_like(t)
-    c = nn.silu(layers.TimestepEmbedder(self.cond_dim, dtype=dtype, name='sigma_map')(t_in))
+    # The time MLP is tiny: float32 regardless of the compute dtype (MDLM runs it outside autocast).
+    c = nn.silu(layers.TimestepEmbedder(self.cond_dim, name='sigma_map')(t_in))
 
     rotary = self.position_embedding == 'rotary'
     hd = self.hidden_size // self.num_heads

@@ -135,7 +135,7 @@ class GPT2(nn.Module):
       x = x + layers.PositionEmbedding(self.position_embedding, self.seq_len, self.hidden_size,
                                        emb_init, name='position')(l)[None]
     if self.time_conditioning:
-      c = nn.silu(layers.TimestepEmbedder(self.cond_dim, dtype=dtype, name='sigma_map')(t))
+      c = nn.silu(layers.TimestepEmbedder(self.cond_dim, name='sigma_map')(t))  # float32
       x = x + layers.Dense((self.hidden_size,), ('cond', 'embed'), kernel_init=layers.zeros_init,
                            bias_init=layers.zeros_init, dtype=dtype, out_dtype=jnp.float32,
                            name='time_proj')(c)[:, None, :]

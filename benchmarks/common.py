@@ -1,0 +1,67 @@
+"""Running a benchmark module in a fresh process, and printing tables.
+
+Every measurement runs in its own Python process: XLA flags and the fake-device count must be set
+before JAX starts, and the process's peak RSS is then the peak of that configuration alone.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from typing import Any, Sequence
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+class BenchmarkError(RuntimeError):
+  """A benchmark subprocess failed; the message holds its command and the end of its stderr."""
+
+
+def run_module(module: str, args: Sequence[str], *, devices: int = 1, xla_flags: str = '',
+               timeout_s: float = 3600.0) -> Any:
+  """`python -m module args --json=TMP` on CPU with `devices` fake devices; returns the JSON."""
+  with tempfile.TemporaryDirectory() as tmp:
+    out = os.path.join(tmp, 'out.json')
+    env = dict(os.environ)
+    flags = [f for f in env.get('XLA_FLAGS', '').split() if 'device_count' not in f]
+    flags.append(f'--xla_force_host_platform_device_count={devices}')
+    if xla_flags:
+      flags.extend(xla_flags.split())
+    env.update(XLA_FLAGS=' '.join(flags), PYTHONPATH=REPO + os.pathsep + env.get('PYTHONPATH', ''),
+               TF_CPP_MIN_LOG_LEVEL='2')
+    env.setdefault('JAX_PLATFORMS', 'cpu')
+    cmd = [sys.executable, '-m', module, *args, f'--json={out}']
+    t0 = time.perf_counter()
+    proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True,
+                          timeout=timeout_s, check=False)
+    if proc.returncode != 0:
+      raise BenchmarkError(f'{" ".join(cmd)} (XLA_FLAGS={env["XLA_FLAGS"]!r}) failed with code '
+                           f'{proc.returncode} after {time.perf_counter() - t0:.0f}s:\n'
+                           f'{proc.stderr[-3000:]}')
+    with open(out, encoding='utf-8') as f:
+      return json.load(f)
+
+
+def table(title: str, header: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
+  """A plain-text table (also valid Markdown)."""
+
+  def fmt(v: Any) -> str:
+    if v is None:
+      return '—'
+    if isinstance(v, float):
+      if v == 0 or 0.01 <= abs(v) < 1e5:
+        return f'{v:.3g}' if abs(v) < 100 else f'{v:.0f}'
+      return f'{v:.3g}'
+    return str(v)
+
+  cells = [[fmt(v) for v in r] for r in rows]
+  widths = [max(len(h), *(len(r[i]) for r in cells)) if cells else len(h)
+            for i, h in enumerate(header)]
+  line = lambda r: '| ' + ' | '.join(s.ljust(w) for s, w in zip(r, widths)) + ' |'
+  out = [f'\n### {title}\n', line(header), '|' + '|'.join('-' * (w + 2) for w in widths) + '|']
+  out += [line(r) for r in cells]
+  return '\n'.join(out)

@@ -1,0 +1,402 @@
+r"""Train-step throughput, model FLOP utilisation and memory of one (shape, mode, dtype).
+
+  python -m benchmarks.train_step --shape=tiny --mode=hmdlm --dtype=float32 --steps=5 \
+      [--variant=real|bare] [--patch=fused_nll] [--profile] [--json=OUT.json]
+
+Runs the project's real training step (`hmdlm_jax.train.make_train_step`: loss, gradient, clipped
+AdamW, EMA, NaN guard, donated state) on a synthetic batch, `warmup` untimed steps (the first one
+compiles) then `steps` timed steps; reports the median step time, tokens/s, the explicit FLOP
+count of benchmarks/flops.py, achieved FLOP/s, XLA's cost analysis and memory analysis of the
+compiled step, the process's peak RSS and the compilations seen during the timed steps (must be 0).
+
+`--variant=bare` times the reference definition "loss + grad + AdamW" (the same loss and optimiser,
+without EMA, NaN guard and metrics), for comparison with MDLM's / MD4's figures.
+`--patch=NAME` applies a candidate optimisation as a monkeypatch (PATCHES below) so its effect can
+be measured before the owner of the patched module adopts it.
+`--profile` also times the step's parts as separately jitted programs (forward loss, loss +
+gradient, optimiser update, EMA update).
+
+Shapes (SHAPES): tiny (4 × 256, 4 heads, L=128, V=30522, batch 32), small (configs/lm1b.py, the
+LM1B DiT 12 × 768; batch 8 on CPU, 512 on an accelerator), sudoku_6m / sudoku_25m
+(configs/sudoku_6m.py, configs/sudoku_25m.py; batch 32 on CPU, the configs' 256 on an accelerator).
+Mode 'mdlm' is the K = 1 twin (δ = (0,)), 'hmdlm' the config's K (2 on text, 6 on Sudoku).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import resource
+import statistics
+import sys
+import time
+from typing import Any, Callable, Iterator, Mapping
+
+_REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if _REPO not in sys.path:
+  sys.path.insert(0, _REPO)
+
+import jax  # pylint: disable=g-import-not-at-top
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+import optax
+from jax._src import dispatch  # BACKEND_COMPILE_EVENT: the name of JAX's compile event
+
+from benchmarks import flops as flops_lib
+from hmdlm_jax import losses
+from hmdlm_jax import models
+from hmdlm_jax import optim
+from hmdlm_jax import schedules
+from hmdlm_jax import sharding as shd
+from hmdlm_jax import train
+
+SHAPES = ('tiny', 'small', 'sudoku_6m', 'sudoku_25m')
+MODES = ('mdlm', 'hmdlm')
+DTYPES = ('float32', 'bfloat16')
+VARIANTS = ('real', 'bare')
+# (CPU batch, accelerator batch) per shape.
+BATCH = {'tiny': (32, 32), 'small': (8, 512), 'sudoku_6m': (32, 256), 'sudoku_25m': (32, 256)}
+
+
+# ----------------------------------------------------------------------------- configs
+
+
+def shape_config(shape: str, mode: str, dtype: str, *, batch_size: int | None = None,
+                 seq_len: int | None = None) -> ml_collections.ConfigDict:
+  """The resolved experiment config of a benchmark shape (see the module docstring)."""
+  if shape not in SHAPES:
+    raise ValueError(f'--shape={shape!r}: allowed {SHAPES}')
+  if mode not in MODES:
+    raise ValueError(f'--mode={mode!r}: allowed {MODES}')
+  if dtype not in DTYPES:
+    raise ValueError(f'--dtype={dtype!r}: allowed {DTYPES}')
+  if shape in ('tiny', 'small'):
+    from configs import lm1b  # pylint: disable=g-import-not-at-top
+    c = lm1b.get_config()
+    if shape == 'tiny':
+      m = c.model
+      m.num_layers, m.hidden_size, m.num_heads, m.mlp_dim = 4, 256, 4, 1024
+      m.vocab_size = 30522  # the issue's tiny shape: V = 30,522 (MASK = the last row)
+  elif shape == 'sudoku_6m':
+    from configs import sudoku_6m  # pylint: disable=g-import-not-at-top
+    c = sudoku_6m.get_config()
+  else:
+    from configs import sudoku_25m  # pylint: disable=g-import-not-at-top
+    c = sudoku_25m.get_config()
+  accel = jax.default_backend() != 'cpu'
+  c.data.batch_size = int(batch_size or BATCH[shape][1 if accel else 0])
+  c.model.dtype = dtype
+  if seq_len is not None:
+    if c.model.position_embedding == 'sudoku':
+      raise ValueError(f'--seq_len: shape {shape!r} has fixed Sudoku positions (L = 81)')
+    c.model.seq_len = int(seq_len)
+  if mode == 'mdlm':
+    c.model.num_levels = 1
+    c.schedule.offsets = (0.0,)
+  c.train.num_steps = 1000  # the lr schedule only
+  c.train.grad_accum = 1
+  c = train.resolve_config(c)
+  train.validate_config(c)
+  return c
+
+
+def synthetic_batch(config: ml_collections.ConfigDict, seed: int = 0) -> dict[str, np.ndarray]:
+  """A host batch of the pipeline contract (docs/design.md): random tokens and levels.
+
+  Text shapes: every position carries loss. Sudoku shapes: ~30% given cells (clues, no loss).
+  """
+  m = config.model
+  b, l = int(config.data.batch_size), int(m.seq_len)
+  v, k = int(m.vocab_size), int(m.num_levels)
+  mask_id = models.resolve_mask_id(m)
+  rng = np.random.default_rng(seed)
+  tokens = rng.integers(0, v - 1, (b, l)).astype(np.int32)
+  tokens = np.where(tokens >= mask_id, tokens + 1, tokens).astype(np.int32)  # never MASK
+  levels = rng.integers(0, k, (b, l)).astype(np.int32)
+  if config.data.kind == 'sudoku':
+    given = rng.random((b, l)) < 0.3
+  else:
+    given = np.zeros((b, l), bool)
+  return train.model_batch({'tokens': tokens, 'levels': levels, 'given': given,
+                            'loss_mask': ~given}, k)
+
+
+# ----------------------------------------------------------------------------- patches
+
+
+def _fused_token_nll(token_logits: jax.Array, tokens: jax.Array, mask_id: int) -> jax.Array:
+  """-log f[x0] [B, L] straight from logits [B, L, V]: logsumexp over non-MASK columns − gold.
+
+  Equal to `_gold_nll(token_log_probs(logits, xt), tokens)` wherever the loss reads it (masked
+  positions, whose gold token is never MASK); never materialises the [B, L, V] log-softmax or the
+  SUBS copy tensor.
+  """
+  logits = token_logits.astype(jnp.float32)
+  vocab = logits.shape[-1]
+  logits = jnp.where(jnp.arange(vocab) == mask_id, -jnp.inf, logits)
+  lse = jax.nn.logsumexp(logits, axis=-1)
+  gold = jnp.take_along_axis(logits, tokens[..., None], axis=-1)[..., 0]
+  return lse - gold
+
+
+@contextlib.contextmanager
+def _patch_fused_nll() -> Iterator[None]:
+  """losses: token_log_probs + _gold_nll -> one fused logsumexp (see `_fused_token_nll`).
+
+  diffusion_loss calls `parameterization.token_log_probs(logits, xt, mask_id=...)` then
+  `_gold_nll(logf, tokens)`; the patch makes the first return the raw logits with the mask id
+  attached and the second compute the fused NLL.
+  """
+  real_param = losses.parameterization
+  real_gold = losses._gold_nll  # pylint: disable=protected-access
+  state: dict[str, int] = {}
+
+  class _Param:
+    level_log_probs = staticmethod(real_param.level_log_probs)
+
+    @staticmethod
+    def token_log_probs(token_logits: jax.Array, xt: jax.Array, *, mask_id: int) -> jax.Array:
+      state['mask_id'] = mask_id
+      return token_logits
+
+  losses.parameterization = _Param  # type: ignore[assignment]
+  losses._gold_nll = lambda logits, tokens: _fused_token_nll(  # pylint: disable=protected-access
+      logits, tokens, state['mask_id'])
+  try:
+    yield
+  finally:
+    losses.parameterization = real_param
+    losses._gold_nll = real_gold  # pylint: disable=protected-access
+
+
+PATCHES: dict[str, Callable[[], contextlib.AbstractContextManager[None]]] = {
+    'fused_nll': _patch_fused_nll,
+}
+
+
+# ----------------------------------------------------------------------------- compile counting
+
+
+class CompileCounter:
+  """Counts XLA compilations (JAX's backend-compile event) by function name."""
+
+  def __init__(self) -> None:
+    self.events: list[tuple[str, float]] = []
+    jax.monitoring.register_event_duration_secs_listener(self._listen)
+
+  def _listen(self, event: str, duration: float, **kwargs: Any) -> None:
+    if event == dispatch.BACKEND_COMPILE_EVENT:
+      self.events.append((str(kwargs.get('fun_name', '?')), float(duration)))
+
+  def count(self, name_contains: str = '') -> int:
+    return sum(1 for n, _ in self.events if name_contains in n)
+
+
+_COUNTER: CompileCounter | None = None
+
+
+def compile_counter() -> CompileCounter:
+  """The process-wide counter (listeners cannot be unregistered, so there is one)."""
+  global _COUNTER
+  if _COUNTER is None:
+    _COUNTER = CompileCounter()
+  return _COUNTER
+
+
+# ----------------------------------------------------------------------------- steps
+
+
+def _bare_step(config: ml_collections.ConfigDict, model: Any, schedule: schedules.Schedule
+               ) -> Callable[..., Any]:
+  """jit((params, opt_state, batch, key) -> (params, opt_state, loss)): loss + grad + AdamW."""
+  loss_cfg = losses.LossConfig.from_config(config)
+  optimizer = optim.make_optimizer(config.optim, config.train.num_steps)
+
+  def step(params: Any, opt_state: Any, batch: Mapping[str, jax.Array], key: jax.Array
+           ) -> tuple[Any, Any, jax.Array]:
+    loss_key, dropout_key = jax.random.split(key)
+
+    def loss_fn(p: Any) -> jax.Array:
+      apply_fn = models.make_apply_fn(model, p, train=True, rng=dropout_key)
+      return losses.diffusion_loss(apply_fn, batch, loss_key, schedule, loss_cfg)[0]
+
+    loss, grads = jax.value_and_grad(loss_fn)(params)
+    updates, opt_state = optimizer.update(grads, opt_state, params)
+    return optax.apply_updates(params, updates), opt_state, loss
+
+  return jax.jit(step, donate_argnums=(0, 1))
+
+
+def _median_seconds(fn: Callable[[], Any], steps: int, warmup: int) -> tuple[float, list[float]]:
+  for _ in range(warmup):
+    jax.block_until_ready(fn())
+  times = []
+  for _ in range(steps):
+    t0 = time.perf_counter()
+    jax.block_until_ready(fn())
+    times.append(time.perf_counter() - t0)
+  return statistics.median(times), times
+
+
+def _memory(compiled: Any) -> dict[str, int] | None:
+  try:
+    ma = compiled.memory_analysis()
+  except Exception:  # pylint: disable=broad-except  (not every backend has it)
+    return None
+  if ma is None:
+    return None
+  out = {k: int(getattr(ma, k)) for k in ('argument_size_in_bytes', 'output_size_in_bytes',
+                                           'alias_size_in_bytes', 'temp_size_in_bytes')}
+  out['peak_bytes'] = (out['argument_size_in_bytes'] + out['output_size_in_bytes']
+                       + out['temp_size_in_bytes'] - out['alias_size_in_bytes'])
+  return out
+
+
+def _device_peak_bytes() -> int | None:
+  stats = jax.devices()[0].memory_stats()
+  return int(stats['peak_bytes_in_use']) if stats and 'peak_bytes_in_use' in stats else None
+
+
+def _profile_parts(config: ml_collections.ConfigDict, model: Any, schedule: schedules.Schedule,
+                   state: train.TrainState, batch: Mapping[str, jax.Array], steps: int
+                   ) -> dict[str, float]:
+  """Median seconds of the step's parts, each jitted on its own."""
+  loss_cfg = losses.LossConfig.from_config(config)
+  optimizer = optim.make_optimizer(config.optim, config.train.num_steps)
+  key = jax.random.PRNGKey(0)
+
+  def loss_fn(p: Any) -> jax.Array:
+    k1, k2 = jax.random.split(key)
+    apply_fn = models.make_apply_fn(model, p, train=True, rng=k2)
+    return losses.diffusion_loss(apply_fn, batch, k1, schedule, loss_cfg)[0]
+
+  fwd = jax.jit(loss_fn)
+  vg = jax.jit(jax.value_and_grad(loss_fn))
+  upd = jax.jit(lambda g, s, p: optax.apply_updates(p, optimizer.update(g, s, p)[0]))
+  ema = jax.jit(lambda e, p: optim.ema_update(e, p, jnp.float32(0.999)))
+  p, s = state.params, state.opt_state
+  out = {}
+  out['forward_loss_s'] = _median_seconds(lambda: fwd(p), steps, 1)[0]
+  out['loss_and_grad_s'] = _median_seconds(lambda: vg(p), steps, 1)[0]
+  out['optimizer_update_s'] = _median_seconds(lambda: upd(p, s, p), steps, 1)[0]
+  out['ema_update_s'] = _median_seconds(lambda: ema(p, p), steps, 1)[0]
+  return out
+
+
+def run(config: ml_collections.ConfigDict, *, steps: int = 5, warmup: int = 1,
+        variant: str = 'real', profile: bool = False) -> dict[str, Any]:
+  """Times `steps` train steps after `warmup` (>= 1; the first compiles). Returns the record."""
+  if variant not in VARIANTS:
+    raise ValueError(f'--variant={variant!r}: allowed {VARIANTS}')
+  if steps < 1 or warmup < 1:
+    raise ValueError(f'--steps={steps} and --warmup={warmup} must be >= 1')
+  counter = compile_counter()
+  m = config.model
+  b, l = int(config.data.batch_size), int(m.seq_len)
+  mesh = shd.make_mesh(config.mesh)
+  model = models.build_model(m)
+  schedule = schedules.schedule_from_config(config.schedule, int(m.num_levels))
+  state, shardings = train.create_train_state(config, mesh, model)
+  batch = shd.make_global_batch(synthetic_batch(config), mesh)
+  n_params = models.count_params(state.params)
+
+  t0 = time.perf_counter()
+  with train._mesh_context(mesh):  # pylint: disable=protected-access
+    if variant == 'real':
+      step = train.make_train_step(config, model, schedule, mesh, shardings)
+      faults = jax.device_put(np.full((train.MAX_FAULT_STEPS,), -1, np.int32),
+                              shd.replicated(mesh))
+      compiled = step.jitted.lower(state, {k: batch[k] for k in train.BATCH_KEYS},
+                                   faults).compile()
+    else:
+      bare = _bare_step(config, model, schedule)
+      key0 = jax.random.PRNGKey(0)
+      compiled = bare.lower(state.params, state.opt_state, batch, key0).compile()
+  compile_s = time.perf_counter() - t0
+  n_compiles_before = len(counter.events)
+
+  holder: dict[str, Any] = {'state': state, 'params': state.params, 'opt': state.opt_state}
+  metrics: dict[str, Any] = {}
+
+  def one() -> Any:
+    if variant == 'real':
+      holder['state'], m_ = step(holder['state'], batch)
+      metrics.update(m_)
+      return holder['state'], m_
+    with train._mesh_context(mesh):  # pylint: disable=protected-access
+      holder['params'], holder['opt'], loss = bare(holder['params'], holder['opt'], batch,
+                                                   jax.random.PRNGKey(len(metrics)))
+    metrics['loss'] = loss
+    return holder['params'], loss
+
+  median_s, times = _median_seconds(one, steps, warmup)
+  step_compiles = len(counter.events) - n_compiles_before
+  loss = float(metrics['loss'])
+  if not np.isfinite(loss):
+    raise FloatingPointError(f'non-finite loss {loss} in the benchmark run of {m.backbone}')
+
+  f = flops_lib.train_step_flops(m, b, l)
+  xla = flops_lib.xla_flops(compiled)
+  tokens = b * l
+  rec: dict[str, Any] = {
+      'backbone': m.backbone, 'num_levels': int(m.num_levels), 'variant_model': m.variant,
+      'dtype': m.dtype, 'batch_size': b, 'seq_len': l, 'vocab_size': int(m.vocab_size),
+      'num_layers': int(m.num_layers), 'hidden_size': int(m.hidden_size),
+      'num_params': n_params, 'devices': jax.device_count(), 'step_variant': variant,
+      'warmup_steps': warmup, 'timed_steps': steps, 'step_times_s': times,
+      'median_step_s': median_s, 'tokens_per_s': tokens / median_s,
+      'compile_s': compile_s, 'compilations_during_steps': step_compiles,
+      'flops': f.as_dict(), 'flops_per_step': f.train_step,
+      'achieved_gflops': f.train_step / median_s / 1e9,
+      'xla_cost_analysis_flops': xla,
+      'xla_over_formula': (xla / f.train_step) if xla else None,
+      'memory_analysis': _memory(compiled), 'device_peak_bytes': _device_peak_bytes(),
+      'peak_rss_bytes': resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+      'final_loss': loss,
+  }
+  if profile:
+    live = holder['state'] if variant == 'real' else train.TrainState(
+        step=state.step, params=holder['params'], ema_params=holder['params'],
+        opt_state=holder['opt'], rng=state.rng, bad_steps=state.bad_steps,
+        skipped_steps=state.skipped_steps)
+    with train._mesh_context(mesh):  # pylint: disable=protected-access
+      rec['profile'] = _profile_parts(config, model, schedule, live, batch, steps)
+  return rec
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+  p = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
+  p.add_argument('--shape', default='tiny', choices=SHAPES)
+  p.add_argument('--mode', default='hmdlm', choices=MODES)
+  p.add_argument('--dtype', default='float32', choices=DTYPES)
+  p.add_argument('--batch_size', type=int, default=None)
+  p.add_argument('--seq_len', type=int, default=None)
+  p.add_argument('--steps', type=int, default=5)
+  p.add_argument('--warmup', type=int, default=1)
+  p.add_argument('--variant', default='real', choices=VARIANTS)
+  p.add_argument('--patch', action='append', default=[], choices=sorted(PATCHES))
+  p.add_argument('--profile', action='store_true')
+  p.add_argument('--json', default=None, help='write the record here')
+  a = p.parse_args(argv)
+  t0 = time.perf_counter()
+  config = shape_config(a.shape, a.mode, a.dtype, batch_size=a.batch_size, seq_len=a.seq_len)
+  with contextlib.ExitStack() as stack:
+    for name in a.patch:
+      stack.enter_context(PATCHES[name]())
+    rec = run(config, steps=a.steps, warmup=a.warmup, variant=a.variant, profile=a.profile)
+  rec.update(shape=a.shape, mode=a.mode, patches=a.patch, wall_s=time.perf_counter() - t0,
+             xla_flags=os.environ.get('XLA_FLAGS', ''))
+  if a.json:
+    with open(a.json, 'w', encoding='utf-8') as f:
+      json.dump(rec, f, indent=2)
+  print(json.dumps({k: rec[k] for k in ('shape', 'mode', 'dtype', 'median_step_s',
+                                        'tokens_per_s', 'achieved_gflops', 'compile_s',
+                                        'compilations_during_steps')}))
+  return rec
+
+
+if __name__ == '__main__':
+  main()

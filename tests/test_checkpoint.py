@@ -1,0 +1,214 @@
+"""Checkpointing (hmdlm_jax/checkpoint.py): exact resume after SIGKILL, clean SIGTERM, bad dirs."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import signal
+import subprocess
+import time
+
+import jax
+import numpy as np
+import pytest
+
+from tests.conftest import (REF_CKPT, REF_STEPS, REPO, load_checkpoint_state, main_cmd,
+                            read_jsonl, run_cmd, subprocess_env)
+
+from hmdlm_jax import checkpoint as ckpt_lib
+
+
+def _dir_hash(path: str) -> str:
+  """SHA-256 over every file's relative path and bytes (and every directory name)."""
+  h = hashlib.sha256()
+  for root, dirs, files in os.walk(path):
+    dirs.sort()
+    h.update(os.path.relpath(root, path).encode())
+    for name in sorted(files):
+      p = os.path.join(root, name)
+      h.update(os.path.relpath(p, path).encode())
+      with open(p, 'rb') as f:
+        h.update(f.read())
+  return h.hexdigest()
+
+
+def _finalized_steps(workdir: str) -> list[int]:
+  d = os.path.join(workdir, 'checkpoints')
+  if not os.path.isdir(d):
+    return []
+  return sorted(int(n) for n in os.listdir(d) if n.isdigit())
+
+
+def _start_and_signal(cmd: list[str], jax_cache: str, sig: int, workdir: str,
+                      after_step: int) -> subprocess.CompletedProcess:
+  """Starts `cmd`, sends `sig` once checkpoint `after_step` is finalised, waits for the exit."""
+  proc = subprocess.Popen(cmd, cwd=REPO, env=subprocess_env(jax_cache), stdout=subprocess.PIPE,
+                          stderr=subprocess.PIPE, text=True)
+  deadline = time.monotonic() + 180
+  try:
+    while after_step not in _finalized_steps(workdir):
+      if proc.poll() is not None or time.monotonic() > deadline:
+        out, err = proc.communicate(timeout=30)
+        pytest.fail(f'run ended (rc={proc.returncode}) before checkpoint {after_step}:\n'
+                    f'{err[-3000:]}')
+      time.sleep(0.005)
+    proc.send_signal(sig)
+    out, err = proc.communicate(timeout=120)
+  finally:
+    if proc.poll() is None:
+      proc.kill()
+      proc.communicate()
+  return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
+
+
+def _assert_trees_equal(a, b) -> None:
+  la, ta = jax.tree.flatten(a)
+  lb, tb = jax.tree.flatten(b)
+  assert ta == tb
+  for x, y in zip(la, lb):
+    x, y = np.asarray(x), np.asarray(y)
+    assert x.dtype == y.dtype and x.shape == y.shape
+    assert x.tobytes() == y.tobytes()  # bit for bit
+
+
+def test_sigkill_then_resume_is_bitwise_identical(reference_run, tmp_path, puzzle_cache,
+                                                  jax_cache):
+  workdir = str(tmp_path / 'run')
+  cmd = main_cmd(workdir, puzzle_cache)
+  killed = _start_and_signal(cmd, jax_cache, signal.SIGKILL, workdir, after_step=REF_CKPT)
+  assert killed.returncode == -signal.SIGKILL
+  steps = _finalized_steps(workdir)
+  assert steps and steps[-1] < REF_STEPS, f'the run was not interrupted: {steps}'
+  resumed = run_cmd(cmd, jax_cache, timeout=240)  # the very same command
+  assert resumed.returncode == 0, resumed.stderr[-3000:]
+  assert f'Resumed from {os.path.join(workdir, "checkpoints", str(steps[-1]))}' in resumed.stderr
+  ref = load_checkpoint_state(reference_run['workdir'], REF_STEPS)
+  got = load_checkpoint_state(workdir, REF_STEPS)
+  # Params, EMA, optimiser state, step, PRNG key and counters: all identical.
+  _assert_trees_equal(got, ref)
+  # The resumed run re-did the steps after the checkpoint with the same data: same losses.
+  ref_loss = {r['step']: r['loss'] for r in read_jsonl(
+      os.path.join(reference_run['workdir'], 'metrics.jsonl'))}
+  recs = read_jsonl(os.path.join(workdir, 'metrics.jsonl'))
+  final = {r['step']: r['loss'] for r in recs}  # later lines (the resumed run) win
+  assert final == ref_loss
+
+
+def test_sigterm_saves_current_step_and_exits_0(tmp_path, puzzle_cache, jax_cache):
+  workdir = str(tmp_path / 'run')
+  done = _start_and_signal(main_cmd(workdir, puzzle_cache), jax_cache, signal.SIGTERM, workdir,
+                           after_step=REF_CKPT)
+  assert done.returncode == 0, done.stderr[-3000:]
+  assert 'Received SIGTERM at step' in done.stdout and 'exiting cleanly' in done.stdout
+  last_logged = max(r['step'] for r in read_jsonl(os.path.join(workdir, 'metrics.jsonl')))
+  steps = _finalized_steps(workdir)
+  assert last_logged < REF_STEPS, 'SIGTERM arrived after the run had finished'
+  assert steps[-1] == last_logged  # a checkpoint of the step it stopped at
+  assert not ckpt_lib.list_tmp_dirs(os.path.join(workdir, 'checkpoints'))
+  state = load_checkpoint_state(workdir, last_logged)
+  assert int(state['step']) == last_logged
+
+
+# ----------------------------------------------------------------------------- bad directories
+
+
+def _abstract_state(hidden: int = 32):
+  from configs import tiny_test  # pylint: disable=g-import-not-at-top
+  from hmdlm_jax import models, sharding, train  # pylint: disable=g-import-not-at-top
+  cfg = train.resolve_config(tiny_test.get_config())
+  cfg.model.hidden_size = hidden
+  mesh = sharding.make_mesh(cfg.mesh, jax.devices()[:1])
+  abstract, _ = train.state_shardings(cfg, models.build_model(cfg.model), mesh)
+  return cfg, abstract
+
+
+def _copy_run(reference_run, tmp_path) -> str:
+  dst = str(tmp_path / 'copy')
+  shutil.copytree(os.path.join(reference_run['workdir'], 'checkpoints'),
+                  os.path.join(dst, 'checkpoints'))
+  return dst
+
+
+def _largest_file(d: str) -> str:
+  files = [os.path.join(r, f) for r, _, fs in os.walk(d) for f in fs]
+  return max(files, key=os.path.getsize)
+
+
+@pytest.mark.parametrize('damage', ['truncate_array_data', 'truncate_metadata', 'drop_state'])
+def test_corrupted_checkpoint_clear_error_and_untouched(reference_run, tmp_path, damage):
+  workdir = _copy_run(reference_run, tmp_path)
+  step_dir = os.path.join(workdir, 'checkpoints', str(REF_STEPS))
+  if damage == 'truncate_array_data':
+    path = _largest_file(os.path.join(step_dir, 'state', 'd'))  # the merged OCDBT data file
+    with open(path, 'r+b') as f:
+      f.truncate(os.path.getsize(path) // 2)
+  elif damage == 'truncate_metadata':
+    path = os.path.join(step_dir, 'state', '_METADATA')
+    with open(path, 'r+b') as f:
+      f.truncate(os.path.getsize(path) // 2)
+  else:
+    shutil.rmtree(os.path.join(step_dir, 'state'))
+  before = _dir_hash(workdir)
+  cfg, abstract = _abstract_state()
+  ckpt = ckpt_lib.Checkpointer(workdir, cfg.train)
+  with pytest.raises(ckpt_lib.CheckpointError) as e:
+    ckpt.restore(abstract, None)
+  assert step_dir in str(e.value) and 'untouched' in str(e.value)
+  ckpt.close()
+  assert _dir_hash(workdir) == before
+
+
+def test_incompatible_checkpoint_names_mismatch(reference_run, tmp_path):
+  workdir = _copy_run(reference_run, tmp_path)
+  before = _dir_hash(workdir)
+  cfg, abstract = _abstract_state(hidden=48)  # a different model width
+  ckpt = ckpt_lib.Checkpointer(workdir, cfg.train)
+  with pytest.raises(ckpt_lib.CheckpointError) as e:
+    ckpt.restore(abstract, None)
+  msg = str(e.value)
+  assert 'does not match the current model' in msg
+  assert ('params/blocks_0/attn_qkv/kernel: stored (32, 3, 2, 16) float32, expected '
+          '(48, 3, 2, 24) float32') in msg
+  ckpt.close()
+  assert _dir_hash(workdir) == before
+
+
+def test_workdir_that_is_a_file(tmp_path, puzzle_cache, jax_cache):
+  path = tmp_path / 'not_a_dir'
+  path.write_text('x')
+  with pytest.raises(ckpt_lib.CheckpointError, match='exists but is not a directory'):
+    ckpt_lib.Checkpointer(str(path), _abstract_state()[0].train)
+  proc = run_cmd(main_cmd(str(path), puzzle_cache), jax_cache, timeout=120)
+  assert proc.returncode == 1
+  assert f"--workdir='{path}' exists and is not a directory" in proc.stderr
+  assert path.read_text() == 'x'
+
+
+def test_restore_round_trip_with_iterator_state(tmp_path):
+  """Save/restore a small state and a Grain iterator: both come back exactly, in one step dir."""
+  import grain  # pylint: disable=g-import-not-at-top
+  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
+  import ml_collections  # pylint: disable=g-import-not-at-top
+  train_cfg = ml_collections.ConfigDict(dict(keep_last=2, keep_period=4, async_checkpoint=True))
+  ds = grain.MapDataset.range(100).batch(4).to_iter_dataset()
+  it = iter(ds)
+  state = {'w': jnp.arange(6.0).reshape(2, 3), 'step': jnp.int32(0)}
+  ckpt = ckpt_lib.Checkpointer(str(tmp_path), train_cfg)
+  seen = []
+  for step in range(1, 10):
+    seen.append(next(it))
+    state = {'w': state['w'] + 1, 'step': jnp.int32(step)}
+    ckpt.save(step, state, it)
+  ckpt.wait()
+  # keep_last=2 plus every multiple of keep_period=4.
+  assert ckpt.all_steps() == [4, 8, 9]
+  expected_next = next(it)
+  it2 = iter(ds)
+  abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(
+      x.shape, x.dtype, sharding=jax.sharding.SingleDeviceSharding(jax.devices()[0])), state)
+  restored, meta = ckpt.restore(abstract, it2)
+  assert meta['step'] == 9 and int(restored['step']) == 9
+  np.testing.assert_array_equal(np.asarray(restored['w']), np.asarray(state['w']))
+  np.testing.assert_array_equal(next(it2), expected_next)
+  ckpt.close()
