@@ -40,6 +40,8 @@ def main(argv: list[str] | None = None) -> int:
   parser.add_argument('--config', default='configs/tiny_test.py')
   parser.add_argument('--minutes', type=float, default=10.0)
   parser.add_argument('--puzzles', type=int, default=4096, help='generated training puzzles')
+  parser.add_argument('--batch_size', type=int, default=64)
+  parser.add_argument('--num_steps', type=int, default=81, help='sampling steps T (paper: 81)')
   parser.add_argument('--out', default=str(ROOT / 'docs' / 'images'))
   args = parser.parse_args(argv)
 
@@ -47,6 +49,8 @@ def main(argv: list[str] | None = None) -> int:
   workdir = pathlib.Path(args.workdir)
   config.data.cache_dir = str(workdir / 'sudoku_cache')
   config.data.num_train_puzzles = args.puzzles
+  config.data.batch_size = args.batch_size
+  config.sample.num_steps = args.num_steps
   if args.minutes > 0:
     config.train.num_steps = 10_000_000  # the time budget stops training
     config.train.time_budget_s = 60.0 * args.minutes

@@ -492,6 +492,8 @@ show(png)'''),
 consistency terms, pass 2 seeing each position's own level) on the test split, here a file with
 our sentences. The Appendix E number is reported too, but it is an estimate, not a bound.'''),
     ('code', '''\
+import json
+
 SENTENCES = [
     'the play was first printed in the folio of 1623 .',
     'shakespeare was born at stratford on avon in 1564 .',
@@ -503,6 +505,7 @@ ppl_cfg = text_cfg.copy_and_resolve_references()
 ppl_cfg.data.test_path = str(sentences_file)
 ppl_cfg.data.test_fraction = 0.0
 report = evaluate.run_eval(ppl_cfg, str(text_run))
+(WORKDIR / 'sentences_perplexity.json').write_text(json.dumps(report['results'], indent=1))
 p = report['results']['perplexity']
 print(f"bound {p['bound_nats_per_token']:.3f} nats/token -> PPL {p['ppl']:.1f} over {p['num_tokens']} tokens")'''),
 ]

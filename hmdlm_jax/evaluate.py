@@ -11,11 +11,22 @@ Importable pieces (a notebook can call them on any `apply_fn` of the denoiser co
   rigorous bound of SPEC 8 per token and PPL = exp(bound), split into lm / hier / cons, the
   Appendix E *estimate* (`ppl_appendix_e_estimate`, not comparable with MDLM's bound), MDLM's bound
   for K = 1 (the same function), token count and a standard error. Sums are float64 on the host.
-* `sudoku_metrics`, `parse_puzzle`, `read_puzzle_file`, `format_sudoku`: plain numpy helpers.
+* `sample_rows` + `text_sample_metrics`: text samples (unconditional, or conditioned on prompts'
+  given positions) and their entropy, gen PPL, MAUVE (generative_metrics.py; None with a reason
+  when the scorer / featuriser is not available locally) and drawn-vs-recomputed level
+  disagreement; cut at the first [SEP] / EOS.
+* `sudoku_metrics`, `parse_puzzle`, `read_puzzle_file`, `check_quiz`, `format_sudoku`: numpy
+  helpers.
 
-Entry points of main.py: `run_eval(config, workdir, step=None)`, `run_sample(config, workdir, ...)`
-and, for the training loop, `evaluate_during_training(config, state, step, workdir)`. Task-specific
-code lives in small "task adapters" registered in `TASKS` under `config.eval.kind`.
+Entry points of main.py: `run_eval(config, workdir, step=None)` (DIR/eval_<step>.json + a printed
+summary), `run_sample(config, workdir, puzzles=, puzzle_file=, out=)` (printed grids / texts +
+DIR/samples_<step>.jsonl with every token's reveal step) and, for the training loop,
+`evaluate_during_training(config, state, step, workdir)` (the same evaluators on
+config.eval.num_examples, flat scalars returned). Task-specific code lives in small "task
+adapters" registered in `TASKS` under `config.eval.kind` ('sudoku', 'perplexity'). Config fields
+read with defaults (not in configs/base.py): eval.num_samples (text samples per seed, 0 = none),
+eval.decodings (('greedy', 'stochastic')), eval.gen_ppl_model and eval.mauve_featurizer
+('gpt2-large').
 
 Perplexity protocol (SPEC 8). For batch j and t-sample r the key is
 `fold_in(fold_in(PRNGKey(time_seed), j), r)`. t is stratified over the batch's real rows (MDLM's
@@ -168,8 +179,8 @@ def _fixed_batches(batches: Iterable[Batch], *, max_examples: int | None = None,
     if size is None:
       size = b
     if b > size:
-      raise ValueError(f'{what}[{j}] has {b} rows, more than the first batch ({size}); batches must '
-                       'not grow (pad the last one, or use a fixed eval_batch_size)')
+      raise ValueError(f'{what}[{j}] has {b} rows, more than the first batch ({size}); batches '
+                       'must not grow (pad the last one, or use a fixed eval_batch_size)')
     if b < size:
       pad = size - b
       core = {k: np.concatenate([v, np.repeat(v[:1], pad, axis=0)]) for k, v in core.items()}
@@ -278,7 +289,8 @@ def sudoku_metrics(pred: np.ndarray, solution: np.ndarray, given: np.ndarray, le
                                                   drawn_levels=drawn_levels, valid=valid))
 
 
-def _add_counts(acc: dict[str, np.ndarray] | None, c: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+def _add_counts(acc: dict[str, np.ndarray] | None,
+                c: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
   return dict(c) if acc is None else {k: acc[k] + c[k] for k in acc}
 
 
@@ -472,6 +484,8 @@ def _perplexity_step(apply_fn: ApplyFn, schedule: Schedule, loss_cfg: Any
 
   def make(a: ApplyFn) -> Callable[..., dict[str, jax.Array]]:
     def run(batch, key, t):
+      chex.assert_rank(batch['tokens'], 2)
+      chex.assert_shape(t, (batch['tokens'].shape[0],))
       k_mask, k_pick = jax.random.split(key)
       xt, ht, masked = corruption.corrupt(k_mask, batch['tokens'], batch['levels'],
                                           batch['given'], t, schedule, mask_id=loss_cfg.mask_id)
@@ -479,6 +493,7 @@ def _perplexity_step(apply_fn: ApplyFn, schedule: Schedule, loss_cfg: Any
       out = {n: bound[n] for n in BOUND_TERMS}
       out['appendix_e'] = losses.appendix_e_from_state(a, batch, xt, ht, masked, t, schedule,
                                                        loss_cfg)
+      chex.assert_shape(list(out.values()), t.shape)  # per-example values [B]
       return out
     return run
 
@@ -712,7 +727,8 @@ def sudoku_batch(quiz: np.ndarray, solution: np.ndarray | None = None) -> dict[s
 
 @dataclasses.dataclass
 class TextSamples:
-  """Host arrays of generated rows: tokens/levels/reveal_step/given int|bool [N, L]; nfe per call."""
+  """Generated rows on the host: tokens/levels/reveal_step int [N, L], given bool [N, L]; nfe of
+  every sampler call."""
   tokens: np.ndarray
   levels: np.ndarray
   reveal_step: np.ndarray
@@ -756,7 +772,8 @@ def sample_rows(apply_fn: ApplyFn, key: jax.Array, schedule: Schedule,
       try:
         batch = next(prompt_iter)
       except StopIteration:
-        raise ValueError(f'sample_rows: only {done} prompt rows for {num_samples} samples') from None
+        raise ValueError(f'sample_rows: only {done} prompt rows for {num_samples} '
+                         'samples') from None
       take = int((batch['weight'] > 0).sum())
       gt, gl, gm = _given_inputs(batch, sample_cfg)
       out = jax.device_get(run(k, gt, gl, gm))
@@ -958,23 +975,23 @@ def check_quiz(quiz: np.ndarray, *, where: str = 'puzzle') -> None:
 
 def _sudoku_sample(ctx: EvalContext, puzzles: Sequence[str] | None, puzzle_file: str | None
                    ) -> tuple[list[dict[str, Any]], str]:
-  quizzes, names, solutions = [], [], None
+  quizzes, names, sols = [], [], []  # sols: the file's solution of a puzzle, else None
   for n, p in enumerate(puzzles or ()):
     names.append(f'puzzle {n + 1} on the command line')
     quizzes.append(parse_puzzle(p, where=names[-1]))
+    sols.append(None)
   if puzzle_file:
-    q, solutions = read_puzzle_file(puzzle_file)
-    if quizzes:
-      solutions = None  # mixed sources: no solutions for the command-line ones
+    q, file_sols = read_puzzle_file(puzzle_file)
     names.extend(f'{puzzle_file}, puzzle {n + 1}' for n in range(len(q)))
     quizzes.extend(q)
+    sols.extend(file_sols if file_sols is not None else [None] * len(q))
   if not quizzes:
     raise ValueError('run_sample (sudoku): give puzzles (81 characters, "." or "0" for a blank) '
                      'on the command line or a --puzzle_file')
   for q, name in zip(quizzes, names):
     check_quiz(q, where=name)
   quiz = np.stack(quizzes)
-  batch = sudoku_batch(quiz, solutions)
+  batch = sudoku_batch(quiz)  # tokens: clues, MASK elsewhere (the sampler sees only the clues)
   cfg = sampling.SampleConfig.from_config(ctx.config)
   size = min(len(quiz), int(ctx.config.data.eval_batch_size))
   run = _sudoku_sampler(ctx.apply_fn, ctx.schedule, cfg, size)
@@ -988,7 +1005,7 @@ def _sudoku_sample(ctx: EvalContext, puzzles: Sequence[str] | None, puzzle_file:
       digits = sudoku_data.from_tokens(out.tokens[r])
       valid_grid = bool(sudoku_data.is_valid_solution(digits)) and bool(
           np.all(digits[quiz[n] > 0] == quiz[n][quiz[n] > 0]))
-      sol = None if solutions is None else solutions[n]
+      sol = sols[n]
       rec = {'index': n, 'quiz': ''.join(map(str, quiz[n])),
              'prediction': ''.join(map(str, digits)), 'valid': valid_grid,
              'solved': None if sol is None else bool(np.all(digits == sol)),
@@ -1230,6 +1247,9 @@ def _json_safe(o: Any) -> Any:
 
 
 def _write_json(path: str, obj: Any) -> None:
+  """Atomic JSON write (temp file + rename); only process 0 writes on multi-host runs."""
+  if jax.process_index() != 0:
+    return
   os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
   tmp = path + '.tmp'
   with open(tmp, 'w', encoding='utf-8') as f:
@@ -1238,6 +1258,8 @@ def _write_json(path: str, obj: Any) -> None:
 
 
 def _write_jsonl(path: str, records: Iterable[Mapping[str, Any]]) -> None:
+  if jax.process_index() != 0:
+    return
   os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
   with open(path, 'w', encoding='utf-8') as f:
     for r in records:

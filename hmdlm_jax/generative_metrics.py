@@ -9,9 +9,9 @@
   the local Hugging Face cache (`local_files_only=True`). When it cannot load, `gen_ppl` is reported
   as `None` together with `gen_ppl_unavailable_reason` -- never replaced by a made-up number.
 * MAUVE: via the `mauve-text` package, only when it is importable AND its featuriser (GPT-2 Large by
-  default) loads from the local cache. The features are computed here (last-token hidden state of the
-  final layer, MAUVE's own featurisation) and handed to `mauve.compute_mauve`, so the package never
-  tries to download anything. Otherwise `mauve` is `None` with `mauve_unavailable_reason`.
+  default) loads from the local cache. The features are computed here (last-token hidden state of
+  the final layer, MAUVE's own featurisation) and handed to `mauve.compute_mauve`, so the package
+  never tries to download anything. Otherwise `mauve` is `None` with `mauve_unavailable_reason`.
 """
 
 from __future__ import annotations
@@ -99,6 +99,10 @@ class ScorerUnavailableError(RuntimeError):
   """A scorer or featuriser cannot be used here (package missing, weights not cached locally)."""
 
 
+class _NothingScored(ValueError):
+  """No token of the texts could be scored: gen PPL is undefined."""
+
+
 @runtime_checkable
 class ARScorer(Protocol):
   """An autoregressive language model that scores texts.
@@ -160,7 +164,8 @@ class TransformersGPT2Scorer:
     self.max_length = max_length
     self.prepend_bos = prepend_bos
     if prepend_bos and self.tokenizer.bos_token_id is None:
-      raise ValueError(f'TransformersGPT2Scorer: prepend_bos=True but {model_name!r} has no BOS token')
+      raise ValueError(f'TransformersGPT2Scorer: prepend_bos=True but {model_name!r} has no BOS '
+                       'token')
 
   def _chunks(self, text: str) -> list[list[int]]:
     ids = list(self.tokenizer(text, add_special_tokens=False)['input_ids'])
@@ -205,11 +210,13 @@ def generative_perplexity(texts: Sequence[str], scorer: ARScorer) -> dict[str, A
   for n, v in enumerate(nlls):
     v = np.asarray(v, np.float64)
     if not np.all(np.isfinite(v)):
-      raise FloatingPointError(f'scorer {scorer.name!r}: non-finite NLL in text {n}: {texts[n]!r:.80}')
+      raise FloatingPointError(f'scorer {scorer.name!r}: non-finite NLL in text {n}: '
+                               f'{texts[n]!r:.80}')
     total += float(v.sum())
     count += int(v.size)
   if count == 0:
-    raise ValueError(f'scorer {scorer.name!r}: no token could be scored in {len(texts)} texts')
+    raise _NothingScored(f'scorer {scorer.name!r}: no token could be scored in {len(texts)} '
+                         'texts (all empty or single-token)')
   mean = total / count
   return {'gen_ppl': math.exp(mean), 'gen_nll_per_token': mean, 'gen_ppl_num_tokens': count,
           'gen_ppl_scorer': scorer.name}
@@ -221,8 +228,9 @@ def gen_ppl_report(texts: Sequence[str], *, scorer: ARScorer | None = None,
   """Gen PPL with `scorer`, or with a locally cached `TransformersGPT2Scorer(model_name)`.
 
   When the scorer cannot be built (or `unavailable_reason` says so already, e.g. from
-  `load_or_reason`) the result is `{'gen_ppl': None, 'gen_ppl_unavailable_reason': ...}`; errors
-  while scoring (NaN, empty input) propagate.
+  `load_or_reason`) the result is `{'gen_ppl': None, 'gen_ppl_unavailable_reason': ...}`; so it is
+  when no token of the texts can be scored (e.g. every sample empty: gen PPL is undefined). A
+  non-finite NLL raises FloatingPointError.
   """
   if scorer is None and unavailable_reason is None:
     scorer, unavailable_reason = load_or_reason(TransformersGPT2Scorer, model_name,
@@ -230,7 +238,10 @@ def gen_ppl_report(texts: Sequence[str], *, scorer: ARScorer | None = None,
   if scorer is None:
     return {'gen_ppl': None, 'gen_ppl_unavailable_reason': unavailable_reason,
             'gen_ppl_scorer': model_name}
-  return generative_perplexity(texts, scorer)
+  try:
+    return generative_perplexity(texts, scorer)
+  except _NothingScored as e:
+    return {'gen_ppl': None, 'gen_ppl_unavailable_reason': str(e), 'gen_ppl_scorer': scorer.name}
 
 
 def load_or_reason(factory: Any, *args: Any, **kwargs: Any) -> tuple[Any, str | None]:
@@ -252,7 +263,8 @@ class TransformersFeaturizer:
   """MAUVE's featurisation: final-layer hidden state of the last token, GPT-2 from the local cache.
 
   `features(texts) -> float32 [N, H]`; each text truncated to `max_length` tokens (MAUVE's
-  `max_text_length`).
+  `max_text_length`). An empty text (a sample that ended at once) is featurised as the
+  tokenizer's EOS token, so it still counts as one sample.
   """
 
   def __init__(self, model_name: str = DEFAULT_FEATURIZER, *, max_length: int = 1024,
@@ -260,7 +272,8 @@ class TransformersFeaturizer:
     self._torch = _require('torch', 'the MAUVE featuriser')
     transformers = _require('transformers', 'the MAUVE featuriser')
     self.name = model_name
-    self.tokenizer = _load_local(transformers.AutoTokenizer, model_name, 'MAUVE featuriser tokenizer')
+    self.tokenizer = _load_local(transformers.AutoTokenizer, model_name,
+                                 'MAUVE featuriser tokenizer')
     self.model = _load_local(transformers.AutoModel, model_name, 'MAUVE featuriser model')
     self.model.eval().to(device)
     self.device = device
@@ -272,7 +285,9 @@ class TransformersFeaturizer:
     for n, text in enumerate(texts):
       ids = list(self.tokenizer(text, add_special_tokens=False)['input_ids'])[:self.max_length]
       if not ids:
-        raise ValueError(f'MAUVE featuriser: text {n} is empty after tokenisation')
+        if self.tokenizer.eos_token_id is None:
+          raise ValueError(f'MAUVE featuriser: text {n} is empty and {self.name!r} has no EOS')
+        ids = [self.tokenizer.eos_token_id]
       with torch.no_grad():
         out = self.model(input_ids=torch.tensor([ids], device=self.device),
                          output_hidden_states=True)

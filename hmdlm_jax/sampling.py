@@ -87,6 +87,7 @@ from typing import Any, Callable, NamedTuple
 import chex
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from hmdlm_jax import parameterization
 from hmdlm_jax import schedules
@@ -251,10 +252,11 @@ def _categorical_icdf(key: jax.Array, log_p: jax.Array) -> jax.Array:
 
   `log_p` may be unnormalised (finite maximum <= ~80 so that exp does not overflow).
 
-  One uniform per row instead of C Gumbels (the level draw runs at every step on every position,
-  and Gumbel noise dominated the sampler's cost). Float32 cumsum over C <= K + 1 classes is exact to
-  ~1e-7 relative. Zero-probability classes are never returned: if round-off puts u at the total,
-  the last class with positive mass is taken (so a zero 'stay' mass never leaves a position masked).
+  One uniform per row instead of C Gumbels (the draws run at every step on every position, and
+  Gumbel noise dominated the sampler's cost). Used for C <= 64 classes (levels + stay; small
+  vocabularies), where the float32 cumsum is accurate to ~1e-6 relative. Zero-probability
+  classes are never returned: if round-off puts u at the total, the last class with positive mass
+  is taken (so a zero 'stay' mass never leaves a position masked).
   """
   p = jnp.exp(log_p.astype(jnp.float32))
   c = jnp.cumsum(p, axis=-1)
@@ -301,6 +303,16 @@ def _validate_given(given_tokens, given_levels, given_mask, batch_size: int, seq
                        'embedding of given positions, e.g. K-1 for Sudoku clues, SPEC 6).')
     given_levels = jnp.zeros(shape, jnp.int32)
   chex.assert_shape([given_tokens, given_levels, given_mask], shape)
+  if not any(isinstance(a, jax.core.Tracer) for a in (given_tokens, given_levels, given_mask)):
+    # Concrete inputs: check the values too (traced ones are the caller's responsibility).
+    gm = np.asarray(given_mask, bool)
+    gt, gl = np.asarray(given_tokens)[gm], np.asarray(given_levels)[gm]
+    if np.any(gt == cfg.mask_id) or np.any(gt < 0):
+      raise ValueError(f'sample: given_tokens must be real tokens (>= 0, != mask_id='
+                       f'{cfg.mask_id}) at given positions.')
+    if np.any((gl < 0) | (gl >= cfg.num_levels)):
+      raise ValueError(f'sample: given_levels must lie in 0..{cfg.num_levels - 1} (model.num_levels'
+                       f'={cfg.num_levels}) at given positions.')
   given_mask = jnp.asarray(given_mask, bool)
   x = jnp.where(given_mask, jnp.asarray(given_tokens, jnp.int32), cfg.mask_id)
   h = jnp.where(given_mask, jnp.asarray(given_levels, jnp.int32), cfg.num_levels)
@@ -325,7 +337,7 @@ def sample(apply_fn: ApplyFn, key: jax.Array, schedule: Schedule, cfg: SampleCon
     mask_id, prior_corrected: optional, for the design.md signature; must agree with `cfg`.
 
   Returns:
-    SampleOutput (tokens, levels, reveal_step [B, L] int32; nfe [] int32).
+    SampleOutput (tokens, levels, reveal_step [B, L] int32; nfe, nan_calls [] int32).
   """
   if not isinstance(cfg, SampleConfig):
     cfg = SampleConfig.from_config(cfg)

@@ -32,6 +32,7 @@ import matplotlib
 from matplotlib import cm
 from matplotlib import colors as mcolors
 from matplotlib import patches as mpatches
+from matplotlib import patheffects
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
@@ -741,7 +742,10 @@ def _draw_sudoku(ax: Any, quiz: str | np.ndarray, tokens: np.ndarray, levels: np
       wrong = sol is not None and not given[i] and digit != sol[i]
       color = 'red' if wrong else ('black' if given[i] else _text_color(np.asarray(face)))
       ax.text(x + 0.5, y + 0.5, str(digit), ha='center', va='center', fontsize=13, color=color,
-              fontweight='bold' if given[i] else 'normal', gid=f'digit-{r}-{c}')
+              fontweight='bold' if (given[i] or wrong) else 'normal', gid=f'digit-{r}-{c}',
+              # A white halo keeps a red (wrong) digit readable on dark cells.
+              path_effects=[patheffects.withStroke(linewidth=2.5, foreground='white')] if wrong
+              else None)
   for j in range(10):
     lw = 2.0 if j % 3 == 0 else 0.4
     ax.plot([j, j], [0, 9], color='black', lw=lw)

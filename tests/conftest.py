@@ -41,7 +41,10 @@ def subprocess_env(jax_cache: str, devices: int = 1) -> dict[str, str]:
   env = dict(os.environ)
   env.update(
       JAX_PLATFORMS='cpu',
-      XLA_FLAGS=f'--xla_force_host_platform_device_count={devices}',
+      # Backend optimisation level 0: XLA:CPU compiles ~2.5x faster; every run of the session
+      # uses the same flags, so runs still agree bit for bit.
+      XLA_FLAGS=(f'--xla_force_host_platform_device_count={devices} '
+                 '--xla_backend_optimization_level=0'),
       JAX_COMPILATION_CACHE_DIR=jax_cache,
       JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS='0',
       JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES='-1',

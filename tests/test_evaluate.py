@@ -521,6 +521,10 @@ def test_gen_ppl_token_weighted_and_unavailable_when_weights_absent(tmp_path):
       math.exp(2.0)) and res['gen_ppl_num_tokens'] == 3
   with pytest.raises(FloatingPointError, match='non-finite NLL in text 1'):
     gm.generative_perplexity(['a', 'b'], _ListScorer([[1.0], [np.nan]]))
+  # Nothing scorable (every sample empty): undefined, reported as such.
+  empty = gm.gen_ppl_report(['', ''], scorer=_ListScorer([[], []]))
+  assert empty['gen_ppl'] is None and 'no token could be scored' in empty[
+      'gen_ppl_unavailable_reason']
   # No weights here (and no network): reported unavailable, never a number.
   absent = str(tmp_path / 'no_such_model')
   rep = gm.gen_ppl_report(['some text'], model_name=absent)
@@ -628,7 +632,8 @@ def test_text_samples_and_metrics():
     assert metrics['mauve'] is None and metrics['mauve_unavailable_reason']
   # The position rule cannot be recomputed from tokens: reported as unavailable.
   m2, _ = evaluate.text_sample_metrics(samples, tok, level_rule='position', scorer=_WordScorer())
-  assert m2['level_disagreement'] is None and 'position' in m2['level_disagreement_unavailable_reason']
+  assert m2['level_disagreement'] is None
+  assert 'position' in m2['level_disagreement_unavailable_reason']
 
   # Conditional sampling on prompts (given positions are kept; 3 prompts in batches of 2).
   rng = np.random.default_rng(0)
@@ -781,6 +786,19 @@ def test_entry_points_from_a_checkpoint(tmp_path, capsys):
     assert (steps[q > 0] == num_steps + 1).all()
     assert ((steps[q == 0] >= 1) & (steps[q == 0] <= num_steps)).all()
     assert f'[{q[0]}]' in out or q[0] == 0
+    assert rec['solved'] is None  # no solution given on the command line
+  # The same puzzles from a quiz,solution CSV, to another output file: 'solved' is filled in.
+  quiz_sol = _puzzle_set(4)
+  csv_path = tmp_path / 'puzzles.csv'
+  csv_path.write_text('quiz,solution\n' + ''.join(
+      ''.join(map(str, q)) + ',' + ''.join(map(str, a)) + '\n' for q, a in zip(*quiz_sol)))
+  out_path = str(tmp_path / 'solved.jsonl')
+  from_file = evaluate.run_sample(config, workdir, puzzle_file=str(csv_path), out=out_path)
+  assert os.path.exists(out_path) and [r['prediction'] for r in from_file] == [
+      r['prediction'] for r in records]  # same key, same puzzles -> same grids
+  for rec, a in zip(from_file, quiz_sol[1]):
+    assert rec['solved'] == (rec['prediction'] == ''.join(map(str, a)))
+  capsys.readouterr()
 
   report = evaluate.run_eval(config, workdir, progress=False)
   with open(os.path.join(workdir, 'eval_7.json')) as f:

@@ -8,7 +8,6 @@ Statistical checks use 5 binomial standard errors unless stated.
 
 from __future__ import annotations
 
-import functools
 from typing import Callable
 
 import jax
@@ -626,6 +625,14 @@ def test_sample_rejects_inconsistent_arguments():
                     given_tokens=np.zeros((2, 3), int))
   with pytest.raises(ValueError, match='mask_id'):
     sampling.sample(model, key, LOGLINEAR, cfg, batch_size=2, seq_len=3, mask_id=0)
+  with pytest.raises(ValueError, match='given_tokens must be real tokens'):
+    sampling.sample(model, key, LOGLINEAR, cfg, batch_size=2, seq_len=3,
+                    given_tokens=np.full((2, 3), 3), given_levels=np.zeros((2, 3), int),
+                    given_mask=np.ones((2, 3), bool))
+  with pytest.raises(ValueError, match='given_levels must lie in 0..1'):
+    sampling.sample(model, key, LOGLINEAR, cfg, batch_size=2, seq_len=3,
+                    given_tokens=np.zeros((2, 3), int), given_levels=np.full((2, 3), 2),
+                    given_mask=np.ones((2, 3), bool))
   with pytest.raises(ValueError, match='prior_corrected'):
     sampling.sample(model, key, LOGLINEAR, cfg, batch_size=2, seq_len=3, prior_corrected=True)
 
@@ -671,6 +678,28 @@ def test_nan_logits_are_reported():
   ok = _run(_const_model(np.zeros_like(hier), np.zeros((bsz, seq_len, 4))), jax.random.key(0),
             LOGLINEAR, cfg, batch_size=bsz, seq_len=seq_len)
   assert sampling.check_finite(ok) is ok
+
+
+def test_inverse_cdf_draw_frequencies_and_zero_mass_classes():
+  p = np.array([0.0, 0.2, 0.0, 0.7, 0.1, 0.0])
+  log_p = np.log(np.where(p > 0, p, 1.0)) + np.where(p > 0, 0.0, -np.inf)
+  n = 100_000
+  draws = np.asarray(sampling._categorical_icdf(  # pylint: disable=protected-access
+      jax.random.key(0), jnp.broadcast_to(jnp.asarray(log_p, jnp.float32), (n, 6))))
+  freq = np.bincount(draws, minlength=6) / n
+  assert np.all(freq[p == 0] == 0)
+  for k in np.flatnonzero(p):
+    _assert_fraction(float(freq[k]), float(p[k]), n, f'class {k}')
+
+
+def test_sample_accepts_the_full_config_and_design_signature():
+  c = base.get_base_config()
+  c.model.vocab_size = 5
+  c.sample.num_steps = 4
+  model = _const_model(np.zeros((2, 3, 2)), np.zeros((2, 3, 5)))
+  out = sampling.sample(model, jax.random.key(0), LOGLINEAR, c, batch_size=2, seq_len=3,
+                        mask_id=4, prior_corrected=True)
+  assert out.tokens.shape == (2, 3) and not np.any(np.asarray(out.tokens) == 4)
 
 
 def test_level_disagreement():
