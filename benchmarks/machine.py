@@ -42,7 +42,17 @@ def matmul_peak(n: int = 2048, repeats: int = 5) -> dict[str, float]:
   out = {'n': n, 'repeats': repeats, 'jax_gflops': flop / t_jax / 1e9,
          'numpy_gflops': flop / t_np / 1e9}
   out['peak_gflops'] = max(out['jax_gflops'], out['numpy_gflops'])
+  out['torch_gflops'] = _torch_gflops(a, b, flop, repeats)  # context only: not in the peak
   return out
+
+
+def _torch_gflops(a: np.ndarray, b: np.ndarray, flop: float, repeats: int) -> float | None:
+  try:
+    import torch  # pylint: disable=g-import-not-at-top
+  except ImportError:
+    return None
+  ta, tb = torch.from_numpy(a), torch.from_numpy(b)
+  return flop / _median_time(lambda: torch.matmul(ta, tb), repeats) / 1e9
 
 
 def load_average() -> tuple[float, float, float]:

@@ -42,10 +42,14 @@ SECTIONS = ('train', 'sampling', 'scaling', 'optim')
 MFU_TARGET = {'small': 0.64, 'tiny': 0.37}
 RATIO_TARGET = 2.0
 # Candidate XLA CPU flags measured in the optim section (each alone, against no flags).
-# (--xla_cpu_use_thunk_runtime=false is no longer supported by this XLA: it only warns.)
+# Each alone, against no flags. (--xla_cpu_use_thunk_runtime=false is no longer supported by this
+# XLA: it only warns.) The YNNPACK fusion types of XLA:CPU are dot / eltwise / reduce /
+# individual_dot / individual_convolution; "=individual_dot" keeps YNNPACK for dots only.
 XLA_FLAG_CANDIDATES = (
+    '--xla_cpu_experimental_ynn_fusion_type=individual_dot',
+    '--xla_cpu_experimental_ynn_fusion_type=',
+    '--xla_cpu_prefer_vector_width=512',
     '--xla_cpu_enable_fast_math=true',
-    '--xla_cpu_use_xnnpack=true',
     '--xla_cpu_use_onednn=true',
 )
 
@@ -105,25 +109,41 @@ def sampling_section(quick: bool, xla_flags: str) -> list[dict[str, Any]]:
   return recs
 
 
-def optim_section(shapes: list[str], steps: int, warmup: int, xla_flags: str
+def optim_section(shapes: list[str], steps: int, xla_flags: str, flag_shapes: list[str]
                   ) -> list[dict[str, Any]]:
-  """Real step vs candidates, MDLM and HMDLM float32, measured back to back."""
+  """Candidate optimisations, MDLM and HMDLM float32.
+
+  * patches: the real step and the patched real step built in ONE process and timed interleaved
+    (`train_step --compare`), so a drifting machine load hits both alike;
+  * 'bare' (loss + grad + AdamW only) and the per-part profile: separate processes;
+  * XLA flags (`flag_shapes` only): one process per flag set, the unflagged real step first.
+  """
   recs = []
   for shape in shapes:
     for mode in ('mdlm', 'hmdlm'):
+      print(f'optim: {shape} {mode} real vs patch fused_nll (interleaved) ...', flush=True)
+      rec = _safe(common.run_module, 'benchmarks.train_step',
+                  _train_args(shape, mode, 'float32', steps, 1, ('--compare=fused_nll',)),
+                  xla_flags=xla_flags)
+      rec.update(kind='compare', shape=shape, mode=mode)
+      recs.append(rec)
+      if 'error' not in rec:
+        print(f'  {rec["median_step_s"]} s/step, ratio {rec["ratio_to_first"][-1]:.3f}',
+              flush=True)
       variants: list[tuple[str, tuple[str, ...], str]] = [
-          ('real', (), xla_flags),
           ('bare (loss+grad+AdamW)', ('--variant=bare',), xla_flags),
-          ('patch fused_nll', ('--patch=fused_nll',), xla_flags),
           ('real + profile', ('--profile',), xla_flags),
       ]
-      if shape == 'tiny':
+      if shape in flag_shapes:
+        variants.append(('real', (), xla_flags))
         variants += [(f'XLA {f}', (), (xla_flags + ' ' + f).strip()) for f in XLA_FLAG_CANDIDATES]
+        variants.append((f'fused_nll + XLA {XLA_FLAG_CANDIDATES[0]}', ('--patch=fused_nll',),
+                         (xla_flags + ' ' + XLA_FLAG_CANDIDATES[0]).strip()))
       for name, extra, flags in variants:
         print(f'optim: {shape} {mode} {name} ...', flush=True)
         rec = _safe(common.run_module, 'benchmarks.train_step',
-                    _train_args(shape, mode, 'float32', steps, warmup, extra), xla_flags=flags)
-        rec.update(candidate=name, shape=shape, mode=mode)
+                    _train_args(shape, mode, 'float32', steps, 1, extra), xla_flags=flags)
+        rec.update(kind='variant', candidate=name, shape=shape, mode=mode)
         if 'error' not in rec:
           print(f'  {rec["median_step_s"]:.3f} s/step', flush=True)
         recs.append(rec)
@@ -221,16 +241,28 @@ def scaling_tables(recs: list[dict[str, Any]]) -> str:
 
 
 def optim_tables(recs: list[dict[str, Any]], peak: float) -> str:
+  rows = []
+  for r in recs:
+    if r.get('kind') != 'compare':
+      continue
+    if 'error' in r:
+      rows.append([r['shape'], r['mode'], 'FAILED', None, None])
+      continue
+    for c, med, ratio in zip(r['candidates'], r['median_step_s'], r['ratio_to_first']):
+      rows.append([r['shape'], r['mode'], '+'.join(c) or 'real (unpatched)', med, ratio])
+  out = common.table('Patches, timed interleaved in one process (float32; ratio = s/step / '
+                     'unpatched)', ['shape', 'mode', 'step', 's/step', 'ratio'], rows)
   base = {(r['shape'], r['mode']): r for r in recs
-          if 'error' not in r and r['candidate'] == 'real'}
+          if r.get('kind') == 'variant' and 'error' not in r and r['candidate'] == 'real'}
   rows, prof = [], []
   for r in recs:
+    if r.get('kind') != 'variant':
+      continue
     if 'error' in r:
-      rows.append([r['shape'], r['mode'], r['candidate'], 'FAILED', None, None, None])
+      rows.append([r['shape'], r['mode'], r['candidate'], 'FAILED', None, None])
       continue
     b = base.get((r['shape'], r['mode']))
     rows.append([r['shape'], r['mode'], r['candidate'], r['median_step_s'],
-                 None if b is None else b['median_step_s'],
                  None if b is None else r['median_step_s'] / b['median_step_s'],
                  r['achieved_gflops'] / peak])
     if 'profile' in r:
@@ -238,9 +270,9 @@ def optim_tables(recs: list[dict[str, Any]], peak: float) -> str:
       prof.append([r['shape'], r['mode'], r['median_step_s'], p['forward_loss_s'],
                    p['loss_and_grad_s'], p['optimizer_update_s'], p['ema_update_s'],
                    r['median_step_s'] - p['loss_and_grad_s']])
-  out = common.table('Optimisation candidates (float32; ratio = time / the real step measured '
-                     'just before)', ['shape', 'mode', 'candidate', 's/step', 'baseline s/step',
-                                'ratio', 'MFU'], rows)
+  out += common.table('Variants and XLA flags (float32; separate processes; ratio = s/step / '
+                      "'real' of the same shape and mode)",
+                      ['shape', 'mode', 'candidate', 's/step', 'ratio', 'MFU'], rows)
   if prof:
     out += common.table('Profile: parts of the step, each jitted alone (seconds)',
                         ['shape', 'mode', 'step', 'forward loss', 'loss+grad', 'AdamW update',
@@ -298,8 +330,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
       print(f'  FAILED: {e}', flush=True)
       result['scaling'] = [{'error': str(e)[-2000:]}]
   if 'optim' in sections:
-    result['optim'] = optim_section([s for s in shapes if s in ('tiny', 'small')], steps, 1,
-                                    a.xla_flags)
+    result['optim'] = optim_section([s for s in shapes if s in ('tiny', 'small')], steps,
+                                    a.xla_flags, ['tiny'])
 
   peak_end = machine.matmul_peak()
   peak = max(peak_start['peak_gflops'], peak_end['peak_gflops'])
@@ -309,10 +341,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             f'{info["cpu"]}, {info["cpu_count"]} cores, jax {info["jax"]} on {info["backend"]}; '
             f'load average at start {tuple(round(x, 2) for x in info["load_average"])}, at end '
             f'{tuple(round(x, 2) for x in result["load_average_end"])}',
-            common.table('Machine peak (float32 2048³ matmul, median of 5)',
-                         ['when', 'jitted JAX GFLOP/s', 'numpy GFLOP/s'],
-                         [['start', peak_start['jax_gflops'], peak_start['numpy_gflops']],
-                          ['end', peak_end['jax_gflops'], peak_end['numpy_gflops']]])
+            common.table('Machine peak (float32 2048³ matmul, median of 5; torch for context '
+                         'only)', ['when', 'jitted JAX GFLOP/s', 'numpy GFLOP/s',
+                                   'torch GFLOP/s'],
+                         [['start', peak_start['jax_gflops'], peak_start['numpy_gflops'],
+                           peak_start.get('torch_gflops')],
+                          ['end', peak_end['jax_gflops'], peak_end['numpy_gflops'],
+                           peak_end.get('torch_gflops')]])
             + f'\npeak used for MFU: {peak:.1f} GFLOP/s']
   if train_recs:
     text, checks = train_tables(train_recs, peak)

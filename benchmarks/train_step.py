@@ -65,7 +65,8 @@ BATCH = {'tiny': (32, 32), 'small': (8, 512), 'sudoku_6m': (32, 256), 'sudoku_25
 
 
 def shape_config(shape: str, mode: str, dtype: str, *, batch_size: int | None = None,
-                 seq_len: int | None = None) -> ml_collections.ConfigDict:
+                 seq_len: int | None = None, dropout: float | None = None
+                 ) -> ml_collections.ConfigDict:
   """The resolved experiment config of a benchmark shape (see the module docstring)."""
   if shape not in SHAPES:
     raise ValueError(f'--shape={shape!r}: allowed {SHAPES}')
@@ -93,6 +94,8 @@ def shape_config(shape: str, mode: str, dtype: str, *, batch_size: int | None = 
     if c.model.position_embedding == 'sudoku':
       raise ValueError(f'--seq_len: shape {shape!r} has fixed Sudoku positions (L = 81)')
     c.model.seq_len = int(seq_len)
+  if dropout is not None:
+    c.model.dropout = float(dropout)
   if mode == 'mdlm':
     c.model.num_levels = 1
     c.schedule.offsets = (0.0,)
@@ -132,12 +135,14 @@ def _fused_token_nll(token_logits: jax.Array, tokens: jax.Array, mask_id: int) -
 
   Equal to `_gold_nll(token_log_probs(logits, xt), tokens)` wherever the loss reads it (masked
   positions, whose gold token is never MASK); never materialises the [B, L, V] log-softmax or the
-  SUBS copy tensor.
+  SUBS copy tensor. The MASK column is removed by adding a [V] bias (0, or -inf at mask_id) rather
+  than by a select: the gradient of an addition is the identity, so the backward pass needs no
+  [B, L, V] select (the column's gradient, softmax · g, is exactly 0 since exp(-inf) = 0).
   """
   logits = token_logits.astype(jnp.float32)
   vocab = logits.shape[-1]
-  logits = jnp.where(jnp.arange(vocab) == mask_id, -jnp.inf, logits)
-  lse = jax.nn.logsumexp(logits, axis=-1)
+  mask_bias = jnp.where(jnp.arange(vocab) == mask_id, -jnp.inf, 0.0).astype(jnp.float32)
+  lse = jax.nn.logsumexp(logits + mask_bias, axis=-1)
   gold = jnp.take_along_axis(logits, tokens[..., None], axis=-1)[..., 0]
   return lse - gold
 
@@ -172,9 +177,54 @@ def _patch_fused_nll() -> Iterator[None]:
     losses._gold_nll = real_gold  # pylint: disable=protected-access
 
 
+@contextlib.contextmanager
+def _patch_rbg_prng() -> Iterator[None]:
+  """jax_default_prng_impl='rbg': XLA's RngBitGenerator instead of threefry for every key made
+  while active (dropout masks and the corruption draws are then much cheaper on CPU; the random
+  streams differ from threefry's). Enter it before the train state is created."""
+  old = jax.config.jax_default_prng_impl
+  jax.config.update('jax_default_prng_impl', 'rbg')
+  try:
+    yield
+  finally:
+    jax.config.update('jax_default_prng_impl', old)
+
+
 PATCHES: dict[str, Callable[[], contextlib.AbstractContextManager[None]]] = {
     'fused_nll': _patch_fused_nll,
+    'rbg_prng': _patch_rbg_prng,
 }
+
+
+def patch_check(config: ml_collections.ConfigDict, patches: list[str]) -> dict[str, float]:
+  """Loss and gradient with and without `patches` at the initial parameters (exactness check).
+
+  Returns the loss difference and the relative L2 difference of the gradients; the parameters
+  are perturbed (N(0, 0.02) added) so that the zero-initialised heads give non-trivial logits.
+  """
+  m = config.model
+  model = models.build_model(m)
+  schedule = schedules.schedule_from_config(config.schedule, int(m.num_levels))
+  loss_cfg = losses.LossConfig.from_config(config)
+  params = models.init_params(model, jax.random.PRNGKey(0), int(m.seq_len))
+  leaves, tdef = jax.tree.flatten(params)
+  keys = jax.random.split(jax.random.PRNGKey(1), len(leaves))
+  params = jax.tree.unflatten(tdef, [x + 0.02 * jax.random.normal(k, x.shape, x.dtype)
+                                     for x, k in zip(leaves, keys)])
+  batch = {k: jnp.asarray(v) for k, v in synthetic_batch(config).items()}
+
+  def loss_fn(p: Any) -> jax.Array:
+    apply_fn = models.make_apply_fn(model, p, train=False)
+    return losses.diffusion_loss(apply_fn, batch, jax.random.PRNGKey(2), schedule, loss_cfg)[0]
+
+  ref_loss, ref_grad = jax.jit(jax.value_and_grad(loss_fn))(params)
+  with contextlib.ExitStack() as stack:
+    for name in patches:
+      stack.enter_context(PATCHES[name]())
+    new_loss, new_grad = jax.jit(jax.value_and_grad(loss_fn))(params)
+  diff = optax.global_norm(jax.tree.map(lambda a, b: a - b, new_grad, ref_grad))
+  return {'loss': float(ref_loss), 'loss_abs_diff': float(abs(new_loss - ref_loss)),
+          'grad_rel_diff': float(diff / optax.global_norm(ref_grad))}
 
 
 # ----------------------------------------------------------------------------- compile counting
@@ -367,6 +417,38 @@ def run(config: ml_collections.ConfigDict, *, steps: int = 5, warmup: int = 1,
   return rec
 
 
+def compare(config: ml_collections.ConfigDict, candidates: list[tuple[str, ...]], rounds: int
+            ) -> dict[str, Any]:
+  """Real steps built under each patch set, timed interleaved (robust to a drifting load).
+
+  Round r times one step of every candidate in turn; each candidate has its own state.
+  Returns {'candidates': [...], 'median_step_s': [...], 'ratio_to_first': [...]}.
+  """
+  mesh = shd.make_mesh(config.mesh)
+  model = models.build_model(config.model)
+  schedule = schedules.schedule_from_config(config.schedule, int(config.model.num_levels))
+  batch = shd.make_global_batch(synthetic_batch(config), mesh)
+  runs = []
+  for patches in candidates:
+    with contextlib.ExitStack() as stack:
+      for name in patches:
+        stack.enter_context(PATCHES[name]())
+      state, shardings = train.create_train_state(config, mesh, model)
+      step = train.make_train_step(config, model, schedule, mesh, shardings)
+      state, _ = step(state, batch)  # compiles under the patch
+      jax.block_until_ready(state)
+    runs.append({'step': step, 'state': state, 'times': []})
+  for _ in range(rounds):
+    for r in runs:
+      t0 = time.perf_counter()
+      r['state'], m_ = r['step'](r['state'], batch)
+      jax.block_until_ready((r['state'], m_))
+      r['times'].append(time.perf_counter() - t0)
+  med = [statistics.median(r['times']) for r in runs]
+  return {'candidates': [list(c) for c in candidates], 'median_step_s': med,
+          'step_times_s': [r['times'] for r in runs], 'ratio_to_first': [m / med[0] for m in med]}
+
+
 def main(argv: list[str] | None = None) -> dict[str, Any]:
   p = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
   p.add_argument('--shape', default='tiny', choices=SHAPES)
@@ -374,19 +456,42 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
   p.add_argument('--dtype', default='float32', choices=DTYPES)
   p.add_argument('--batch_size', type=int, default=None)
   p.add_argument('--seq_len', type=int, default=None)
+  p.add_argument('--dropout', type=float, default=None, help="override the config's dropout")
   p.add_argument('--steps', type=int, default=5)
   p.add_argument('--warmup', type=int, default=1)
   p.add_argument('--variant', default='real', choices=VARIANTS)
   p.add_argument('--patch', action='append', default=[], choices=sorted(PATCHES))
   p.add_argument('--profile', action='store_true')
+  p.add_argument('--check_patch', action='store_true',
+                 help='also compare loss and gradient with and without --patch')
+  p.add_argument('--compare', action='append', default=None,
+                 help='interleaved comparison: the unpatched real step against each given '
+                 'comma-separated patch set (repeatable); --steps rounds')
   p.add_argument('--json', default=None, help='write the record here')
   a = p.parse_args(argv)
   t0 = time.perf_counter()
-  config = shape_config(a.shape, a.mode, a.dtype, batch_size=a.batch_size, seq_len=a.seq_len)
+  config = shape_config(a.shape, a.mode, a.dtype, batch_size=a.batch_size, seq_len=a.seq_len,
+                        dropout=a.dropout)
+  if a.compare:
+    sets = [()] + [tuple(x for x in c.split(',') if x) for c in a.compare]
+    for c in sets:
+      for name in c:
+        if name not in PATCHES:
+          raise ValueError(f'--compare: unknown patch {name!r}; allowed {sorted(PATCHES)}')
+    rec = compare(config, sets, a.steps)
+    rec.update(shape=a.shape, mode=a.mode, dtype=a.dtype, batch_size=int(config.data.batch_size),
+               wall_s=time.perf_counter() - t0, xla_flags=os.environ.get('XLA_FLAGS', ''))
+    if a.json:
+      with open(a.json, 'w', encoding='utf-8') as f:
+        json.dump(rec, f, indent=2)
+    print(json.dumps({k: rec[k] for k in ('candidates', 'median_step_s', 'ratio_to_first')}))
+    return rec
   with contextlib.ExitStack() as stack:
     for name in a.patch:
       stack.enter_context(PATCHES[name]())
     rec = run(config, steps=a.steps, warmup=a.warmup, variant=a.variant, profile=a.profile)
+  if a.check_patch and a.patch:
+    rec['patch_check'] = patch_check(config, a.patch)
   rec.update(shape=a.shape, mode=a.mode, patches=a.patch, wall_s=time.perf_counter() - t0,
              xla_flags=os.environ.get('XLA_FLAGS', ''))
   if a.json:

@@ -1,10 +1,13 @@
 """Regenerates the pictures in docs/images/ from a real (tiny) trained Sudoku model.
 
-  python colabs/make_docs_images.py --workdir=/tmp/hmdlm_docs --minutes=10
+  python colabs/make_docs_images.py --workdir=/tmp/hmdlm_sudoku            # the demo run
+  python colabs/make_docs_images.py --workdir=/tmp/hmdlm_sudoku --minutes=0  # sample only
 
-Trains `--config` (default configs/tiny_test.py, on `--puzzles` generated puzzles) for `--minutes`
-of wall time in WORKDIR (resuming when WORKDIR already holds a checkpoint; `--minutes=0` only
-samples), solves Example 1 of the paper's Appendix F with the configured sampler and writes
+Trains `--config` (default configs/sudoku.py, the ~10-minute CPU demo) in WORKDIR for the config's
+time budget or `--minutes` of wall time (resuming when WORKDIR already holds a checkpoint, e.g. the
+demo's `python -m hmdlm_jax.main --config=configs/sudoku.py --workdir=/tmp/hmdlm_sudoku`;
+`--minutes=0` only samples), solves Example 1 of the paper's Appendix F with the configured sampler
+(T = 81, confidence ordering) and writes
   docs/images/sudoku_reveal.png   reveal order of the solve (colour = step, outline = drawn level)
   docs/images/sudoku_reveal.gif   the solving process, one frame per reveal step
   docs/images/schedules_lm1b.png  α_k and hazards of the LM1B schedule δ = (0, 0.25)
@@ -36,30 +39,24 @@ PUZZLE = '5060708004000000160000000000020000030700504000009000209600005000300020
 
 def main(argv: list[str] | None = None) -> int:
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  parser.add_argument('--workdir', default='/tmp/hmdlm_docs')
-  parser.add_argument('--config', default='configs/tiny_test.py')
-  parser.add_argument('--minutes', type=float, default=10.0)
-  parser.add_argument('--puzzles', type=int, default=4096, help='generated training puzzles')
-  parser.add_argument('--batch_size', type=int, default=64)
-  parser.add_argument('--num_steps', type=int, default=81, help='sampling steps T (paper: 81)')
+  parser.add_argument('--workdir', default='/tmp/hmdlm_sudoku')
+  parser.add_argument('--config', default='configs/sudoku.py')
+  parser.add_argument('--minutes', type=float, default=None,
+                      help="training wall time; default: the config's train.time_budget_s")
   parser.add_argument('--out', default=str(ROOT / 'docs' / 'images'))
   args = parser.parse_args(argv)
 
   config = importlib.import_module(args.config.removesuffix('.py').replace('/', '.')).get_config()
   workdir = pathlib.Path(args.workdir)
-  config.data.cache_dir = str(workdir / 'sudoku_cache')
-  config.data.num_train_puzzles = args.puzzles
-  config.data.batch_size = args.batch_size
-  config.sample.num_steps = args.num_steps
-  if args.minutes > 0:
+  if args.minutes is not None:
     config.train.num_steps = 10_000_000  # the time budget stops training
     config.train.time_budget_s = 60.0 * args.minutes
-    config.train.log_every = 100
-    config.train.ckpt_every = 1000
-    result = train.train_and_evaluate(config, str(workdir / 'run'))
+  config.train.final_eval = False  # the pictures need no test-set evaluation
+  if args.minutes != 0:
+    result = train.train_and_evaluate(config, str(workdir))
     print('trained to step', result['step'], '-', result['stop_reason'])
 
-  rec = evaluate.run_sample(config, str(workdir / 'run'), puzzles=[PUZZLE])[0]
+  rec = evaluate.run_sample(config, str(workdir), puzzles=[PUZZLE])[0]
   _, solution = sudoku_data.count_solutions(evaluate.parse_puzzle(PUZZLE))
   tokens = np.array([int(c) for c in rec['prediction']]) - 1
   levels, steps = np.array(rec['levels']), np.array(rec['reveal_step'])

@@ -8,14 +8,18 @@ r"""Command line: train, evaluate or sample.
 Any config field can be overridden: `--config.train.num_steps=200 --config.model.num_levels=1`
 (ml_collections rejects unknown keys and values of the wrong type). `--config` defaults to
 configs/sudoku.py and `--workdir` to /tmp/hmdlm_sudoku. Every run writes the resolved config to
-DIR/config.json (and DIR/config.yaml). Rerunning a train command resumes from DIR's latest
-checkpoint. Multi-host: add `--config.distributed.enabled=True` (see launch/).
+DIR/config.json and DIR/config.yaml (eval/sample runs: DIR/config_<mode>.json/.yaml, so that they
+never overwrite the training record). Rerunning a train command resumes from DIR's latest
+checkpoint. Multi-host: add `--config.distributed.enabled=True` (see launch/). A bad config
+override, a bad value or an unusable checkpoint directory ends with one clear `hmdlm_jax: error:`
+line and exit code 1.
 """
 
 from __future__ import annotations
 
 import os
 import sys
+from typing import Any, Sequence
 
 # configs/ lives next to the package; make `from configs import base` work from any cwd.
 _REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -46,24 +50,35 @@ _OUT = flags.DEFINE_string('out', None, 'sample mode: output JSON-lines file '
 _STEP = flags.DEFINE_integer('step', None, 'eval/sample mode: checkpoint step (default: latest).')
 
 
-def run(mode: str, config, workdir: str) -> object:
-  """Dispatches one mode (importable: tests and notebooks call this instead of the CLI)."""
+def run(mode: str, config: Any, workdir: str, *, step: int | None = None,
+        puzzles: Sequence[str] | None = None, puzzle_file: str | None = None,
+        out: str | None = None) -> Any:
+  """Dispatches one mode (importable: tests and notebooks call this instead of the CLI).
+
+  Args:
+    mode: 'train' | 'eval' | 'sample'.
+    config: the experiment ConfigDict (derived fields are filled in by train.resolve_config).
+    workdir: the run directory.
+    step: eval/sample: checkpoint step (None = latest).
+    puzzles, puzzle_file, out: sample mode (see the flags).
+  Returns:
+    train: train.train_and_evaluate's dict; eval: evaluate.run_eval's report; sample: records.
+  """
   from hmdlm_jax import sharding  # pylint: disable=g-import-not-at-top
   from hmdlm_jax import train  # pylint: disable=g-import-not-at-top
   config = train.resolve_config(config)
   sharding.maybe_initialize_distributed(config.distributed)
-  train.write_config(config, workdir)
+  train.write_config(config, workdir, 'config' if mode == 'train' else f'config_{mode}')
   if mode == 'train':
     return train.train_and_evaluate(config, workdir)
   from hmdlm_jax import evaluate  # pylint: disable=g-import-not-at-top
   if mode == 'eval':
-    return evaluate.run_eval(config, workdir, step=_STEP.value)
+    return evaluate.run_eval(config, workdir, step=step)
   if mode == 'sample':
-    if not _PUZZLES.value and not _PUZZLE_FILE.value and config.data.kind == 'sudoku':
+    if not puzzles and not puzzle_file and config.data.kind == 'sudoku':
       raise ValueError('--mode=sample with a Sudoku config needs --puzzles or --puzzle_file.')
-    return evaluate.run_sample(config, workdir, puzzles=_PUZZLES.value,
-                               puzzle_file=_PUZZLE_FILE.value, out=_OUT.value,
-                               step=_STEP.value)
+    return evaluate.run_sample(config, workdir, puzzles=puzzles, puzzle_file=puzzle_file,
+                               out=out, step=step)
   raise ValueError(f'--mode={mode!r} is not one of {MODES}.')
 
 
@@ -84,7 +99,8 @@ def main(argv: list[str]) -> None:
   logging.get_absl_handler().addFilter(_QuietLibraries())
   from hmdlm_jax import train  # pylint: disable=g-import-not-at-top
   try:
-    run(_MODE.value, _CONFIG.value, _WORKDIR.value)
+    run(_MODE.value, _CONFIG.value, _WORKDIR.value, step=_STEP.value, puzzles=_PUZZLES.value,
+        puzzle_file=_PUZZLE_FILE.value, out=_OUT.value)
   except (ValueError, train.NonFiniteLossError) as e:
     # Config/data/checkpoint problems and the NaN guard: a clear message, no traceback.
     logging.debug('Fatal error', exc_info=True)

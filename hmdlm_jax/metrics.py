@@ -120,11 +120,11 @@ class RateMeter:
 class Progress:
   """tqdm bar on process 0 (steps/s and ETA from tqdm; tokens/s and loss in the postfix)."""
 
-  def __init__(self, total: int, initial: int, *, enabled: bool) -> None:
+  def __init__(self, total: int, initial: int, *, enabled: bool, desc: str = 'train') -> None:
     self._bar = None
     if enabled:
       from tqdm import auto as tqdm_auto  # pylint: disable=g-import-not-at-top
-      self._bar = tqdm_auto.tqdm(total=int(total), initial=int(initial), unit='step',
+      self._bar = tqdm_auto.tqdm(total=int(total), initial=int(initial), unit='step', desc=desc,
                                  dynamic_ncols=True, smoothing=0.1)
 
   def update(self, n: int = 1) -> None:

@@ -25,11 +25,6 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 MESH_AXES: tuple[str, str, str] = ('data', 'fsdp', 'tensor')
 BATCH_AXES: tuple[str, str] = ('data', 'fsdp')
 
-# Used only when hmdlm_jax.models does not define LOGICAL_RULES (it should; see docs/design.md).
-_FALLBACK_RULES: tuple[tuple[str, Any], ...] = (
-    ('embed', 'fsdp'), ('mlp', 'tensor'), ('heads', 'tensor'), ('vocab', 'tensor'),
-    ('kv', None), ('levels', None), ('cond', None))
-
 
 # ----------------------------------------------------------------------------- multi-host
 
@@ -125,13 +120,8 @@ def num_batch_shards(mesh: Mesh) -> int:
 
 def logical_rules() -> tuple[tuple[str, Any], ...]:
   """The models' logical-axis -> mesh-axis rules (`hmdlm_jax.models.LOGICAL_RULES`)."""
-  try:
-    from hmdlm_jax import models  # pylint: disable=g-import-not-at-top
-    rules = getattr(models, 'LOGICAL_RULES')
-  except (ImportError, AttributeError):
-    logging.warning('hmdlm_jax.models.LOGICAL_RULES not found; using sharding._FALLBACK_RULES.')
-    rules = _FALLBACK_RULES
-  return tuple((str(k), v) for k, v in rules)
+  from hmdlm_jax.models import LOGICAL_RULES  # pylint: disable=g-import-not-at-top
+  return tuple((str(k), v) for k, v in LOGICAL_RULES)
 
 
 def _mesh_axes_size(mesh: Mesh, entry: Any) -> int:
@@ -234,6 +224,9 @@ def make_global_batch(local_batch: Mapping[str, np.ndarray], mesh: Mesh) -> dict
   """
   sharding = batch_sharding(mesh)
   shards = num_batch_shards(mesh)
+  rows = {name: np.shape(arr)[0] if np.ndim(arr) else None for name, arr in local_batch.items()}
+  if len(set(rows.values())) > 1 or None in rows.values():
+    raise ValueError(f'Batch arrays need the same leading (batch) dimension; got {rows}.')
   out = {}
   for name, arr in local_batch.items():
     arr = np.asarray(arr)

@@ -14,23 +14,33 @@ own count (which drives the lr schedule) counts applied updates. After `train.ma
 consecutive bad steps the loop saves a checkpoint (its parameters are those of the last good
 update) and raises NonFiniteLossError.
 
-Metrics: DIR/metrics.jsonl + TensorBoard DIR/tb (hmdlm_jax/metrics.py); evaluation results
-DIR/eval_<step>.json; checkpoints DIR/checkpoints (hmdlm_jax/checkpoint.py).
+Fault injection for tests: `train.debug_nan_steps` lists (0-based) steps whose loss is multiplied
+by NaN; it is passed to the step as a fixed-size array, so it never changes the compiled program.
+
+Precision: parameters, optimiser state and EMA are float32; `model.dtype` sets the compute dtype of
+the network (bfloat16 on accelerators), and the losses are computed in float32 (losses.py).
+
+Outputs in DIR: metrics.jsonl + TensorBoard tb/ (hmdlm_jax/metrics.py); config.json/.yaml;
+train_summary.json; checkpoints/ (hmdlm_jax/checkpoint.py); eval_<step>.json (the flat scalars of
+each evaluation, also in metrics.jsonl with split='eval'; evaluate.evaluate_during_training writes
+its full report to eval_train_<step>.json).
 """
 
 from __future__ import annotations
 
+import contextlib
 import copy
-import dataclasses
 import json
 import math
 import os
 import time
 from typing import Any, Callable, Mapping
 
+import chex
 import flax
 import flax.linen as nn
 import jax
+from jax.experimental import multihost_utils
 import jax.numpy as jnp
 import ml_collections
 import numpy as np
@@ -132,21 +142,25 @@ def config_to_dict(config: ml_collections.ConfigDict) -> dict[str, Any]:
   return json.loads(config.to_json_best_effort())
 
 
-def write_config(config: ml_collections.ConfigDict, workdir: str) -> None:
-  """DIR/config.json (and DIR/config.yaml when PyYAML is installed); process 0 only."""
-  if jax.process_index() != 0:
-    return
+def write_config(config: ml_collections.ConfigDict, workdir: str, name: str = 'config') -> None:
+  """DIR/<name>.json (and DIR/<name>.yaml when PyYAML is installed); process 0 only.
+
+  Training writes config.json; eval/sample runs write config_<mode>.json so that their overrides
+  never overwrite the record of how the checkpoints were trained.
+  """
   if os.path.exists(workdir) and not os.path.isdir(workdir):
     raise ValueError(f'--workdir={workdir!r} exists and is not a directory.')
+  if jax.process_index() != 0:
+    return
   os.makedirs(workdir, exist_ok=True)
   d = config_to_dict(config)
-  with open(os.path.join(workdir, 'config.json'), 'w', encoding='utf-8') as f:
+  with open(os.path.join(workdir, f'{name}.json'), 'w', encoding='utf-8') as f:
     json.dump(d, f, indent=2, sort_keys=True)
   try:
     import yaml  # pylint: disable=g-import-not-at-top
   except ImportError:
     return
-  with open(os.path.join(workdir, 'config.yaml'), 'w', encoding='utf-8') as f:
+  with open(os.path.join(workdir, f'{name}.yaml'), 'w', encoding='utf-8') as f:
     yaml.safe_dump(d, f, sort_keys=True)
 
 
@@ -188,9 +202,8 @@ def state_shardings(config: ml_collections.ConfigDict, model: nn.Module, mesh: j
   return abstract, sh
 
 
-def _mesh_context(mesh: jax.sharding.Mesh):
+def _mesh_context(mesh: jax.sharding.Mesh) -> contextlib.ExitStack:
   """Mesh + logical rules, so the models' activation constraints apply inside jitted code."""
-  import contextlib  # pylint: disable=g-import-not-at-top
   stack = contextlib.ExitStack()
   stack.enter_context(jax.set_mesh(mesh))
   stack.enter_context(nn.logical_axis_rules(shd.logical_rules()))
@@ -209,7 +222,29 @@ def create_train_state(config: ml_collections.ConfigDict, mesh: jax.sharding.Mes
   _, sh = state_shardings(config, model, mesh, optimizer)
   with _mesh_context(mesh):
     state = jax.jit(lambda: _init_state(config, model, optimizer), out_shardings=sh)()
+  path = str(config.get('init', {}).get('mdlm_checkpoint', '') or '')
+  if path:
+    state = _load_mdlm_backbone(state, sh, path)
   return state, sh
+
+
+def _load_mdlm_backbone(state: TrainState, sh: TrainState, path: str) -> TrainState:
+  """Replaces the backbone (and token head) by MDLM weights (config `init.mdlm_checkpoint`).
+
+  The level table and hierarchy head keep their fresh values; EMA starts from the merged weights;
+  Adam's moments are zero either way. Every process reads the file and places its own shards.
+  """
+  from hmdlm_jax import convert_mdlm  # pylint: disable=g-import-not-at-top
+  fresh = multihost_utils.process_allgather(state.params, tiled=True)
+  merged = convert_mdlm.init_from_mdlm(fresh, path)
+
+  def place(x: np.ndarray, s: jax.sharding.Sharding) -> jax.Array:
+    x = np.asarray(x)
+    return jax.make_array_from_callback(x.shape, s, lambda idx: x[idx])
+
+  params = jax.tree.map(place, merged, sh.params)
+  logging.info('Initialised the backbone from the MDLM checkpoint %s.', path)
+  return state.replace(params=params, ema_params=jax.tree.map(jnp.copy, params))
 
 
 # ----------------------------------------------------------------------------- step
@@ -224,6 +259,51 @@ def _microbatches(batch: Mapping[str, jax.Array], accum: int) -> dict[str, jax.A
     b = x.shape[0]
     return x.reshape((b // accum, accum) + x.shape[1:]).swapaxes(0, 1)
   return {k: split(v) for k, v in batch.items()}
+
+
+def accumulate_value_and_grad(grad_fn: Callable[..., Any], params: PyTree,
+                              batch: Mapping[str, jax.Array], key: jax.Array, accum: int,
+                              *extra: Any) -> tuple[jax.Array, dict[str, jax.Array], PyTree]:
+  """Loss, metrics and gradient of one global batch, in `accum` micro-batches (`lax.scan`).
+
+  Args:
+    grad_fn: `jax.value_and_grad(loss_fn, has_aux=True)` with loss_fn(params, batch, key, *extra)
+      -> (loss, metrics); the loss is a mean over loss tokens (`batch['loss_mask']`).
+    params: parameter tree.
+    batch: dict of [B, ...] arrays including loss_mask [B, L].
+    key: PRNG key; micro-batch j uses split(key, accum)[j] (accum = 1: `key` itself).
+    accum: number of micro-batches (divides B); micro-batch j = rows j, j+accum, ...
+    *extra: passed through to loss_fn.
+  Returns:
+    (loss, metrics, grads). Micro-batch j is weighted by its share of loss tokens, so for a loss
+    that is a token-weighted mean over the batch (losses.diffusion_loss) the result is the
+    full-batch value and gradient; metrics are averaged the same way except num_loss_tokens
+    (summed) and finite (minimum).
+  """
+  if accum == 1:
+    (loss, aux), grads = grad_fn(params, batch, key, *extra)
+    return loss, dict(aux, loss=loss), grads
+  micro = _microbatches(batch, accum)
+  n_tok = micro['loss_mask'].sum(axis=(1, 2)).astype(jnp.float32)  # [A]
+  weights = n_tok / jnp.maximum(n_tok.sum(), 1.0)
+  keys = jax.random.split(key, accum)
+
+  def body(acc: PyTree, xs: Any) -> tuple[PyTree, Any]:
+    mb, k, w = xs
+    (l, aux), g = grad_fn(params, mb, k, *extra)
+    acc = jax.tree.map(lambda a, b: a + w * b.astype(a.dtype), acc, g)
+    return acc, (l, aux)
+
+  zeros = jax.tree.map(jnp.zeros_like, params)
+  grads, (ls, auxs) = jax.lax.scan(body, zeros, (micro, keys, weights))
+  loss = (weights * ls).sum()
+  aux = {k: (weights * v).sum() for k, v in auxs.items()}
+  aux['loss'] = loss
+  if 'num_loss_tokens' in auxs:
+    aux['num_loss_tokens'] = auxs['num_loss_tokens'].sum()
+  if 'finite' in auxs:
+    aux['finite'] = auxs['finite'].min()
+  return loss, aux, grads
 
 
 def make_train_step(config: ml_collections.ConfigDict, model: nn.Module,
@@ -261,40 +341,17 @@ def make_train_step(config: ml_collections.ConfigDict, model: nn.Module,
 
   grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
 
-  def grads_and_metrics(params: PyTree, batch: Mapping[str, jax.Array], key: jax.Array,
-                        poison: jax.Array) -> tuple[jax.Array, dict[str, jax.Array], PyTree]:
-    if accum == 1:
-      (loss, aux), grads = grad_fn(params, batch, key, poison)
-      aux = dict(aux, loss=loss)
-      return loss, aux, grads
-    micro = _microbatches(batch, accum)
-    n_tok = micro['loss_mask'].sum(axis=(1, 2)).astype(jnp.float32)  # [A]
-    weights = n_tok / jnp.maximum(n_tok.sum(), 1.0)
-    keys = jax.random.split(key, accum)
-
-    def body(acc: PyTree, xs: Any) -> tuple[PyTree, Any]:
-      mb, k, w = xs
-      (l, aux), g = grad_fn(params, mb, k, poison)
-      acc = jax.tree.map(lambda a, b: a + w * b.astype(a.dtype), acc, g)
-      return acc, (l, aux)
-
-    zeros = jax.tree.map(jnp.zeros_like, params)
-    grads, (ls, auxs) = jax.lax.scan(body, zeros, (micro, keys, weights))
-    loss = (weights * ls).sum()
-    aux = {k: (weights * v).sum() for k, v in auxs.items()}
-    aux['loss'] = loss
-    if 'num_loss_tokens' in auxs:
-      aux['num_loss_tokens'] = auxs['num_loss_tokens'].sum()
-    if 'finite' in auxs:
-      aux['finite'] = auxs['finite'].min()
-    return loss, aux, grads
-
   def step_fn(state: TrainState, batch: Mapping[str, jax.Array], faults: jax.Array
               ) -> tuple[TrainState, dict[str, jax.Array]]:
+    chex.assert_rank([batch[k] for k in BATCH_KEYS], 2)
+    chex.assert_equal_shape([batch[k] for k in BATCH_KEYS])
+    chex.assert_type([batch['tokens'], batch['levels'], batch['given'], batch['loss_mask']],
+                     [jnp.int32, jnp.int32, jnp.bool_, jnp.bool_])
     key = jax.random.fold_in(state.rng, state.step)
     # Fault injection for tests of the guard (train.debug_nan_steps; faults = -1 when unused).
     poison = jnp.where(jnp.any(faults == state.step), jnp.float32(jnp.nan), jnp.float32(1.0))
-    loss, aux, grads = grads_and_metrics(state.params, batch, key, poison)
+    loss, aux, grads = accumulate_value_and_grad(grad_fn, state.params, batch, key, accum,
+                                                 poison)
     grad_norm = optax.global_norm(grads)
     updates, new_opt = optimizer.update(grads, state.opt_state, state.params)
     new_params = optax.apply_updates(state.params, updates)
@@ -437,22 +494,27 @@ def _write_summary(workdir: str, step: int, stop_reason: str, train_step: Any,
 def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
   """Trains (resuming from DIR/checkpoints when present) and evaluates; returns final metrics.
 
-  Stops at train.num_steps, at train.time_budget_s of wall time, on SIGTERM (checkpoint, return
-  normally) or after train.max_bad_steps consecutive non-finite steps (checkpoint, raise
-  NonFiniteLossError). Rerunning the same command resumes from the latest checkpoint.
+  Stops at train.num_steps; after train.time_budget_s of wall time in the loop (start-up such as
+  puzzle generation excluded; checkpoint, final evaluation); on SIGTERM (checkpoint, return
+  normally: exit code 0); or after train.max_bad_steps consecutive non-finite steps (checkpoint,
+  raise NonFiniteLossError). Rerunning the same command resumes from the latest checkpoint.
+  The returned dict has step, stop_reason, step_compilations, wall_time_s (also written to
+  DIR/train_summary.json), the last logged train metrics, the eval results and the final state.
   """
   t_start = time.monotonic()
   config = resolve_config(config)
+  shd.maybe_initialize_distributed(config.distributed)  # before anything touches a device
   validate_config(config)
-  shd.maybe_initialize_distributed(config.distributed)
   write_config(config, workdir)
   is_main = jax.process_index() == 0
   tc = config.train
   num_steps = int(tc.num_steps)
 
   mesh = shd.make_mesh(config.mesh)
-  if int(config.data.batch_size) % shd.num_batch_shards(mesh):
-    raise ValueError(f'data.batch_size={config.data.batch_size} must be divisible by '
+  micro = int(config.data.batch_size) // int(tc.grad_accum)
+  if micro % shd.num_batch_shards(mesh):
+    raise ValueError(f'data.batch_size={config.data.batch_size} / train.grad_accum='
+                     f'{tc.grad_accum} = {micro} rows per micro-batch must be divisible by '
                      f'mesh.data * mesh.fsdp = {shd.num_batch_shards(mesh)}.')
   model = models.build_model(config.model)
   schedule = schedules.schedule_from_config(config.schedule, int(config.model.num_levels))
@@ -475,9 +537,10 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
   last_saved = step if ckpt.latest_step() == step else None
   tokens_per_step = int(config.data.batch_size) * int(config.model.seq_len)
   rate = metrics_lib.RateMeter(tokens_per_step, step)
-  bar = metrics_lib.Progress(num_steps, step, enabled=is_main)
   log_every, ckpt_every, eval_every = int(tc.log_every), int(tc.ckpt_every), int(tc.eval_every)
   budget = float(tc.time_budget_s)
+  bar = metrics_lib.Progress(num_steps, step, enabled=is_main,
+                             desc=f'train (budget {budget:g}s)' if budget else 'train')
   max_bad = int(tc.max_bad_steps)
   multi = jax.process_count() > 1
   num_levels = int(config.model.num_levels)
@@ -510,6 +573,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
       raise NonFiniteLossError(done_step)
 
   pending: tuple[int, dict[str, jax.Array]] | None = None
+  t_loop = time.monotonic()  # the time budget counts the loop, not start-up (data, init)
   try:
     with ckpt_lib.StopSignal() as stop_signal:
       while step < num_steps:
@@ -532,7 +596,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
           if _agree(stop_signal.received is not None):
             stop_reason = f'signal {stop_signal.name or "SIGTERM"}'
             break
-          if budget and _agree(time.monotonic() - t_start > budget):
+          if budget and _agree(time.monotonic() - t_loop > budget):
             stop_reason = f'time budget {budget:g}s'
             break
       if pending is not None:

@@ -21,7 +21,7 @@ if REPO not in sys.path:
   sys.path.insert(0, REPO)
 
 # The reference run: configs/tiny_test.py for REF_STEPS steps, a checkpoint every REF_CKPT steps.
-REF_STEPS = 150
+REF_STEPS = 100
 REF_CKPT = 20
 
 

@@ -299,3 +299,34 @@ def test_errors(reference, tmp_path):
     convert_mdlm.merge_pretrained(fresh, params)
   with pytest.raises(ValueError, match='does not exist'):
     convert_mdlm.load_mdlm_state_dict(tmp_path / 'nope.safetensors')
+
+
+def test_wikihow_config_starts_from_converted_checkpoint(reference, safetensors_file, tmp_path):
+  """configs/wikihow.py with init.mdlm_checkpoint: the trainer's initial state holds MDLM's weights."""
+  from configs import wikihow  # pylint: disable=g-import-not-at-top
+  from hmdlm_jax import sharding, train  # pylint: disable=g-import-not-at-top
+  dst = tmp_path / 'mdlm.npz'
+  convert_mdlm.main(['--src', str(safetensors_file), '--dst', str(dst)])
+  config = wikihow.get_config('256,position')
+  tiny = model_config(2, False)
+  with config.unlocked():
+    for k in ('num_levels', 'vocab_size', 'seq_len', 'num_layers', 'hidden_size', 'num_heads',
+              'mlp_dim', 'cond_dim', 'dropout', 'time_conditioning'):
+      config.model[k] = tiny[k]
+    config.model.mask_id = -1
+    config.model.dtype = 'float32'
+    config.init.mdlm_checkpoint = str(dst)
+    config.mesh.data, config.mesh.fsdp, config.mesh.tensor = 1, 1, 1
+  mesh = sharding.make_mesh(config.mesh)
+  state, _ = train.create_train_state(config, mesh)
+  params = jax.device_get(state.params)
+  # MDLM's network is reproduced by the token pass once the (fresh, nonzero) level table is zeroed.
+  assert np.abs(params['level_embed']['embedding']).max() > 0
+  params['level_embed']['embedding'] = np.zeros_like(params['level_embed']['embedding'])
+  tokens, t = inputs(4)
+  ours = flax_logits(tiny, params, tokens, t)
+  theirs = torch_logits(reference, tokens, np.zeros_like(t))
+  np.testing.assert_allclose(ours, theirs, atol=2e-5 * np.abs(theirs).max(), rtol=0)
+  for a, b in zip(jax.tree_util.tree_leaves(jax.device_get(state.ema_params)['blocks_0']),
+                  jax.tree_util.tree_leaves(params['blocks_0'])):
+    np.testing.assert_array_equal(a, b)

@@ -1,0 +1,129 @@
+r"""Where the train step's time goes: XLA ops ranked by time, with the JAX source op of each.
+
+  python -m benchmarks.profile --shape=tiny --mode=mdlm --batch_size=8 [--patch=fused_nll] \
+      [--top=25] [--json=OUT.json]
+
+Traces `--steps` real train steps (hmdlm_jax/train.py) with `jax.profiler.trace`, reads the trace
+back with `jax.profiler.ProfileData`, sums each XLA op's duration over all threads and steps, and
+joins it with the compiled HLO (the op's shape and the `op_name` metadata: which JAX operation of
+which module it came from). Durations are summed over threads, so with several threads the column
+total exceeds the wall time; the share column is relative to that total.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import contextlib
+import glob
+import json
+import os
+import re
+import statistics
+import sys
+import tempfile
+import time
+from typing import Any
+
+_REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if _REPO not in sys.path:
+  sys.path.insert(0, _REPO)
+
+import jax  # pylint: disable=g-import-not-at-top
+import numpy as np
+
+from benchmarks import common
+from benchmarks import train_step as ts
+from hmdlm_jax import models
+from hmdlm_jax import schedules
+from hmdlm_jax import sharding as shd
+from hmdlm_jax import train
+
+# Trace events that are not XLA ops (executor bookkeeping, Python frames).
+_SKIP = re.compile(r'ThunkExecutor|^\$|PjRt|Execute|^end:|TraceMe')
+_HLO_LINE = re.compile(r'^\s*(?:ROOT )?%?([\w.\-]+) = (\S+) .*?(?:op_name="([^"]*)")?')
+
+
+def hlo_index(hlo_text: str) -> dict[str, tuple[str, str]]:
+  """HLO instruction name -> (result shape, op_name metadata) of the compiled module."""
+  out = {}
+  for line in hlo_text.splitlines():
+    m = _HLO_LINE.match(line)
+    if m:
+      name, shape = m.group(1), m.group(2)
+      op = re.search(r'op_name="([^"]*)"', line)
+      out[name] = (shape, op.group(1) if op else '')
+  return out
+
+
+def profile(shape: str, mode: str, batch_size: int, steps: int, top: int) -> dict[str, Any]:
+  config = ts.shape_config(shape, mode, 'float32', batch_size=batch_size)
+  mesh = shd.make_mesh(config.mesh)
+  model = models.build_model(config.model)
+  schedule = schedules.schedule_from_config(config.schedule, int(config.model.num_levels))
+  state, sh = train.create_train_state(config, mesh, model)
+  step = train.make_train_step(config, model, schedule, mesh, sh)
+  batch = shd.make_global_batch(ts.synthetic_batch(config), mesh)
+  faults = jax.device_put(np.full((train.MAX_FAULT_STEPS,), -1, np.int32), shd.replicated(mesh))
+  with train._mesh_context(mesh):  # pylint: disable=protected-access
+    compiled = step.jitted.lower(state, {k: batch[k] for k in train.BATCH_KEYS}, faults).compile()
+  index = hlo_index(compiled.as_text())
+  times = []
+  for _ in range(steps + 1):  # the first call is a warm-up
+    t0 = time.perf_counter()
+    state, m = step(state, batch)
+    jax.block_until_ready((state, m))
+    times.append(time.perf_counter() - t0)
+  with tempfile.TemporaryDirectory() as tmp:
+    with jax.profiler.trace(tmp):
+      for _ in range(steps):
+        state, m = step(state, batch)
+        jax.block_until_ready((state, m))
+    path = glob.glob(os.path.join(tmp, '**', '*.xplane.pb'), recursive=True)[0]
+    data = jax.profiler.ProfileData.from_file(path)
+    total: collections.Counter[str] = collections.Counter()
+    for plane in data.planes:
+      for line in plane.lines:
+        for ev in line.events:
+          if not _SKIP.search(ev.name):
+            total[ev.name] += ev.duration_ns
+  all_ns = sum(total.values())
+  rows = []
+  for name, ns in total.most_common(top):
+    shape_s, op = index.get(name, ('?', ''))
+    rows.append({'op': name, 'ms_per_step': ns / steps / 1e6, 'share': ns / max(all_ns, 1),
+                 'shape': shape_s, 'source': op.replace('jit(step_fn)/', '')})
+  return {'shape': shape, 'mode': mode, 'batch_size': batch_size,
+          'median_step_s': statistics.median(times[1:]), 'op_ms_per_step_all_threads':
+          all_ns / steps / 1e6, 'top': rows}
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+  p = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
+  p.add_argument('--shape', default='tiny', choices=ts.SHAPES)
+  p.add_argument('--mode', default='mdlm', choices=ts.MODES)
+  p.add_argument('--batch_size', type=int, default=8)
+  p.add_argument('--steps', type=int, default=2)
+  p.add_argument('--top', type=int, default=25)
+  p.add_argument('--patch', action='append', default=[], choices=sorted(ts.PATCHES))
+  p.add_argument('--json', default=None)
+  a = p.parse_args(argv)
+  with contextlib.ExitStack() as stack:
+    for name in a.patch:
+      stack.enter_context(ts.PATCHES[name]())
+    rec = profile(a.shape, a.mode, a.batch_size, a.steps, a.top)
+  rec.update(patches=a.patch, xla_flags=os.environ.get('XLA_FLAGS', ''))
+  print(f'{a.shape} {a.mode} B={a.batch_size} patches={a.patch} XLA_FLAGS='
+        f'{rec["xla_flags"]!r}: {rec["median_step_s"]:.3f} s/step (wall), ops '
+        f'{rec["op_ms_per_step_all_threads"]:.0f} ms/step summed over threads')
+  print(common.table('Top XLA ops', ['op', 'ms/step', 'share', 'shape', 'source'],
+                     [[r['op'], r['ms_per_step'], r['share'], r['shape'][:40], r['source'][:90]]
+                      for r in rec['top']]))
+  if a.json:
+    with open(a.json, 'w', encoding='utf-8') as f:
+      json.dump(rec, f, indent=2)
+  return rec
+
+
+if __name__ == '__main__':
+  main()
