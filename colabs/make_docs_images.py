@@ -6,8 +6,8 @@
 Trains `--config` (default configs/sudoku.py, the ~10-minute CPU demo) in WORKDIR for the config's
 time budget or `--minutes` of wall time (resuming when WORKDIR already holds a checkpoint, e.g. the
 demo's `python -m hmdlm_jax.main --config=configs/sudoku.py --workdir=/tmp/hmdlm_sudoku`;
-`--minutes=0` only samples), solves Example 1 of the paper's Appendix F with the configured sampler
-(T = 81, confidence ordering) and writes
+`--minutes=0` only samples), solves one puzzle with the configured sampler (T = 81, confidence
+ordering) and writes
   docs/images/sudoku_reveal.png   reveal order of the solve (colour = step, outline = drawn level)
   docs/images/sudoku_reveal.gif   the solving process, one frame per reveal step
   docs/images/schedules_lm1b.png  α_k and hazards of the LM1B schedule δ = (0, 0.25)
@@ -33,8 +33,20 @@ from hmdlm_jax import train  # noqa: E402
 from hmdlm_jax import visualize  # noqa: E402
 from hmdlm_jax.data import sudoku as sudoku_data  # noqa: E402
 
-# Example 1 of the paper's Appendix F (unique solution).
-PUZZLE = '506070800400000016000000000002000003070050400000900020960000500030002007000100000'
+# Example 1 of the paper's Appendix F (unique solution; a sudoku-hard puzzle, mostly level-0 cells).
+PAPER_PUZZLE = '506070800400000016000000000002000003070050400000900020960000500030002007000100000'
+
+
+def pick_puzzle(choice: str) -> str:
+  """'paper': Appendix F's Example 1. 'easiest': of 64 generated test puzzles (seed 0), the one with
+  the most givens (the first on ties): a puzzle a briefly trained model can mostly solve. Else the
+  81-character puzzle itself."""
+  if choice == 'paper':
+    return PAPER_PUZZLE
+  if choice == 'easiest':
+    quiz, _, _ = sudoku_data.generate_dataset(0, 64, 'test', progress=False)
+    return ''.join(map(str, quiz[int(np.argmax((quiz > 0).sum(-1)))]))
+  return choice
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -43,6 +55,8 @@ def main(argv: list[str] | None = None) -> int:
   parser.add_argument('--config', default='configs/sudoku.py')
   parser.add_argument('--minutes', type=float, default=None,
                       help="training wall time; default: the config's train.time_budget_s")
+  parser.add_argument('--puzzle', default='easiest',
+                      help="'easiest' (generated test set), 'paper' (Appendix F) or 81 characters")
   parser.add_argument('--out', default=str(ROOT / 'docs' / 'images'))
   args = parser.parse_args(argv)
 
@@ -56,8 +70,9 @@ def main(argv: list[str] | None = None) -> int:
     result = train.train_and_evaluate(config, str(workdir))
     print('trained to step', result['step'], '-', result['stop_reason'])
 
-  rec = evaluate.run_sample(config, str(workdir), puzzles=[PUZZLE])[0]
-  _, solution = sudoku_data.count_solutions(evaluate.parse_puzzle(PUZZLE))
+  puzzle = pick_puzzle(args.puzzle)
+  rec = evaluate.run_sample(config, str(workdir), puzzles=[puzzle])[0]
+  _, solution = sudoku_data.count_solutions(evaluate.parse_puzzle(puzzle))
   tokens = np.array([int(c) for c in rec['prediction']]) - 1
   levels, steps = np.array(rec['levels']), np.array(rec['reveal_step'])
   num_steps, num_levels = int(config.sample.num_steps), int(config.model.num_levels)
@@ -69,12 +84,13 @@ def main(argv: list[str] | None = None) -> int:
                                num_levels=num_levels, solution=solution,
                                path=out / 'sudoku_reveal.png')
   visualize.sudoku_reveal_gif(rec['quiz'], tokens, steps, levels, out / 'sudoku_reveal.gif', fps=3,
-                              num_steps=num_steps, num_levels=num_levels, solution=solution)
+                              num_steps=num_steps, num_levels=num_levels, solution=solution,
+                              dpi=60)  # keeps the GIF small for the docs
   lm1b = schedules.Schedule('loglinear', (0.0, 0.25))
   visualize.plot_schedules(lm1b, path=out / 'schedules_lm1b.png')
   visualize.plot_reveal_ordering(lm1b, 256, path=out / 'ordering_lm1b.png')
   print(f'wrote {out}/sudoku_reveal.png (+ .gif, schedules_lm1b.png, ordering_lm1b.png); '
-        f'{wrong} of {int(np.sum(evaluate.parse_puzzle(PUZZLE) == 0))} blanks wrong')
+        f'{wrong} of {int(np.sum(evaluate.parse_puzzle(puzzle) == 0))} blanks wrong')
   return 0
 
 

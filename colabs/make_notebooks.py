@@ -133,36 +133,34 @@ schedule: higher levels are masked more slowly and therefore revealed earlier wh
 Sudoku the levels come from how directly a cell follows from the givens (level 5 = forced by the
 givens, level 0 = needs search), so the model learns to fill the easy cells first.
 
-This notebook trains a tiny model for a few minutes on a CPU runtime, solves a puzzle and draws the
-reveal order. **On a Colab GPU/TPU runtime** set `QUICK = False` (the paper-size config
-`configs/sudoku.py`) and `ACCELERATOR` in the first cell.'''),
+This notebook trains a small model for a few minutes on a CPU runtime (`configs/sudoku.py`, the
+offline demo), solves a puzzle and draws the reveal order. **On a Colab GPU/TPU runtime** set
+`QUICK = False` (the paper's 25M model, `configs/sudoku_25m.py`) and `ACCELERATOR` in the setup
+cell.'''),
     ('code', '''\
-QUICK = True  # True: tiny model, minutes on a CPU. False: the full Sudoku config (GPU/TPU runtime).
-CONFIG = 'configs/tiny_test.py' if QUICK else 'configs/sudoku.py'
-TRAIN_MINUTES = 3.0  # wall-clock budget of the training cell'''),
+QUICK = True  # True: 4-layer demo model, minutes on a CPU. False: the paper's 25M model (GPU/TPU).
+CONFIG = 'configs/sudoku.py' if QUICK else 'configs/sudoku_25m.py'
+TRAIN_MINUTES = 5.0  # wall-clock budget of the training cell'''),
     ('code', SETUP),
     ('code', INSTALL),
     ('code', IMPORTS),
     ('md', '''\
 ## Config
 
-`configs/tiny_test.py` is a 2-layer, width-32 DiT over the 81 cells with K = 6 levels and offsets
-δ = (0, .1, …, .5). In quick mode we train on freshly generated puzzles for `TRAIN_MINUTES`; the
-test mode trains a handful of steps only.'''),
+`configs/sudoku.py` is a 4-layer, width-128 DiT over the 81 cells with Sudoku-aware positions,
+K = 6 levels and offsets δ = (0, .1, …, .5), trained on generated puzzles for `TRAIN_MINUTES`
+(rerun the training cell to train longer). The test mode (`HMDLM_NOTEBOOK_TEST=1`) swaps in the
+2-layer width-32 `configs/tiny_test.py` and trains a handful of steps.'''),
     ('code', '''\
-config = load_config(CONFIG)
+config = load_config('configs/tiny_test.py' if TEST else CONFIG)
 RUN_DIR = WORKDIR / 'sudoku_run'
 config.data.cache_dir = str(WORKDIR / 'sudoku_cache')  # generated puzzles are cached here
+config.train.final_eval = False  # we evaluate below, on one puzzle
 if TEST:
   config.train.num_steps = 6
   config.train.ckpt_every = 1000
-elif QUICK:
-  config.data.num_train_puzzles = 2048
-  config.train.num_steps = 100_000  # the time budget stops training first
-  config.train.time_budget_s = 60.0 * TRAIN_MINUTES
-  config.train.log_every = 50
-  config.train.ckpt_every = 500
 else:
+  config.train.num_steps = 10_000_000  # the time budget stops training first
   config.train.time_budget_s = 60.0 * TRAIN_MINUTES
 print(config.model)'''),
     ('md', '''\
@@ -179,20 +177,25 @@ print({k: round(float(v), 4) for k, v in result['train'].items() if k in ('loss'
     ('md', '''\
 ## Solve a puzzle
 
-Example 1 of the paper's Appendix F. `run_sample` restores the latest checkpoint (EMA weights),
+A generated test puzzle (the one with the most givens among 64, so a briefly trained model can
+solve much of it; paste any 81-character puzzle instead). `run_sample` restores the latest
+checkpoint (EMA weights),
 runs the configured sampler (confidence ordering for Sudoku) and records for every cell the step
 `n` at which it was revealed (n = T is the first step) and the level the model drew for it.'''),
     ('code', '''\
 from hmdlm_jax import evaluate
 from hmdlm_jax.data import sudoku as sudoku_data
 
-PUZZLE = ('506070800400000016000000000002000003070050400000900020960000500'
-          '030002007000100000')
+quizzes, _, _ = sudoku_data.generate_dataset(0, 64, 'test', progress=False)
+PUZZLE = ''.join(map(str, quizzes[np.argmax((quizzes > 0).sum(-1))]))
+# Example 1 of the paper's Appendix F (sudoku-hard: almost every cell needs search, level 0):
+# PUZZLE = '506070800400000016000000000002000003070050400000900020960000500030002007000100000'
 records = evaluate.run_sample(config, str(RUN_DIR), puzzles=[PUZZLE])
 rec = records[0]
 num_solutions, solution = sudoku_data.count_solutions(evaluate.parse_puzzle(PUZZLE))
-print('the puzzle has', 'a unique' if num_solutions == 1 else 'several', 'solution(s);',
-      'the model', 'solved it' if rec['prediction'] == ''.join(map(str, solution)) else 'did not solve it')'''),
+assert num_solutions == 1, 'the puzzle should have exactly one solution'
+wrong = sum(p != str(d) for p, d in zip(rec['prediction'], solution))
+print(f'{wrong} of {PUZZLE.count("0")} blank cells wrong')'''),
     ('md', '''\
 ## Reveal order
 
@@ -355,9 +358,10 @@ tiny text model on the bundled public-domain sentences and computes the rigorous
 of a few sentences. **On a Colab GPU/TPU runtime** point `SUDOKU_CONFIG` / `TEXT_CONFIG` at the
 full configs and `SUDOKU_RUN` / `TEXT_RUN` at your own workdirs (e.g. on Google Drive).'''),
     ('code', '''\
-SIZE = 'tiny'  # 'tiny': minutes on a CPU runtime; 'full': the configs as they are (GPU/TPU runtime)
-SUDOKU_CONFIG = 'configs/tiny_test.py' if SIZE == 'tiny' else 'configs/sudoku.py'
-TEXT_CONFIG = 'configs/text.py'
+SIZE = 'tiny'  # 'tiny': minutes on a CPU runtime; 'full': the paper-size configs (GPU/TPU runtime)
+SUDOKU_CONFIG = 'configs/sudoku.py' if SIZE == 'tiny' else 'configs/sudoku_25m.py'
+TEXT_CONFIG = 'configs/text.py'  # offline text run; perplexity below reads a local sentence file
+TRAIN_MINUTES = 3.0  # training budget when a workdir holds no checkpoint yet
 SUDOKU_RUN = None  # None: WORKDIR/sudoku_run (the quickstart's run, trained here if absent)
 TEXT_RUN = None  # None: WORKDIR/text_run'''),
     ('code', SETUP),
@@ -382,10 +386,13 @@ def has_checkpoint(run_dir: pathlib.Path) -> bool:
 If the workdir holds no checkpoint, a tiny model is trained first (a few steps in test mode).'''),
     ('code', '''\
 sudoku_run = pathlib.Path(SUDOKU_RUN) if SUDOKU_RUN else WORKDIR / 'sudoku_run'
-sudoku_cfg = load_config(SUDOKU_CONFIG)
+sudoku_cfg = load_config('configs/tiny_test.py' if TEST else SUDOKU_CONFIG)
 sudoku_cfg.data.cache_dir = str(WORKDIR / 'sudoku_cache')
-if SIZE == 'tiny':
-  sudoku_cfg.train.num_steps = 6 if TEST else 300
+sudoku_cfg.train.final_eval = False
+if TEST:
+  sudoku_cfg.train.num_steps = 6
+else:
+  sudoku_cfg.train.time_budget_s = 60.0 * TRAIN_MINUTES
 if not has_checkpoint(sudoku_run):
   print('no checkpoint in', sudoku_run, '-> training one')
   train.train_and_evaluate(sudoku_cfg, str(sudoku_run))
@@ -460,14 +467,17 @@ In tiny mode we shrink the DiT and the sequence length.'''),
     ('code', '''\
 text_run = pathlib.Path(TEXT_RUN) if TEXT_RUN else WORKDIR / 'text_run'
 text_cfg = load_config(TEXT_CONFIG)
-if SIZE == 'tiny':
+text_cfg.train.final_eval = False
+if TEST:  # one block of width 64 over 32 tokens, a few steps
   text_cfg.model.seq_len = text_cfg.data.seq_len = 32
   text_cfg.model.num_layers, text_cfg.model.hidden_size = 1, 64
   text_cfg.model.num_heads, text_cfg.model.mlp_dim, text_cfg.model.cond_dim = 2, 128, 32
   text_cfg.data.batch_size = text_cfg.data.eval_batch_size = 8
-  text_cfg.train.num_steps = 4 if TEST else 300
+  text_cfg.train.num_steps = 4
   text_cfg.sample.num_steps = 16
   text_cfg.sample.num_samples = 2
+else:
+  text_cfg.train.time_budget_s = 60.0 * TRAIN_MINUTES
 if not has_checkpoint(text_run):
   print('no checkpoint in', text_run, '-> training one')
   train.train_and_evaluate(text_cfg, str(text_run))

@@ -113,6 +113,7 @@ def get_base_config() -> ml_collections.ConfigDict:
   sm.use_cache = True
   sm.num_samples = 16
   sm.seeds = (0,)
+  sm.pictures = True  # --mode=sample writes reveal-order pictures into DIR/pictures
 
   # Initialisation from a converted MDLM checkpoint (hmdlm_jax/convert_mdlm.py); '' = random init.
   c.init = ini = ml_collections.ConfigDict()

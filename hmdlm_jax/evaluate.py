@@ -1348,4 +1348,9 @@ def run_sample(config: Any, workdir: str, puzzles: Sequence[str] | None = None,
   _write_jsonl(path, records)
   print(text)
   print(f'{len(records)} samples of step {step} -> {path}', file=sys.stderr)
+  if config.sample.get('pictures', True):
+    from hmdlm_jax import visualize  # pylint: disable=g-import-not-at-top
+    pictures = visualize.save_record_pictures(config, workdir, records)
+    print(f'reveal-order pictures -> {os.path.join(workdir, "pictures")} ({pictures})',
+          file=sys.stderr)
   return records

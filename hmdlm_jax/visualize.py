@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import io
 import os
+import warnings
 from collections.abc import Sequence
 from typing import Any, NamedTuple, Protocol
 
@@ -38,7 +39,7 @@ from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 import numpy as np
 
-# Neutral face colour of given cells / prompt tokens (light grey) and of masked cells in GIF frames.
+# Face colours: given cells / prompt tokens (light grey), cells not yet revealed in GIF frames (white).
 GIVEN_COLOR: tuple[float, float, float, float] = (0.86, 0.86, 0.86, 1.0)
 MASKED_COLOR: tuple[float, float, float, float] = (1.0, 1.0, 1.0, 1.0)
 GIVEN_EDGE_COLOR: tuple[float, float, float, float] = (0.55, 0.55, 0.55, 1.0)
@@ -347,7 +348,7 @@ def sudoku_reveal_gif(quiz: str | np.ndarray, tokens: np.ndarray, reveal_step: n
                       levels: np.ndarray, path: str | os.PathLike[str], fps: float = 4.0, *,
                       num_steps: int, num_levels: int = SUDOKU_NUM_LEVELS,
                       solution: str | np.ndarray | None = None, cmap: str = REVEAL_CMAP,
-                      dpi: int = 60) -> list[Any]:
+                      dpi: int = 80) -> list[Any]:
   """Animated GIF of the solving process: the quiz, then one frame per step that revealed a cell.
 
   Frame 0 shows the givens only; frame j >= 1 adds the cells revealed at the j-th distinct reveal step
@@ -663,7 +664,10 @@ def _finish(fig: Figure, path: str | os.PathLike[str] | None) -> Figure:
   if path is not None:
     suffix = os.path.splitext(os.fspath(path))[1].lstrip('.').lower() or 'png'
     buf = io.BytesIO()
-    fig.savefig(buf, format=suffix, dpi=fig.dpi)
+    with warnings.catch_warnings():
+      # Tokens outside the font (e.g. CJK WordPiece pieces) render as boxes; one warning each is noise.
+      warnings.filterwarnings('ignore', message=r'Glyph \d+ .* missing from font')
+      fig.savefig(buf, format=suffix, dpi=fig.dpi)
     _write_bytes(path, buf.getvalue())
   return fig
 
