@@ -579,3 +579,37 @@ def test_sudoku_positions_need_81():
     models.build_model(_cfg(position_embedding='sudoku', seq_len=80))
   with pytest.raises(ValueError, match='cfg.model'):
     models.build_model(get_base_config())
+
+
+def test_sudoku_relation_bias():
+  """'sudoku_rel': 8 relation classes per head, zero-init (== 'sudoku' at init), and the bias
+  reaches the attention scores exactly as table[rel(i, j), h]."""
+  rel = layers.sudoku_relations()
+  for i, j in ((0, 1), (0, 9), (0, 10), (0, 80), (40, 40), (0, 20)):
+    ri, ci, rj, cj = i // 9, i % 9, j // 9, j % 9
+    want = (ri == rj) + 2 * (ci == cj) + 4 * ((ri // 3, ci // 3) == (rj // 3, cj // 3))
+    assert rel[i, j] == want
+  assert np.bincount(rel.ravel(), minlength=8).tolist() == [
+      81 * 60, 81 * 6, 81 * 6, 0, 81 * 4, 81 * 2, 81 * 2, 81]
+  cfg_r, model_r, params_r = _setup(seq_len=81, position_embedding='sudoku_rel')
+  cfg_s, model_s, _ = _setup(seq_len=81, position_embedding='sudoku')
+  extra = models.count_params(params_r) - models.param_count_breakdown(cfg_s)['total']
+  assert extra == cfg_r.num_layers * 8 * cfg_r.num_heads
+  tokens, levels, t = _inputs(length=81)
+  # With a zero table (its init) the model is exactly the 'sudoku' one; a nonzero one changes it.
+  zeroed = dict(params_r, blocks_0=dict(params_r['blocks_0'], relation={
+      'relation_bias': jnp.zeros((8, cfg_r.num_heads), jnp.float32)}))
+  plain = dict(params_r, blocks_0={k: v for k, v in params_r['blocks_0'].items()
+                                   if k != 'relation'})
+  out_r = _fwd(model_r, zeroed, tokens, levels, t)['token']
+  np.testing.assert_allclose(out_r, _fwd(model_s, plain, tokens, levels, t)['token'], atol=1e-6)
+  moved = dict(params_r, blocks_0=dict(params_r['blocks_0'], relation={
+      'relation_bias': jnp.ones((8, cfg_r.num_heads), jnp.float32).at[0].set(-5.0)}))
+  assert np.abs(_fwd(model_r, moved, tokens, levels, t)['token'] - out_r).max() > 1e-4
+  table = np.zeros((8, cfg_r.num_heads), np.float32)
+  table[0, 0] = 3.0
+  bias = layers.SudokuRelationBias(cfg_r.num_heads).apply({'params': {'relation_bias': table}})
+  np.testing.assert_array_equal(np.asarray(bias)[0], np.where(rel == 0, 3.0, 0.0))
+  np.testing.assert_array_equal(np.asarray(bias)[1], 0.0)
+  with pytest.raises(ValueError, match="model.position_embedding='sudoku_rel'"):
+    models.build_model(_cfg(position_embedding='sudoku_rel', seq_len=81, backbone='gpt2'))

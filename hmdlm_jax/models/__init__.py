@@ -51,7 +51,7 @@ LOGICAL_RULES: tuple[tuple[str, Any], ...] = (
 )
 
 VARIANTS = ('two_pass', 'single_pass')
-POSITION_EMBEDDINGS = ('rotary', 'learned', 'sudoku')
+POSITION_EMBEDDINGS = ('rotary', 'learned', 'sudoku', 'sudoku_rel')
 BACKBONES: dict[str, type[nn.Module]] = {'dit': DiT, 'gpt2': GPT2}
 
 
@@ -130,9 +130,12 @@ def model_config(cfg_model: Any) -> ModelConfig:
   pe = values['position_embedding']
   if pe not in POSITION_EMBEDDINGS:
     raise _err('position_embedding', pe, f'allowed {POSITION_EMBEDDINGS}')
-  if pe == 'sudoku' and values['seq_len'] != layers.SUDOKU_LEN:
+  if pe in ('sudoku', 'sudoku_rel') and values['seq_len'] != layers.SUDOKU_LEN:
     raise _err('seq_len', values['seq_len'],
-               "model.position_embedding='sudoku' needs model.seq_len == 81 (a 9×9 grid)")
+               f"model.position_embedding={pe!r} needs model.seq_len == 81 (a 9×9 grid)")
+  if pe == 'sudoku_rel' and values['backbone'] != 'dit':
+    raise _err('position_embedding', pe, "'sudoku_rel' (relation attention bias) needs "
+               "model.backbone='dit'")
   if pe == 'rotary' and (values['hidden_size'] // values['num_heads']) % 2:
     raise _err('num_heads', values['num_heads'],
                'rotary embeddings need an even head dimension hidden_size / num_heads')

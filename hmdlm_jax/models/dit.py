@@ -74,6 +74,7 @@ class DDiTBlock(nn.Module):
   dropout: float = 0.1
   rotary: bool = True
   dtype: Any = jnp.float32
+  relation_bias: bool = False  # Sudoku relation attention bias (position_embedding='sudoku_rel')
 
   @nn.compact
   def __call__(self, x: Array, c: Array, rope: tuple[Array, Array] | None,
@@ -93,7 +94,9 @@ class DDiTBlock(nn.Module):
     if self.rotary:
       q = layers.apply_rotary(q, *rope)
       k = layers.apply_rotary(k, *rope)
-    y = layers.attention(q, k, v, self.dtype)
+    bias = layers.SudokuRelationBias(self.num_heads, name='relation')() if self.relation_bias \
+        else None
+    y = layers.attention(q, k, v, self.dtype, bias)
     y = layers.Dense((h,), ('heads', 'kv', 'embed'), n_in=2, use_bias=False, dtype=self.dtype,
                      out_dtype=jnp.float32, name='attn_out')(y)
     y = nn.Dropout(self.dropout, deterministic=not train)(y)
@@ -130,7 +133,7 @@ class DiT(nn.Module):
   dropout: float = 0.1
   time_conditioning: bool = False
   single_pass: bool = False
-  position_embedding: str = 'rotary'  # 'rotary' | 'learned' | 'sudoku'
+  position_embedding: str = 'rotary'  # 'rotary' | 'learned' | 'sudoku' | 'sudoku_rel'
   seq_len: int = 128
   tie_embeddings: bool = False
   dtype: str = 'float32'
@@ -171,7 +174,7 @@ class DiT(nn.Module):
     rope = layers.rotary_cos_sin(l, hd) if rotary else None
     for i in range(self.num_layers):
       x = DDiTBlock(self.num_heads, self.mlp_dim, self.dropout, rotary, dtype,
-                    name=f'blocks_{i}')(x, c, rope, train)
+                    self.position_embedding == 'sudoku_rel', name=f'blocks_{i}')(x, c, rope, train)
 
     if 'hier' in heads and k > 1:
       out['hier'] = layers.AdaLNFinalLayer(k, 'levels', dtype, name='hier_layer')(x, c)

