@@ -27,7 +27,7 @@ def _median_time(fn: Any, repeats: int) -> float:
   return statistics.median(times)
 
 
-def matmul_peak(n: int = 2048, repeats: int = 5) -> dict[str, float]:
+def matmul_peak(n: int = 2048, repeats: int = 5, with_torch: bool = True) -> dict[str, Any]:
   """GFLOP/s of float32 [n, n] @ [n, n]: jitted JAX, numpy, and their maximum ('peak')."""
   import jax  # pylint: disable=g-import-not-at-top
   import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
@@ -42,7 +42,8 @@ def matmul_peak(n: int = 2048, repeats: int = 5) -> dict[str, float]:
   out = {'n': n, 'repeats': repeats, 'jax_gflops': flop / t_jax / 1e9,
          'numpy_gflops': flop / t_np / 1e9}
   out['peak_gflops'] = max(out['jax_gflops'], out['numpy_gflops'])
-  out['torch_gflops'] = _torch_gflops(a, b, flop, repeats)  # context only: not in the peak
+  if with_torch:
+    out['torch_gflops'] = _torch_gflops(a, b, flop, repeats)  # context only: not in the peak
   return out
 
 

@@ -280,15 +280,38 @@ def _bare_step(config: ml_collections.ConfigDict, model: Any, schedule: schedule
   return jax.jit(step, donate_argnums=(0, 1))
 
 
-def _median_seconds(fn: Callable[[], Any], steps: int, warmup: int) -> tuple[float, list[float]]:
+def _median_seconds(fn: Callable[[], Any], steps: int, warmup: int,
+                    before_each: Callable[[], Any] | None = None
+                    ) -> tuple[float, list[float]]:
+  """Median wall time of `fn` over `steps` calls after `warmup` calls; `before_each` (untimed)
+  runs before every timed call."""
   for _ in range(warmup):
     jax.block_until_ready(fn())
   times = []
   for _ in range(steps):
+    if before_each is not None:
+      before_each()
     t0 = time.perf_counter()
     jax.block_until_ready(fn())
     times.append(time.perf_counter() - t0)
   return statistics.median(times), times
+
+
+class AdjacentPeak:
+  """The machine peak (benchmarks/machine.py) measured right before every timed step.
+
+  On a machine shared with other work, a step and the matmuls next to it see about the same
+  share of the cores, so (step FLOP/s) / (adjacent peak) estimates the utilisation the step would
+  reach on a quiet machine better than a peak measured once per run.
+  """
+
+  def __init__(self) -> None:
+    from benchmarks import machine  # pylint: disable=g-import-not-at-top
+    self._measure = lambda: machine.matmul_peak(repeats=3, with_torch=False)['peak_gflops']
+    self.gflops: list[float] = []
+
+  def __call__(self) -> None:
+    self.gflops.append(self._measure())
 
 
 def _memory(compiled: Any) -> dict[str, int] | None:
@@ -337,7 +360,8 @@ def _profile_parts(config: ml_collections.ConfigDict, model: Any, schedule: sche
 
 
 def run(config: ml_collections.ConfigDict, *, steps: int = 5, warmup: int = 1,
-        variant: str = 'real', profile: bool = False) -> dict[str, Any]:
+        variant: str = 'real', profile: bool = False, adjacent_peak: bool = False
+        ) -> dict[str, Any]:
   """Times `steps` train steps after `warmup` (>= 1; the first compiles). Returns the record."""
   if variant not in VARIANTS:
     raise ValueError(f'--variant={variant!r}: allowed {VARIANTS}')
@@ -366,6 +390,10 @@ def run(config: ml_collections.ConfigDict, *, steps: int = 5, warmup: int = 1,
       key0 = jax.random.PRNGKey(0)
       compiled = bare.lower(state.params, state.opt_state, batch, key0).compile()
   compile_s = time.perf_counter() - t0
+  peak = AdjacentPeak() if adjacent_peak else None
+  if peak is not None:
+    peak()  # compiles the matmul now, not during the timed steps
+    peak.gflops.clear()
   n_compiles_before = len(counter.events)
 
   holder: dict[str, Any] = {'state': state, 'params': state.params, 'opt': state.opt_state}
@@ -382,7 +410,7 @@ def run(config: ml_collections.ConfigDict, *, steps: int = 5, warmup: int = 1,
     metrics['loss'] = loss
     return holder['params'], loss
 
-  median_s, times = _median_seconds(one, steps, warmup)
+  median_s, times = _median_seconds(one, steps, warmup, peak)
   step_compiles = len(counter.events) - n_compiles_before
   loss = float(metrics['loss'])
   if not np.isfinite(loss):
@@ -407,6 +435,10 @@ def run(config: ml_collections.ConfigDict, *, steps: int = 5, warmup: int = 1,
       'peak_rss_bytes': resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
       'final_loss': loss,
   }
+  if peak is not None:
+    rec['adjacent_peak_gflops'] = peak.gflops
+    rec['mfu_adjacent'] = statistics.median(
+        f.train_step / t / 1e9 / g for t, g in zip(times, peak.gflops))
   if profile:
     live = holder['state'] if variant == 'real' else train.TrainState(
         step=state.step, params=holder['params'], ema_params=holder['params'],
@@ -462,6 +494,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
   p.add_argument('--variant', default='real', choices=VARIANTS)
   p.add_argument('--patch', action='append', default=[], choices=sorted(PATCHES))
   p.add_argument('--profile', action='store_true')
+  p.add_argument('--adjacent_peak', action='store_true',
+                 help='measure the matmul peak before every timed step (MFU on a loaded machine)')
   p.add_argument('--check_patch', action='store_true',
                  help='also compare loss and gradient with and without --patch')
   p.add_argument('--compare', action='append', default=None,
@@ -489,7 +523,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
   with contextlib.ExitStack() as stack:
     for name in a.patch:
       stack.enter_context(PATCHES[name]())
-    rec = run(config, steps=a.steps, warmup=a.warmup, variant=a.variant, profile=a.profile)
+    rec = run(config, steps=a.steps, warmup=a.warmup, variant=a.variant, profile=a.profile,
+              adjacent_peak=a.adjacent_peak)
   if a.check_patch and a.patch:
     rec['patch_check'] = patch_check(config, a.patch)
   rec.update(shape=a.shape, mode=a.mode, patches=a.patch, wall_s=time.perf_counter() - t0,

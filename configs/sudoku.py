@@ -1,18 +1,25 @@
-"""Default Sudoku HMDLM demo: offline, ~10 minutes on 2 CPU cores (`train.time_budget_s = 600`).
+"""Default Sudoku HMDLM demo: offline, 1,200 steps (about 10 minutes on 2 quiet CPU cores).
 
   python -m hmdlm_jax.main --config=configs/sudoku.py --workdir=/tmp/hmdlm_sudoku
 
-Data: puzzles generated on the fly and cached (data.cache_dir; Palm's CSVs via data.train_path /
-data.test_path). Model: a 4-layer width-128 DiT with Sudoku-aware positions (learned row, column
-and box tables). K = 6 levels from the solving round of each cell (SPEC 6): level 5 = determined
-directly from the clues. Schedule: log-linear with offsets δ_k = 0.1·k, i.e. (0, .1, .2, .3, .4,
-.5): the higher (easier) a level, the later it is masked in the forward process and so the earlier
-it is revealed when sampling; increasing offsets satisfy Appendix D's ordering. Evaluation:
-confidence-ordered greedy sampling with T = 81 steps (solve rate, cell accuracy per level).
+Data: puzzles generated on the first run and cached (data.cache_dir; Palm's CSVs via
+data.train_path / data.test_path), a fresh Sudoku symmetry of each puzzle every epoch. Model: a
+4-layer width-128 DiT with Sudoku-aware positions (learned row, column and box tables). K = 6
+levels from the solving round of each cell (SPEC 6): level 5 = determined directly from the clues.
+Schedule: log-linear with offsets δ_k = 0.04·k, i.e. (0, .04, .08, .12, .16, .2): the higher
+(easier) a level, the later it is masked and the earlier it is revealed; increasing offsets satisfy
+Appendix D's ordering. Evaluation: confidence-ordered greedy sampling with T = 81 steps (solve rate,
+cell accuracy per level).
+
+Why these values (measured on this machine, README): the MDLM twin leaves its chance-level plateau
+after ~120 steps; HMDLM with the tied weights β_hier = β_cons = 1 and offsets up to 0.5 was still on
+it after 300-425 steps (the hazard-weighted level terms dominate the shared backbone early on), so
+the demo uses β_hier = β_cons = 0.1 (eq. 76 makes them tunable) and offsets up to 0.2. The step
+budget (not a wall-clock one) keeps the figures reproducible across machines.
 
 Tuning knobs, all overridable with --config.x.y=...: model size (model.*), data.batch_size,
-optim.lr / optim.warmup_steps, train.time_budget_s / train.num_steps, schedule.offsets_max (the
-top offset; offsets are spread evenly below it, see configs/base.py), data.num_train_puzzles.
+optim.lr / optim.warmup_steps, train.num_steps, schedule.offsets_max (the top offset; offsets are
+spread evenly below it), loss.beta_hier / loss.beta_cons, data.num_train_puzzles.
 `--config.model.num_levels=1` alone gives the MDLM twin (configs/sudoku_mdlm.py spells it out).
 """
 
@@ -27,8 +34,9 @@ NUM_LAYERS = 4
 WIDTH = 128
 BATCH = 64
 LR = 1e-3
-TIME_BUDGET_S = 600.0
-TOP_OFFSET = 0.5  # δ_5; δ_k = TOP_OFFSET·k/(K-1)
+NUM_STEPS = 1200  # ≈ 10 min on 2 CPU cores (README); a step budget keeps the figures reproducible
+TOP_OFFSET = 0.2  # δ_5; δ_k = TOP_OFFSET·k/(K-1)
+BETA = 0.1  # β_hier = β_cons (eq. 76); see the docstring
 
 
 def get_config() -> ml_collections.ConfigDict:
@@ -56,6 +64,8 @@ def get_config() -> ml_collections.ConfigDict:
   s.offsets_max = TOP_OFFSET
   s.offsets = tuple(round(TOP_OFFSET * k / 5, 10) for k in range(6))  # as derived, for readers
 
+  c.loss.beta_hier = BETA
+  c.loss.beta_cons = BETA
   c.loss.train_steps_T = 81  # Algorithm 1's s = t - 1/T_train on the sampling grid T = 81
 
   d = c.data
@@ -70,14 +80,14 @@ def get_config() -> ml_collections.ConfigDict:
   o = c.optim
   o.lr = LR
   o.warmup_steps = 200
-  o.decay = 'constant'
+  o.decay = 'cosine'
   o.grad_clip = 1.0
   o.ema_decay = 0.999
   o.ema_warmup = True
 
   t = c.train
-  t.num_steps = 20_000  # an upper bound: the time budget ends the demo first
-  t.time_budget_s = TIME_BUDGET_S
+  t.num_steps = NUM_STEPS
+  t.time_budget_s = 0.0
   t.log_every = 25
   t.eval_every = 0  # only at the end
   t.ckpt_every = 250

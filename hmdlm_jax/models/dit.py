@@ -45,6 +45,10 @@ vocab_embed/embedding, sigma_map/mlp_{0,2}, blocks_{i}/{norm1, attn_qkv, attn_ou
 mlp_2, adaLN_modulation}, output_layer/{norm_final, adaLN_modulation, linear}. attn_qkv's kernel is
 [H, 3, heads, head_dim] (MDLM's 'b s (three h d)' order) and attn_out's [heads, head_dim, H].
 HMDLM adds level_embed/embedding, hier_layer/..., and (single pass) token_level_embed/embedding.
+The input level table is zero-initialised (the paper does not say): the network starts exactly as
+its MDLM twin and learns to use the levels. Measured on the Sudoku demo: with a random table (the
+scale of the token embedding) added to every input, training sat on its chance-level plateau for
+hundreds of steps longer.
 
 Precision (model.dtype): parameters, residual stream, LayerNorm statistics, softmax, rotary and the
 time MLP are float32; matmuls run in the compute dtype with float32 accumulation; the logits are
@@ -158,7 +162,9 @@ class DiT(nn.Module):
                                name='vocab_embed')
     x = vocab_embed(tokens)
     if k > 1:  # (K+1) × H table, last row = h_m (paper section 4.3.2)
-      x = x + layers.Embed(k + 1, self.hidden_size, ('levels', 'embed'), name='level_embed')(levels)
+      # Zero-init: the network starts as MDLM's and learns to use the levels (docstring).
+      x = x + layers.Embed(k + 1, self.hidden_size, ('levels', 'embed'), layers.zeros_init,
+                           name='level_embed')(levels)
     if self.position_embedding != 'rotary':
       x = x + layers.PositionEmbedding(self.position_embedding, self.seq_len, self.hidden_size,
                                        name='position')(l)[None]

@@ -129,7 +129,8 @@ class GPT2(nn.Module):
                        name='wte')
     x = wte(tokens)
     if k > 1:
-      x = x + layers.Embed(k + 1, self.hidden_size, ('levels', 'embed'), emb_init,
+      # Zero-init like the DiT's: the network starts as its MDLM twin.
+      x = x + layers.Embed(k + 1, self.hidden_size, ('levels', 'embed'), layers.zeros_init,
                            name='level_embed')(levels)
     if self.position_embedding != 'rotary':
       x = x + layers.PositionEmbedding(self.position_embedding, self.seq_len, self.hidden_size,
