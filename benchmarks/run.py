@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import sys
 import time
 from typing import Any
@@ -42,15 +43,20 @@ SECTIONS = ('train', 'sampling', 'scaling', 'optim')
 MFU_TARGET = {'small': 0.64, 'tiny': 0.37}
 RATIO_TARGET = 2.0
 # Candidate XLA CPU flags measured in the optim section (each alone, against no flags).
-# Each alone, against no flags. (--xla_cpu_use_thunk_runtime=false is no longer supported by this
-# XLA: it only warns.) The YNNPACK fusion types of XLA:CPU are dot / eltwise / reduce /
-# individual_dot / individual_convolution; "=individual_dot" keeps YNNPACK for dots only.
-XLA_FLAG_CANDIDATES = (
-    '--xla_cpu_experimental_ynn_fusion_type=individual_dot',
-    '--xla_cpu_experimental_ynn_fusion_type=',
-    '--xla_cpu_prefer_vector_width=512',
-    '--xla_cpu_enable_fast_math=true',
-    '--xla_cpu_use_onednn=true',
+# Candidates of the optim section, each timed interleaved with the unpatched real step in one
+# process (`train_step --compare`): patches of benchmarks/train_step.py and XLA compiler options
+# (KEY=VALUE, passed per compilation). YNNPACK fusion types of this XLA:CPU: dot, eltwise, reduce,
+# individual_dot, individual_convolution; '' = no YNNPACK (Eigen dots).
+# (--xla_cpu_use_thunk_runtime=false is no longer supported by this XLA: it only warns.)
+_YNN = 'xla_cpu_experimental_ynn_fusion_type'
+CANDIDATES = (
+    'fused_nll',
+    'fused_nll_vjp',
+    f'{_YNN}=LIBRARY_FUSION_TYPE_INDIVIDUAL_DOT',
+    f'fused_nll,{_YNN}=LIBRARY_FUSION_TYPE_INDIVIDUAL_DOT',
+    f'fused_nll,{_YNN}=',
+    'fused_nll,xla_cpu_prefer_vector_width=512',
+    'fused_nll,rbg_prng',
 )
 
 
@@ -77,7 +83,8 @@ def train_section(shapes: list[str], dtypes: list[str], steps: int, warmup: int,
       for mode in ('mdlm', 'hmdlm'):
         print(f'train: {shape} {mode} {dtype} ...', flush=True)
         rec = _safe(common.run_module, 'benchmarks.train_step',
-                    _train_args(shape, mode, dtype, steps, warmup), xla_flags=xla_flags)
+                    _train_args(shape, mode, dtype, steps, warmup, ('--adjacent_peak',)),
+                    xla_flags=xla_flags)
         rec.setdefault('shape', shape)
         rec.setdefault('mode', mode)
         rec.setdefault('dtype', dtype)
@@ -109,40 +116,34 @@ def sampling_section(quick: bool, xla_flags: str) -> list[dict[str, Any]]:
   return recs
 
 
-def optim_section(shapes: list[str], steps: int, xla_flags: str, flag_shapes: list[str]
+def optim_section(shapes: list[str], steps: int, xla_flags: str, quick_shapes: list[str]
                   ) -> list[dict[str, Any]]:
   """Candidate optimisations, MDLM and HMDLM float32.
 
-  * patches: the real step and the patched real step built in ONE process and timed interleaved
-    (`train_step --compare`), so a drifting machine load hits both alike;
-  * 'bare' (loss + grad + AdamW only) and the per-part profile: separate processes;
-  * XLA flags (`flag_shapes` only): one process per flag set, the unflagged real step first.
+  * CANDIDATES against the real step, built in ONE process and timed interleaved
+    (`train_step --compare`), so a drifting machine load hits all alike (shapes in
+    `quick_shapes` get every candidate, the others only 'fused_nll');
+  * 'bare' (loss + grad + AdamW only) and the per-part profile: separate processes.
   """
   recs = []
   for shape in shapes:
     for mode in ('mdlm', 'hmdlm'):
-      print(f'optim: {shape} {mode} real vs patch fused_nll (interleaved) ...', flush=True)
+      cands = CANDIDATES if shape in quick_shapes else CANDIDATES[:1]
+      print(f'optim: {shape} {mode} real vs {len(cands)} candidates (interleaved) ...', flush=True)
       rec = _safe(common.run_module, 'benchmarks.train_step',
-                  _train_args(shape, mode, 'float32', steps, 1, ('--compare=fused_nll',)),
-                  xla_flags=xla_flags)
+                  _train_args(shape, mode, 'float32', steps, 1,
+                              tuple(f'--compare={c}' for c in cands)),
+                  xla_flags=xla_flags, timeout_s=7200)
       rec.update(kind='compare', shape=shape, mode=mode)
       recs.append(rec)
       if 'error' not in rec:
-        print(f'  {rec["median_step_s"]} s/step, ratio {rec["ratio_to_first"][-1]:.3f}',
-              flush=True)
-      variants: list[tuple[str, tuple[str, ...], str]] = [
-          ('bare (loss+grad+AdamW)', ('--variant=bare',), xla_flags),
-          ('real + profile', ('--profile',), xla_flags),
-      ]
-      if shape in flag_shapes:
-        variants.append(('real', (), xla_flags))
-        variants += [(f'XLA {f}', (), (xla_flags + ' ' + f).strip()) for f in XLA_FLAG_CANDIDATES]
-        variants.append((f'fused_nll + XLA {XLA_FLAG_CANDIDATES[0]}', ('--patch=fused_nll',),
-                         (xla_flags + ' ' + XLA_FLAG_CANDIDATES[0]).strip()))
-      for name, extra, flags in variants:
+        for c, r in zip(rec['candidates'], rec['ratio_to_first']):
+          print(f'  {c}: {r:.3f}', flush=True)
+      for name, extra in (('bare (loss+grad+AdamW)', ('--variant=bare',)),
+                          ('real + profile', ('--profile',))):
         print(f'optim: {shape} {mode} {name} ...', flush=True)
         rec = _safe(common.run_module, 'benchmarks.train_step',
-                    _train_args(shape, mode, 'float32', steps, 1, extra), xla_flags=flags)
+                    _train_args(shape, mode, 'float32', steps, 1, extra), xla_flags=xla_flags)
         rec.update(kind='variant', candidate=name, shape=shape, mode=mode)
         if 'error' not in rec:
           print(f'  {rec["median_step_s"]:.3f} s/step', flush=True)
@@ -165,16 +166,16 @@ def train_tables(recs: list[dict[str, Any]], peak: float) -> tuple[str, dict[str
     mem = (r.get('memory_analysis') or {}).get('peak_bytes')
     rows.append([r['shape'], r['mode'], r['dtype'], r['batch_size'], r['seq_len'],
                  r['median_step_s'], r['tokens_per_s'], r['flops_per_step'] / 1e9,
-                 r['achieved_gflops'], r['mfu'], r.get('xla_over_formula'), r['compile_s'],
+                 r['achieved_gflops'], r['mfu'], r.get('mfu_adjacent'), r['compile_s'],
                  _mb(mem), _mb(r['peak_rss_bytes']), r['compilations_during_steps']])
   for r in recs:
     if 'error' in r:
       rows.append([r['shape'], r['mode'], r['dtype']] + ['FAILED'] + [None] * 11)
   out = common.table(
-      f'Train step (real step of hmdlm_jax/train.py; median of timed steps; peak {peak:.1f} '
-      'GFLOP/s)',
+      f'Train step (real step of hmdlm_jax/train.py; median of timed steps; MFU = GFLOP/s / '
+      f'run peak {peak:.1f}; MFU adj. = vs the peak measured right before each step)',
       ['shape', 'mode', 'dtype', 'B', 'L', 's/step', 'tokens/s', 'GFLOP/step', 'GFLOP/s', 'MFU',
-       'XLA/formula', 'compile s', 'XLA peak MB', 'RSS MB', 'compiles in steps'], rows)
+       'MFU adj.', 'compile s', 'XLA peak MB', 'RSS MB', 'compiles in steps'], rows)
   by = {(r['shape'], r['mode'], r['dtype']): r for r in ok}
   for (shape, mode, dtype), r in sorted(by.items()):
     if mode != 'hmdlm' or (shape, 'mdlm', dtype) not in by:
@@ -191,9 +192,12 @@ def train_tables(recs: list[dict[str, Any]], peak: float) -> tuple[str, dict[str
     if r is None:
       continue
     checks[f'mfu_{shape}'] = r['mfu']
-    rows.append([shape, r['mfu'], target, 'yes' if r['mfu'] >= target else 'NO'])
+    checks[f'mfu_adjacent_{shape}'] = r.get('mfu_adjacent')
+    rows.append([shape, r['mfu'], r.get('mfu_adjacent'), target,
+                 'yes' if r['mfu'] >= target else 'NO'])
   if rows:
-    out += common.table('MFU targets (MDLM, float32)', ['shape', 'MFU', 'target', 'met'], rows)
+    out += common.table('MFU targets (MDLM, float32)', ['shape', 'MFU', 'MFU adj.', 'target',
+                                                        'met (MFU)'], rows)
   return out, checks
 
 
@@ -240,39 +244,42 @@ def scaling_tables(recs: list[dict[str, Any]]) -> str:
   return out
 
 
+def _round_ratios(rec: dict[str, Any]) -> list[float]:
+  """Median over rounds of (candidate time / real time in the same round)."""
+  base = rec['step_times_s'][0]
+  return [statistics.median(t / b for t, b in zip(ts, base)) for ts in rec['step_times_s']]
+
+
 def optim_tables(recs: list[dict[str, Any]], peak: float) -> str:
   rows = []
   for r in recs:
     if r.get('kind') != 'compare':
       continue
     if 'error' in r:
-      rows.append([r['shape'], r['mode'], 'FAILED', None, None])
+      rows.append([r['shape'], r['mode'], 'FAILED', None, None, None])
       continue
-    for c, med, ratio in zip(r['candidates'], r['median_step_s'], r['ratio_to_first']):
-      rows.append([r['shape'], r['mode'], '+'.join(c) or 'real (unpatched)', med, ratio])
-  out = common.table('Patches, timed interleaved in one process (float32; ratio = s/step / '
-                     'unpatched)', ['shape', 'mode', 'step', 's/step', 'ratio'], rows)
-  base = {(r['shape'], r['mode']): r for r in recs
-          if r.get('kind') == 'variant' and 'error' not in r and r['candidate'] == 'real'}
+    for c, med, ratio, rr in zip(r['candidates'], r['median_step_s'], r['ratio_to_first'],
+                                 _round_ratios(r)):
+      rows.append([r['shape'], r['mode'], c, med, ratio, rr])
+  out = common.table('Candidates, timed interleaved in one process (float32; ratio = s/step / '
+                     'real step)', ['shape', 'mode', 'candidate', 's/step (median)',
+                                    'ratio of medians', 'median of per-round ratios'], rows)
   rows, prof = [], []
   for r in recs:
     if r.get('kind') != 'variant':
       continue
     if 'error' in r:
-      rows.append([r['shape'], r['mode'], r['candidate'], 'FAILED', None, None])
+      rows.append([r['shape'], r['mode'], r['candidate'], 'FAILED', None])
       continue
-    b = base.get((r['shape'], r['mode']))
     rows.append([r['shape'], r['mode'], r['candidate'], r['median_step_s'],
-                 None if b is None else r['median_step_s'] / b['median_step_s'],
                  r['achieved_gflops'] / peak])
     if 'profile' in r:
       p = r['profile']
       prof.append([r['shape'], r['mode'], r['median_step_s'], p['forward_loss_s'],
                    p['loss_and_grad_s'], p['optimizer_update_s'], p['ema_update_s'],
                    r['median_step_s'] - p['loss_and_grad_s']])
-  out += common.table('Variants and XLA flags (float32; separate processes; ratio = s/step / '
-                      "'real' of the same shape and mode)",
-                      ['shape', 'mode', 'candidate', 's/step', 'ratio', 'MFU'], rows)
+  out += common.table('Variants (float32; separate processes)',
+                      ['shape', 'mode', 'variant', 's/step', 'MFU'], rows)
   if prof:
     out += common.table('Profile: parts of the step, each jitted alone (seconds)',
                         ['shape', 'mode', 'step', 'forward loss', 'loss+grad', 'AdamW update',

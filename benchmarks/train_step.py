@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import json
 import os
 import resource
@@ -147,8 +148,44 @@ def _fused_token_nll(token_logits: jax.Array, tokens: jax.Array, mask_id: int) -
   return lse - gold
 
 
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
+def token_nll_vjp(token_logits: jax.Array, tokens: jax.Array, mask_id: int) -> jax.Array:
+  """`_fused_token_nll` with a hand-written backward pass: no [B, L, V] intermediate is kept.
+
+  Forward: two reductions over the logits (max and Σ exp over the non-MASK columns), which XLA
+  fuses with their element-wise producers, and a gather of the gold logit. Backward: one fused
+  element-wise pass, d nll / d logits = (softmax over non-MASK columns − onehot(gold)) · g,
+  recomputed from the logits (the only [B, L, V] residual, which the forward produced anyway).
+  """
+  return _nll_fwd(token_logits, tokens, mask_id)[0]
+
+
+def _nll_fwd(token_logits: jax.Array, tokens: jax.Array, mask_id: int
+             ) -> tuple[jax.Array, tuple[jax.Array, jax.Array, jax.Array]]:
+  logits = token_logits.astype(jnp.float32)
+  is_mask = jnp.arange(logits.shape[-1]) == mask_id  # [V]
+  top = jnp.max(jnp.where(is_mask, -jnp.inf, logits), axis=-1, keepdims=True)  # [B, L, 1]
+  total = jnp.sum(jnp.where(is_mask, 0.0, jnp.exp(logits - top)), axis=-1)  # [B, L]
+  lse = top[..., 0] + jnp.log(total)
+  gold = jnp.take_along_axis(logits, tokens[..., None], axis=-1)[..., 0]
+  return lse - gold, (token_logits, tokens, lse)
+
+
+def _nll_bwd(mask_id: int, res: tuple[jax.Array, jax.Array, jax.Array], g: jax.Array
+             ) -> tuple[jax.Array, None]:
+  token_logits, tokens, lse = res
+  logits = token_logits.astype(jnp.float32)
+  cols = jnp.arange(logits.shape[-1])
+  p = jnp.where(cols == mask_id, 0.0, jnp.exp(logits - lse[..., None]))
+  d = (p - (cols == tokens[..., None]).astype(jnp.float32)) * g[..., None]
+  return d.astype(token_logits.dtype), None
+
+
+token_nll_vjp.defvjp(_nll_fwd, _nll_bwd)
+
+
 @contextlib.contextmanager
-def _patch_fused_nll() -> Iterator[None]:
+def _patch_fused_nll(nll: Callable[..., jax.Array] = _fused_token_nll) -> Iterator[None]:
   """losses: token_log_probs + _gold_nll -> one fused logsumexp (see `_fused_token_nll`).
 
   diffusion_loss calls `parameterization.token_log_probs(logits, xt, mask_id=...)` then
@@ -168,7 +205,7 @@ def _patch_fused_nll() -> Iterator[None]:
       return token_logits
 
   losses.parameterization = _Param  # type: ignore[assignment]
-  losses._gold_nll = lambda logits, tokens: _fused_token_nll(  # pylint: disable=protected-access
+  losses._gold_nll = lambda logits, tokens: nll(  # pylint: disable=protected-access
       logits, tokens, state['mask_id'])
   try:
     yield
@@ -190,8 +227,34 @@ def _patch_rbg_prng() -> Iterator[None]:
     jax.config.update('jax_default_prng_impl', old)
 
 
+@contextlib.contextmanager
+def _patch_block_barrier() -> Iterator[None]:
+  """An optimisation barrier on the residual stream wherever the models call `layers.constrain`
+  (after each residual add of every block and after the input embedding).
+
+  Why: XLA:CPU's loop fusion duplicates the element-wise chain of the residual-stream gradient
+  into every consumer, so the backward fusion of block i recomputes the chain of all blocks above
+  it (quadratic in depth; the "Dropout/div" transposed copies of the profile). A barrier's
+  transpose is a barrier on the cotangent, so the gradient is materialised once per block.
+  Values are unchanged (the barrier is the identity).
+  """
+  from hmdlm_jax.models import layers  # pylint: disable=g-import-not-at-top
+  real = layers.constrain
+
+  def constrain(x: jax.Array, names: Any) -> jax.Array:
+    return jax.lax.optimization_barrier(real(x, names))
+
+  layers.constrain = constrain
+  try:
+    yield
+  finally:
+    layers.constrain = real
+
+
 PATCHES: dict[str, Callable[[], contextlib.AbstractContextManager[None]]] = {
+    'block_barrier': _patch_block_barrier,
     'fused_nll': _patch_fused_nll,
+    'fused_nll_vjp': lambda: _patch_fused_nll(token_nll_vjp),
     'rbg_prng': _patch_rbg_prng,
 }
 
@@ -449,36 +512,59 @@ def run(config: ml_collections.ConfigDict, *, steps: int = 5, warmup: int = 1,
   return rec
 
 
-def compare(config: ml_collections.ConfigDict, candidates: list[tuple[str, ...]], rounds: int
-            ) -> dict[str, Any]:
-  """Real steps built under each patch set, timed interleaved (robust to a drifting load).
+def parse_candidate(spec: str) -> tuple[tuple[str, ...], dict[str, str]]:
+  """'fused_nll,xla_cpu_x=V' -> (('fused_nll',), {'xla_cpu_x': 'V'}): patches and XLA options."""
+  patches, options = [], {}
+  for tok in (t for t in spec.split(',') if t):
+    if '=' in tok:
+      k, v = tok.split('=', 1)
+      options[k] = v
+    elif tok in PATCHES:
+      patches.append(tok)
+    else:
+      raise ValueError(f'--compare: {tok!r} is neither a patch {sorted(PATCHES)} nor an XLA '
+                       'option KEY=VALUE')
+  return tuple(patches), options
 
-  Round r times one step of every candidate in turn; each candidate has its own state.
-  Returns {'candidates': [...], 'median_step_s': [...], 'ratio_to_first': [...]}.
+
+def compare(config: ml_collections.ConfigDict,
+            candidates: list[tuple[tuple[str, ...], dict[str, str]]], rounds: int
+            ) -> dict[str, Any]:
+  """Real steps built under each (patches, XLA compiler options), timed interleaved.
+
+  Round r times one step of every candidate in turn (each has its own state), so a drifting
+  machine load hits all alike. XLA options are per-compilation `compiler_options` (e.g.
+  {'xla_cpu_experimental_ynn_fusion_type': ''}), so flag variants share one process too.
+  Returns {'candidates', 'median_step_s', 'step_times_s', 'ratio_to_first'}.
   """
   mesh = shd.make_mesh(config.mesh)
   model = models.build_model(config.model)
   schedule = schedules.schedule_from_config(config.schedule, int(config.model.num_levels))
   batch = shd.make_global_batch(synthetic_batch(config), mesh)
+  batch = {k: batch[k] for k in train.BATCH_KEYS}
+  faults = jax.device_put(np.full((train.MAX_FAULT_STEPS,), -1, np.int32), shd.replicated(mesh))
   runs = []
-  for patches in candidates:
+  for patches, options in candidates:
     with contextlib.ExitStack() as stack:
       for name in patches:
         stack.enter_context(PATCHES[name]())
       state, shardings = train.create_train_state(config, mesh, model)
       step = train.make_train_step(config, model, schedule, mesh, shardings)
-      state, _ = step(state, batch)  # compiles under the patch
-      jax.block_until_ready(state)
-    runs.append({'step': step, 'state': state, 'times': []})
+      with train._mesh_context(mesh):  # pylint: disable=protected-access
+        compiled = step.jitted.lower(state, batch, faults).compile(compiler_options=options)
+    state, _ = compiled(state, batch, faults)  # warm-up
+    jax.block_until_ready(state)
+    runs.append({'step': compiled, 'state': state, 'times': []})
   for _ in range(rounds):
     for r in runs:
       t0 = time.perf_counter()
-      r['state'], m_ = r['step'](r['state'], batch)
+      r['state'], m_ = r['step'](r['state'], batch, faults)
       jax.block_until_ready((r['state'], m_))
       r['times'].append(time.perf_counter() - t0)
   med = [statistics.median(r['times']) for r in runs]
-  return {'candidates': [list(c) for c in candidates], 'median_step_s': med,
-          'step_times_s': [r['times'] for r in runs], 'ratio_to_first': [m / med[0] for m in med]}
+  names = ['+'.join(list(p) + [f'{k}={v}' for k, v in o.items()]) or 'real' for p, o in candidates]
+  return {'candidates': names, 'median_step_s': med, 'step_times_s': [r['times'] for r in runs],
+          'ratio_to_first': [m / med[0] for m in med]}
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
@@ -499,20 +585,16 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
   p.add_argument('--check_patch', action='store_true',
                  help='also compare loss and gradient with and without --patch')
   p.add_argument('--compare', action='append', default=None,
-                 help='interleaved comparison: the unpatched real step against each given '
-                 'comma-separated patch set (repeatable); --steps rounds')
+                 help='interleaved comparison of the real step against each candidate, a '
+                 'comma-separated list of patches and XLA options KEY=VALUE (repeatable); '
+                 '--steps rounds')
   p.add_argument('--json', default=None, help='write the record here')
   a = p.parse_args(argv)
   t0 = time.perf_counter()
   config = shape_config(a.shape, a.mode, a.dtype, batch_size=a.batch_size, seq_len=a.seq_len,
                         dropout=a.dropout)
   if a.compare:
-    sets = [()] + [tuple(x for x in c.split(',') if x) for c in a.compare]
-    for c in sets:
-      for name in c:
-        if name not in PATCHES:
-          raise ValueError(f'--compare: unknown patch {name!r}; allowed {sorted(PATCHES)}')
-    rec = compare(config, sets, a.steps)
+    rec = compare(config, [((), {})] + [parse_candidate(c) for c in a.compare], a.steps)
     rec.update(shape=a.shape, mode=a.mode, dtype=a.dtype, batch_size=int(config.data.batch_size),
                wall_s=time.perf_counter() - t0, xla_flags=os.environ.get('XLA_FLAGS', ''))
     if a.json:

@@ -152,6 +152,32 @@ def prepare_text(archive: str, data_dir: str, test_play: str,
   return info
 
 
+WORDPIECE_SPECIALS = ('[PAD]', '[UNK]', '[CLS]', '[SEP]', '[MASK]')  # bert-base-uncased's layout
+
+
+def train_wordpiece(train_path: str, vocab_size: int, out_path: str) -> int:
+  """Trains an uncased WordPiece vocabulary of at most `vocab_size` entries on the TRAIN file only.
+
+  Same normalisation as bert-base-uncased (lower-casing, accent stripping, BERT pre-tokenizer),
+  so `hmdlm_jax.data.tokenizers` loads the written vocab.txt exactly like bert's. The trainer of
+  `tokenizers` returns the same token set on every run but numbers it in a run-dependent order;
+  the file lists the special tokens first (bert's order) and then the rest sorted, so ids are
+  reproducible. Returns the number of entries written.
+  """
+  from tokenizers import BertWordPieceTokenizer  # pylint: disable=g-import-not-at-top
+  if vocab_size < 64:
+    raise ValueError(f'--wordpiece_vocab_size={vocab_size} is too small (>= 64: the characters of '
+                     'the text need a piece each).')
+  tok = BertWordPieceTokenizer(lowercase=True, strip_accents=True, clean_text=True,
+                               handle_chinese_chars=True)
+  tok.train([train_path], vocab_size=vocab_size, min_frequency=2, show_progress=False,
+            special_tokens=list(WORDPIECE_SPECIALS))
+  pieces = sorted(set(tok.get_vocab()) - set(WORDPIECE_SPECIALS))
+  entries = list(WORDPIECE_SPECIALS) + pieces
+  pathlib.Path(out_path).write_text('\n'.join(entries) + '\n', encoding='utf-8')
+  return len(entries)
+
+
 # ----------------------------------------------------------------------------- configs
 
 
@@ -278,7 +304,7 @@ def summary(results: dict[str, Any]) -> str:
 
 def run(config: ml_collections.ConfigDict, workdir: str, runs: Sequence[str], *,
         archive: str = '', data_dir: str = '', test_play: str = 'macbeth', max_chars: int = 200,
-        smoothing: str = 'add-one') -> dict[str, Any]:
+        wordpiece_vocab_size: int = 0, smoothing: str = 'add-one') -> dict[str, Any]:
   """The whole comparison (module docstring); returns and writes WORKDIR/results.json."""
   bad = [r for r in runs if r not in RUNS]
   if bad or not runs:
@@ -292,6 +318,16 @@ def run(config: ml_collections.ConfigDict, workdir: str, runs: Sequence[str], *,
     data = prepare_text(archive, data_dir, test_play, max_chars)
     config = with_data(config, data['train_path'], data['test_path'])
     results['data'] = data
+  if wordpiece_vocab_size:
+    vocab_path = os.path.join(data_dir or workdir, f'wordpiece_{wordpiece_vocab_size}.txt')
+    os.makedirs(os.path.dirname(vocab_path), exist_ok=True)
+    n = train_wordpiece(config.data.train_path, wordpiece_vocab_size, vocab_path)
+    config = copy.deepcopy(config)
+    with config.unlocked():
+      config.data.tokenizer = vocab_path
+      config.model.vocab_size = n + 1  # + the appended MASK row (data.mask_token='append')
+    results['wordpiece'] = {'path': vocab_path, 'entries': n,
+                            'trained_on': config.data.train_path}
   results['unigram'] = unigram_baseline(config, smoothing)
   configs = {'hmdlm': config, 'mdlm': mdlm_twin(config)}
   for name in runs:
@@ -322,6 +358,9 @@ def define_flags() -> dict[str, Any]:
       'workdir': flags.DEFINE_string('workdir', '/tmp/text_vs_unigram', 'Run directory: '
                                      'WORKDIR/hmdlm, WORKDIR/mdlm, WORKDIR/results.json.'),
       'runs': flags.DEFINE_list('runs', list(RUNS), f'Which models to train, of {list(RUNS)}.'),
+      'wordpiece_vocab_size': flags.DEFINE_integer(
+          'wordpiece_vocab_size', 0, 'Train an uncased WordPiece vocabulary of this size on the '
+          "train split and use it instead of the config's tokenizer (0 = keep data.tokenizer)."),
       'smoothing': flags.DEFINE_enum('smoothing', 'add-one', ['add-one', 'add-half'],
                                      'Unigram smoothing (hmdlm_jax/unigram.py).'),
   }
@@ -336,6 +375,7 @@ def main(argv: list[str], f: dict[str, Any]) -> None:
     results = run(f['config'].value, f['workdir'].value, f['runs'].value,
                   archive=f['archive'].value, data_dir=f['data_dir'].value,
                   test_play=f['test_play'].value, max_chars=f['max_chars'].value,
+                  wordpiece_vocab_size=f['wordpiece_vocab_size'].value,
                   smoothing=f['smoothing'].value)
   except ValueError as e:
     print(f'text_vs_unigram: error: {e}', file=sys.stderr, flush=True)

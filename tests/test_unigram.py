@@ -170,3 +170,24 @@ def test_mdlm_twin_changes_only_the_hierarchy():
   for section in ('optim', 'train', 'loss', 'eval'):
     assert twin[section].to_dict() == c[section].to_dict()
   assert twin.model.hidden_size == c.model.hidden_size and c.model.num_levels == 2
+
+
+def test_wordpiece_vocabulary_is_reproducible_and_loads_like_bert(tmp_path):
+  """The trained vocabulary lists bert's special tokens first, then its pieces sorted (the
+  trainer's own numbering changes from run to run), and the tokenizer module loads it."""
+  from hmdlm_jax.data import tokenizers
+  m = _script()
+  train = tmp_path / 'train.txt'
+  train.write_text('\n'.join(FIXTURE.read_text(encoding='utf-8').splitlines()[:200]) + '\n',
+                   encoding='utf-8')
+  n1 = m.train_wordpiece(str(train), 200, str(tmp_path / 'a.txt'))
+  n2 = m.train_wordpiece(str(train), 200, str(tmp_path / 'b.txt'))
+  a = (tmp_path / 'a.txt').read_text(encoding='utf-8').splitlines()
+  assert n1 == n2 == len(a) <= 200 and a == (tmp_path / 'b.txt').read_text().splitlines()
+  assert a[:5] == ['[PAD]', '[UNK]', '[CLS]', '[SEP]', '[MASK]'] and a[5:] == sorted(a[5:])
+  tok = tokenizers.load_tokenizer(str(tmp_path / 'a.txt'))
+  assert (tok.bos_id, tok.eos_id, tok.pad_id, tok.model_vocab_size) == (2, 3, 0, n1 + 1)
+  ids = tok.encode('The Tempest')
+  assert ids and all(5 <= i < n1 for i in ids)  # lower-cased pieces, no [UNK]
+  with pytest.raises(ValueError, match='too small'):
+    m.train_wordpiece(str(train), 10, str(tmp_path / 'c.txt'))
