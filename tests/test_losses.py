@@ -141,6 +141,32 @@ def test_token_log_probs_subs():
   np.testing.assert_array_equal(f[revealed], np.eye(V)[np.asarray(xt)[revealed]])
 
 
+def test_token_nll_equals_subs_at_masked_positions():
+  """The fused NLL (value and gradient) equals -log f[x0] of the SUBS distribution wherever the
+  loss reads it (masked positions), re-derived in numpy float64; bf16 logits give float32."""
+  rng = np.random.default_rng(4)
+  logits = rng.normal(size=(3, 7, V)) * 3
+  tokens = rng.integers(0, MASK, size=(3, 7))
+  got = parameterization.token_nll(jnp.asarray(logits, jnp.float32), jnp.asarray(tokens),
+                                   mask_id=MASK)
+  z = np.delete(logits, MASK, axis=-1)  # the MASK column carries no mass
+  lse = np.log(np.exp(z - z.max(-1, keepdims=True)).sum(-1)) + z.max(-1)
+  ref = lse - np.take_along_axis(logits, tokens[..., None], -1)[..., 0]
+  np.testing.assert_allclose(np.asarray(got, np.float64), ref, rtol=1e-5, atol=1e-5)
+  xt = jnp.full(tokens.shape, MASK)
+  subs = lambda lg: -jnp.take_along_axis(parameterization.token_log_probs(lg, xt, mask_id=MASK),
+                                         jnp.asarray(tokens)[..., None], -1)[..., 0].sum()
+  fused = lambda lg: parameterization.token_nll(lg, jnp.asarray(tokens), mask_id=MASK).sum()
+  g_subs = jax.grad(subs)(jnp.asarray(logits, jnp.float32))
+  g_fused = jax.grad(fused)(jnp.asarray(logits, jnp.float32))
+  np.testing.assert_allclose(np.asarray(g_fused), np.asarray(g_subs), atol=1e-6)
+  assert np.all(np.asarray(g_fused)[..., MASK] == 0)
+  assert parameterization.token_nll(jnp.asarray(logits, jnp.bfloat16), jnp.asarray(tokens),
+                                    mask_id=MASK).dtype == jnp.float32
+  with pytest.raises(ValueError, match='mask_id=11'):
+    parameterization.token_nll(jnp.asarray(logits), jnp.asarray(tokens), mask_id=V)
+
+
 def test_level_log_probs_guards():
   sched = Schedule('loglinear', (0.3, 0.6))  # at t <= 0.3 no level is active
   logits = jnp.zeros((3, 2, 2))

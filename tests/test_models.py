@@ -385,6 +385,32 @@ def test_gradients_reach_both_heads_and_every_block(backbone):
     assert float(np.sum(leaf ** 2)) > 0, jax.tree_util.keystr(path)
 
 
+@pytest.mark.parametrize('backbone', ['dit', 'gpt2'])
+def test_hier_stop_gradient_trains_the_hierarchy_head_only(backbone):
+  """model.hier_stop_gradient: same outputs; pass 1's gradient reaches the hierarchy head (and,
+  for GPT-2, the final LayerNorm it shares with the token head) and nothing else."""
+  tied = backbone == 'gpt2'
+  _, model, params = _setup(backbone=backbone, num_layers=2, tie_embeddings=tied)
+  _, detached, _ = _setup(backbone=backbone, num_layers=2, tie_embeddings=tied,
+                          hier_stop_gradient=True)
+  tokens, levels, t = _inputs()
+  for heads in (('hier',), ('token',)):
+    a = _fwd(model, params, tokens, levels, t, heads=heads)
+    b = _fwd(detached, params, tokens, levels, t, heads=heads)
+    np.testing.assert_array_equal(a[heads[0]], b[heads[0]])
+  gold = jnp.asarray(np.random.default_rng(2).integers(0, 3, (B, L)), jnp.int32)
+
+  def pass1(p):
+    hier = models.make_apply_fn(detached, p, train=False)(tokens, levels, t, heads=('hier',))
+    return -jnp.mean(jnp.take_along_axis(jax.nn.log_softmax(hier['hier']), gold[..., None], -1))
+
+  g = jax.device_get(jax.jit(jax.grad(pass1))(params))
+  head = {'hier_layer'} if backbone == 'dit' else {'hier_head', 'ln_f'}
+  for path, leaf in jax.tree_util.tree_leaves_with_path(g):
+    name = jax.tree_util.keystr(path[:1])[2:-2]
+    assert (float(np.sum(leaf ** 2)) > 0) == (name in head), jax.tree_util.keystr(path)
+
+
 def test_grads_zero_at_adaln_zero_init_then_flow_after_sgd():
   cfg = _cfg(num_layers=2)
   model = models.build_model(cfg)

@@ -8,6 +8,8 @@ Statistical checks use 5 binomial standard errors unless stated.
 
 from __future__ import annotations
 
+import dataclasses
+
 from typing import Callable
 
 import jax
@@ -23,6 +25,7 @@ from tests import toy as toylib
 LOGLINEAR = Schedule('loglinear', (0.0, 0.25))
 POWER = Schedule('power', (1.0, 2.0))
 MDLM = Schedule('loglinear', (0.0,))
+LOGLINEAR3 = Schedule('loglinear', (0.0, 0.1, 0.2))
 NSE = 5.0  # tolerance in binomial standard errors
 
 
@@ -378,6 +381,48 @@ def test_confidence_greedy_is_deterministic():
   assert not np.array_equal(anc[0], anc[1])
 
 
+@pytest.mark.parametrize('level_context', ['candidates', 'none'])
+def test_confidence_level_context_seen_by_pass_2(level_context):
+  """'candidates': pass 2 sees a level 0..K-1 at every masked position; 'none': it sees h_m
+  there (Algorithm 1's context for positions outside R). Either way the revealed positions keep
+  their candidate level, and the output is identical for a model that ignores levels."""
+  k, v, l, steps = 3, 5, 6, 4
+  seen = []
+
+  def apply_fn(tokens, levels, t, *, heads, token_levels=None):
+    out = {}
+    pos = jnp.arange(l, dtype=jnp.float32)
+    if 'hier' in heads:
+      out['hier'] = jnp.broadcast_to(jnp.stack([pos, -pos, 0 * pos], -1), tokens.shape + (k,))
+    if 'token' in heads:
+      masked = tokens == v - 1
+      jax.debug.callback(lambda m, h: seen.append((np.asarray(m), np.asarray(h))), masked, levels)
+      out['token'] = jnp.broadcast_to(jnp.arange(v, dtype=jnp.float32) * pos[:, None],
+                                      tokens.shape + (v,))
+    return out
+
+  cfg = _cfg(num_steps=steps, num_levels=k, mask_id=v - 1, ordering='confidence', greedy=True,
+             level_context=level_context)
+  out = sampling.sample(apply_fn, jax.random.key(0), LOGLINEAR3, cfg, batch_size=2, seq_len=l)
+  assert seen
+  for masked, levels in seen:
+    if level_context == 'none':
+      assert np.all(levels[masked] == k)
+    else:
+      assert np.all(levels[masked] < k)
+  assert np.all(np.asarray(out.levels) < k) and np.all(np.asarray(out.tokens) != v - 1)
+  ref = sampling.sample(apply_fn, jax.random.key(0), LOGLINEAR3,
+                        dataclasses.replace(cfg, level_context='candidates'), batch_size=2,
+                        seq_len=l)
+  for a, b in zip(out[:3], ref[:3]):
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+  # 'none' runs both heads in ONE call per step (pass 2's inputs are pass 1's); 'candidates'
+  # makes two calls at every step (each step here reveals something).
+  reveal = np.asarray(out.reveal_step)
+  work_steps = np.unique(reveal[reveal <= steps]).size
+  assert int(out.nfe) == work_steps * (1 if level_context == 'none' else 2)
+
+
 # ---------------------------------------------------------------------------------------------
 # Network evaluations and the cache.
 
@@ -460,7 +505,7 @@ def test_stale_cache_would_be_detected():
 # Confidence ordering.
 
 
-def _reference_confidence(hier, tok, schedule, steps, mask_id, given, prior_levels):
+def _reference_confidence(hier, tok, schedule, steps, mask_id, given, prior_levels, weight=1.0):
   """numpy float64 replica of the confidence rule for a model that ignores its inputs."""
   bsz, seq_len, num_levels = hier.shape
   log_g = hier - np.logaddexp.reduce(hier, axis=-1, keepdims=True)
@@ -488,7 +533,7 @@ def _reference_confidence(hier, tok, schedule, steps, mask_id, given, prior_leve
       c = masked[b].sum() if n == 1 else max(int(np.round(pi[b].sum())), 1)
       c = min(c, eligible[b].sum())
       with np.errstate(divide='ignore'):
-        score = np.where(eligible[b], np.log(pi[b]) + conf[b], -np.inf)
+        score = np.where(eligible[b], weight * np.log(pi[b]) + conf[b], -np.inf)
       chosen = np.argsort(-score, kind='stable')[:c]
       reveal[b, chosen] = n
       levels[b, chosen] = cand[b, chosen]
@@ -497,8 +542,8 @@ def _reference_confidence(hier, tok, schedule, steps, mask_id, given, prior_leve
   return reveal, levels, best, counts
 
 
-@pytest.mark.parametrize('num_levels', [1, 2])
-def test_confidence_ordering_matches_reference(num_levels):
+@pytest.mark.parametrize('num_levels,weight', [(1, 1.0), (2, 1.0), (2, 0.3), (2, 0.0)])
+def test_confidence_ordering_matches_reference(num_levels, weight):
   bsz, seq_len, vocab = 6, 12, 7
   steps = seq_len
   rng = np.random.default_rng(5 + num_levels)
@@ -509,17 +554,17 @@ def test_confidence_ordering_matches_reference(num_levels):
   gtok = np.argmax(np.where(np.arange(vocab) == vocab - 1, -np.inf, tok), -1)
   schedule = LOGLINEAR if num_levels == 2 else MDLM
   cfg = _cfg(num_steps=steps, num_levels=num_levels, mask_id=vocab - 1, ordering='confidence',
-             greedy=True)
+             greedy=True, hierarchy_weight=weight)
   out = _run(_const_model(hier, tok), jax.random.key(15), schedule, cfg, batch_size=bsz,
              seq_len=seq_len, given_tokens=gtok, given_levels=glev, given_mask=given)
   reveal, levels, best, counts = _reference_confidence(hier, tok, schedule, steps, vocab - 1,
-                                                       given, glev)
+                                                       given, glev, weight)
   for n in range(1, steps + 1):  # the planned count per step
     np.testing.assert_array_equal((out.reveal_step == n).sum(-1), counts[n], err_msg=f'n={n}')
   np.testing.assert_array_equal(out.reveal_step, reveal)
   np.testing.assert_array_equal(out.levels, levels)
   np.testing.assert_array_equal(out.tokens, np.where(given, gtok, best))
-  if num_levels == 1:  # pure token confidence: revealed in order of decreasing confidence
+  if num_levels == 1 or weight == 0:  # pure token confidence: by decreasing confidence
     logits = np.where(np.arange(vocab) == vocab - 1, -np.inf, tok)
     conf = np.max(logits - np.logaddexp.reduce(logits, axis=-1, keepdims=True), -1)  # log max f
     for b in range(bsz):
@@ -593,7 +638,8 @@ def test_sample_config_from_config():
 @pytest.mark.parametrize('section,field,value', [
     ('sample', 'ordering', 'random'), ('sample', 'temperature', 0.0),
     ('sample', 'temperature', -1.0), ('sample', 'num_steps', 0),
-    ('sample', 'ordering', 'Confidence'),
+    ('sample', 'ordering', 'Confidence'), ('sample', 'level_context', 'gold'),
+    ('sample', 'hierarchy_weight', -1.0),
     ('model', 'variant', 'three_pass'), ('model', 'num_levels', 0),
     ('model', 'mask_id', 10 ** 9)])
 def test_sample_config_rejects_bad_values(section, field, value):

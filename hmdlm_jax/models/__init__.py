@@ -74,6 +74,7 @@ class ModelConfig:
   position_embedding: str
   tie_embeddings: bool
   dtype: str
+  hier_stop_gradient: bool
 
 
 def _err(field: str, value: Any, allowed: str) -> ValueError:
@@ -121,7 +122,7 @@ def model_config(cfg_model: Any) -> ModelConfig:
   if isinstance(dropout, bool) or not isinstance(dropout, (int, float)) or not 0 <= dropout < 1:
     raise _err('dropout', dropout, 'must be a float in [0, 1)')
   values['dropout'] = float(dropout)
-  for name in ('time_conditioning', 'tie_embeddings'):
+  for name in ('time_conditioning', 'tie_embeddings', 'hier_stop_gradient'):
     if not isinstance(values[name], (bool, np.bool_)):
       raise _err(name, values[name], 'must be True or False')
     values[name] = bool(values[name])
@@ -157,7 +158,8 @@ def build_model(cfg_model: Any) -> nn.Module:
       hidden_size=cfg.hidden_size, num_heads=cfg.num_heads, mlp_dim=cfg.mlp_dim,
       cond_dim=cfg.cond_dim, dropout=cfg.dropout, time_conditioning=cfg.time_conditioning,
       single_pass=cfg.variant == 'single_pass', position_embedding=cfg.position_embedding,
-      seq_len=cfg.seq_len, tie_embeddings=cfg.tie_embeddings, dtype=cfg.dtype)
+      seq_len=cfg.seq_len, tie_embeddings=cfg.tie_embeddings, dtype=cfg.dtype,
+      hier_stop_gradient=cfg.hier_stop_gradient)
 
 
 def heads_salt(heads: tuple[str, ...]) -> int:

@@ -141,6 +141,7 @@ class DiT(nn.Module):
   seq_len: int = 128
   tie_embeddings: bool = False
   dtype: str = 'float32'
+  hier_stop_gradient: bool = False  # the hierarchy head reads detached backbone features
 
   @nn.compact
   def __call__(self, tokens: Array, levels: Array, t: Array,
@@ -183,7 +184,11 @@ class DiT(nn.Module):
                     self.position_embedding == 'sudoku_rel', name=f'blocks_{i}')(x, c, rope, train)
 
     if 'hier' in heads and k > 1:
-      out['hier'] = layers.AdaLNFinalLayer(k, 'levels', dtype, name='hier_layer')(x, c)
+      # hier_stop_gradient: L_hier and L_cons train the head only (and pass 1 needs no backward
+      # through the backbone); the backbone learns from the token loss alone.
+      hx, hc = (jax.lax.stop_gradient(x), jax.lax.stop_gradient(c)) if self.hier_stop_gradient \
+          else (x, c)
+      out['hier'] = layers.AdaLNFinalLayer(k, 'levels', dtype, name='hier_layer')(hx, hc)
     if 'token' in heads:
       if self.single_pass and k > 1:
         x = x + layers.Embed(k + 1, self.hidden_size, ('levels', 'embed'),

@@ -107,6 +107,7 @@ class GPT2(nn.Module):
   seq_len: int = 81
   tie_embeddings: bool = True
   dtype: str = 'float32'
+  hier_stop_gradient: bool = False  # the hierarchy head reads detached backbone features
 
   @nn.compact
   def __call__(self, tokens: Array, levels: Array, t: Array,
@@ -153,7 +154,9 @@ class GPT2(nn.Module):
     if 'hier' in heads and k > 1:
       out['hier'] = layers.Dense((k,), ('embed', 'levels'), kernel_init=emb_init,
                                  bias_init=layers.zeros_init, dtype=dtype,
-                                 out_dtype=jnp.float32, name='hier_head')(ln_f(x))
+                                 out_dtype=jnp.float32, name='hier_head')(
+                                     ln_f(jax.lax.stop_gradient(x) if self.hier_stop_gradient
+                                          else x))
     if 'token' in heads:
       if self.single_pass and k > 1:
         x = x + layers.Embed(k + 1, self.hidden_size, ('levels', 'embed'), emb_init,
