@@ -1322,9 +1322,14 @@ def evaluate_during_training(config: Any, state: Any, step: int, workdir: str) -
   num = int(config.eval.get('num_examples', 0) or 0)
   ctx = _context(config, _eval_params(config, state), step, workdir, progress=False)
   results = adapter.evaluate(ctx, num if num > 0 else None, False)
-  _write_json(os.path.join(workdir, f'eval_train_{int(step)}.json'),
-              {'step': int(step), 'kind': config.eval.kind, 'num_examples': num,
-               'results': results})
+  path = os.path.join(workdir, f'eval_train_{int(step)}.json')
+  _write_json(path, {'step': int(step), 'kind': config.eval.kind, 'num_examples': num,
+                     'results': results})
+  if jax.process_index() == 0:  # the same readable summary as --mode=eval
+    print(f'Evaluation at step {step} ({config.eval.kind}, '
+          f'{"EMA" if config.eval.use_ema else "raw"} params) -> {path}', flush=True)
+    for line in adapter.summary(results):
+      print(line, flush=True)
   return flatten_metrics(results)
 
 

@@ -810,9 +810,14 @@ def test_entry_points_from_a_checkpoint(tmp_path, capsys):
   m = report['results']['greedy']['mean']
   assert 0.0 <= m['cell_accuracy'] <= 1.0 and m['num_puzzles'] == 6
 
+  capsys.readouterr()
   flat = evaluate.evaluate_during_training(config, state, 7, workdir)
   assert flat['num_puzzles'] == 4 and 0.0 <= flat['greedy/mean/cell_accuracy'] <= 1.0
   assert all(isinstance(v, float) for v in flat.values())
+  printed = capsys.readouterr().out  # the demo prints its figures at the end of training
+  pct = f'{100 * flat["greedy/mean/cell_accuracy"]:.2f}%'
+  assert 'greedy     solve' in printed and f'cell acc {pct}' in printed
+  assert 'per level: L0=' in printed
 
 
 def test_text_task_adapter_end_to_end(tmp_path):
