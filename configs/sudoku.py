@@ -1,4 +1,4 @@
-"""Default Sudoku HMDLM demo: offline, 1,200 steps (about 10 minutes on 2 quiet CPU cores).
+"""Default Sudoku HMDLM demo: offline, 1,200 steps (about 8 minutes on 2 quiet CPU cores).
 
   python -m hmdlm_jax.main --config=configs/sudoku.py --workdir=/tmp/hmdlm_sudoku
 
@@ -44,7 +44,7 @@ NUM_LAYERS = 4
 WIDTH = 128
 BATCH = 64
 LR = 1e-3
-NUM_STEPS = 1200  # ≈ 10 min on 2 CPU cores (README); a step budget keeps the figures reproducible
+NUM_STEPS = 1200  # ≈ 8 min on 2 CPU cores (README); a step budget keeps the figures reproducible
 TOP_OFFSET = 0.5  # δ_5; δ_k = TOP_OFFSET·k/(K-1)
 
 

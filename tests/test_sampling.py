@@ -532,7 +532,7 @@ def _reference_confidence(hier, tok, schedule, steps, mask_id, given, prior_leve
     for b in range(bsz):
       c = masked[b].sum() if n == 1 else max(int(np.round(pi[b].sum())), 1)
       c = min(c, eligible[b].sum())
-      with np.errstate(divide='ignore'):
+      with np.errstate(divide='ignore', invalid='ignore'):
         score = np.where(eligible[b], weight * np.log(pi[b]) + conf[b], -np.inf)
       chosen = np.argsort(-score, kind='stable')[:c]
       reveal[b, chosen] = n
