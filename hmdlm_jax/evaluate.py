@@ -1290,11 +1290,17 @@ def run_eval(config: Any, workdir: str, step: int | None = None, *,
             'seconds': time.perf_counter() - start, 'results': results}
   path = os.path.join(workdir, f'eval_{step}.json')
   _write_json(path, report)
-  print(f'Evaluation of step {step} ({config.eval.kind}, '
-        f'{"EMA" if config.eval.use_ema else "raw"} params) -> {path}')
-  for line in adapter.summary(results):
-    print(line)
+  _print_summary(config, adapter, results, f'Evaluation of step {step}', path)
   return report
+
+
+def _print_summary(config: Any, adapter: TaskAdapter, results: Mapping[str, Any], what: str,
+                   path: str) -> None:
+  """'<what> (<kind>, EMA|raw params) -> <path>' and the adapter's summary lines, on stdout."""
+  print(f'{what} ({config.eval.kind}, {"EMA" if config.eval.use_ema else "raw"} params) -> '
+        f'{path}', flush=True)
+  for line in adapter.summary(results):
+    print(line, flush=True)
 
 
 def flatten_metrics(tree: Mapping[str, Any], prefix: str = '') -> dict[str, float]:
@@ -1326,10 +1332,7 @@ def evaluate_during_training(config: Any, state: Any, step: int, workdir: str) -
   _write_json(path, {'step': int(step), 'kind': config.eval.kind, 'num_examples': num,
                      'results': results})
   if jax.process_index() == 0:  # the same readable summary as --mode=eval
-    print(f'Evaluation at step {step} ({config.eval.kind}, '
-          f'{"EMA" if config.eval.use_ema else "raw"} params) -> {path}', flush=True)
-    for line in adapter.summary(results):
-      print(line, flush=True)
+    _print_summary(config, adapter, results, f'Evaluation at step {step}', path)
   return flatten_metrics(results)
 
 

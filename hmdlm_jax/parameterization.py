@@ -17,6 +17,17 @@ def _f32(x: jax.Array) -> jax.Array:
   return x.astype(jnp.promote_types(x.dtype, jnp.float32))
 
 
+def _token_logits(token_logits: jax.Array, per_position: jax.Array, mask_id: int) -> jax.Array:
+  """Checks [B, L, V] logits against a [B, L] int array and mask_id; float32 (or wider) logits."""
+  chex.assert_rank(token_logits, 3)
+  chex.assert_rank(per_position, 2)
+  chex.assert_equal_shape_prefix((token_logits, per_position), 2)
+  vocab = token_logits.shape[-1]
+  if not 0 <= mask_id < vocab:
+    raise ValueError(f'mask_id={mask_id} is outside the vocabulary [0, {vocab}).')
+  return _f32(token_logits)
+
+
 def token_log_probs(token_logits: jax.Array, xt: jax.Array, *, mask_id: int) -> jax.Array:
   """MDLM's SUBS parameterisation: log f [B, L, V].
 
@@ -31,13 +42,8 @@ def token_log_probs(token_logits: jax.Array, xt: jax.Array, *, mask_id: int) -> 
   Returns:
     [B, L, V] log-probabilities in float32 (float64 if the logits are float64).
   """
-  chex.assert_rank(token_logits, 3)
-  chex.assert_rank(xt, 2)
-  chex.assert_equal_shape_prefix((token_logits, xt), 2)
-  logits = _f32(token_logits)
+  logits = _token_logits(token_logits, xt, mask_id)
   vocab = logits.shape[-1]
-  if not 0 <= mask_id < vocab:
-    raise ValueError(f'mask_id={mask_id} is outside the vocabulary [0, {vocab}).')
   is_mask_col = jnp.arange(vocab) == mask_id  # [V]
   logits = jnp.where(is_mask_col, -jnp.inf, logits)
   logp = jax.nn.log_softmax(logits, axis=-1)
@@ -55,13 +61,8 @@ def token_nll(token_logits: jax.Array, tokens: jax.Array, *, mask_id: int) -> ja
   backward pass has no [B, L, V] select either (benchmarks/README.md: 0.78-0.94x step time at
   V = 30,522 on CPU). Values at revealed positions are meaningless; callers mask them.
   """
-  chex.assert_rank(token_logits, 3)
-  chex.assert_rank(tokens, 2)
-  chex.assert_equal_shape_prefix((token_logits, tokens), 2)
-  logits = _f32(token_logits)
+  logits = _token_logits(token_logits, tokens, mask_id)
   vocab = logits.shape[-1]
-  if not 0 <= mask_id < vocab:
-    raise ValueError(f'mask_id={mask_id} is outside the vocabulary [0, {vocab}).')
   mask_bias = jnp.where(jnp.arange(vocab) == mask_id, -jnp.inf, 0.0).astype(logits.dtype)
   lse = jax.nn.logsumexp(logits + mask_bias, axis=-1)
   gold = jnp.take_along_axis(logits, tokens[..., None], axis=-1)[..., 0]

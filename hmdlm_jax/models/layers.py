@@ -208,7 +208,8 @@ class PositionEmbedding(nn.Module):
       return table(jnp.arange(length))
     if self.kind in ('sudoku', 'sudoku_rel'):
       if length != SUDOKU_LEN:
-        raise ValueError(f"position_embedding='sudoku' needs inputs of length 81, got {length}")
+        raise ValueError(f'position_embedding={self.kind!r} needs inputs of length 81, got '
+                         f'{length}')
       row, col, box = sudoku_cells(self.seq_len)
       out = 0.0
       for nm, ids in (('row_embed', row), ('col_embed', col), ('box_embed', box)):
