@@ -378,12 +378,23 @@ def sample(apply_fn: ApplyFn, key: jax.Array, schedule: Schedule, cfg: SampleCon
   x0, h0, given = _validate_given(given_tokens, given_levels, given_mask, batch_size, seq_len, cfg)
   reveal0 = jnp.where(given, num_steps + 1, 0).astype(jnp.int32)
 
-  def pass1(x: jax.Array, h: jax.Array, t_b: jax.Array) -> tuple[jax.Array, jax.Array]:
-    """Raw hierarchy logits [B, L, K] float32 and whether any is NaN."""
-    logits = apply_fn(x, h, t_b, heads=('hier',))['hier']
+  def hier_out(logits: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """Raw hierarchy logits -> float32 [B, L, K] and whether any is NaN."""
     chex.assert_shape(logits, (batch_size, seq_len, num_levels))
     logits = logits.astype(jnp.float32)
     return logits, jnp.any(jnp.isnan(logits))
+
+  def token_out(logits: jax.Array, x: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """Raw token logits -> log f [B, L, V] (SUBS) and whether any logit is NaN."""
+    chex.assert_rank(logits, 3)
+    chex.assert_axis_dimension(logits, 0, batch_size)
+    chex.assert_axis_dimension(logits, 1, seq_len)
+    nan = jnp.any(jnp.isnan(logits))
+    return parameterization.token_log_probs(logits, x, mask_id=cfg.mask_id), nan
+
+  def pass1(x: jax.Array, h: jax.Array, t_b: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """Raw hierarchy logits [B, L, K] float32 and whether any is NaN."""
+    return hier_out(apply_fn(x, h, t_b, heads=('hier',))['hier'])
 
   def pass2(x: jax.Array, h_in: jax.Array, own_levels: jax.Array,
             t_b: jax.Array) -> tuple[jax.Array, jax.Array]:
@@ -396,12 +407,7 @@ def sample(apply_fn: ApplyFn, key: jax.Array, schedule: Schedule, cfg: SampleCon
       out = apply_fn(x, h_in, t_b, heads=('token',), token_levels=own_levels)
     else:
       out = apply_fn(x, own_levels if hier else h_in, t_b, heads=('token',))
-    logits = out['token']
-    chex.assert_rank(logits, 3)
-    chex.assert_axis_dimension(logits, 0, batch_size)
-    chex.assert_axis_dimension(logits, 1, seq_len)
-    nan = jnp.any(jnp.isnan(logits))
-    return parameterization.token_log_probs(logits, x, mask_id=cfg.mask_id), nan
+    return token_out(out['token'], x)
 
   # Confidence ordering with level_context 'none': pass 2 sees exactly pass 1's inputs (x, h),
   # so ONE network call computes both heads (exact; half the calls of two separate passes).
@@ -412,10 +418,9 @@ def sample(apply_fn: ApplyFn, key: jax.Array, schedule: Schedule, cfg: SampleCon
     """Raw hierarchy logits [B, L, K], log f [B, L, V] and NaN flag from one call on (x, h)."""
     extra = {'token_levels': h} if cfg.variant == 'single_pass' else {}
     out = apply_fn(x, h, t_b, heads=('hier', 'token'), **extra)
-    logits = out['hier'].astype(jnp.float32)
-    chex.assert_shape(logits, (batch_size, seq_len, num_levels))
-    nan = jnp.any(jnp.isnan(logits)) | jnp.any(jnp.isnan(out['token']))
-    return logits, parameterization.token_log_probs(out['token'], x, mask_id=cfg.mask_id), nan
+    logits, nan1 = hier_out(out['hier'])
+    token_logp, nan2 = token_out(out['token'], x)
+    return logits, token_logp, nan1 | nan2
 
   def step(carry, n):
     x, h, reveal, nfe, nan_calls, hier_cache, tok_cache, cache_valid = carry
@@ -471,15 +476,13 @@ def sample(apply_fn: ApplyFn, key: jax.Array, schedule: Schedule, cfg: SampleCon
       count = jnp.minimum(count, n_elig)  # [B]
       reveal_now = None  # chosen after pass 2 (it needs the token confidence)
       pass2_levels = jnp.where(masked, cand, h)
-    # The levels pass 2 sees; `pass2_levels` are the ones frozen at the revealed positions.
-    context_levels = h if cfg.level_context == 'none' else pass2_levels
 
     # Pass 2 -> tokens (and, for confidence ordering, the choice of positions).
     def tokens_and_reveal():
       if fused:
         token_logp, nan2 = tok_cache, jnp.zeros((), bool)
       else:
-        token_logp, nan2 = pass2(x, h, context_levels, t_b)
+        token_logp, nan2 = pass2(x, h, pass2_levels, t_b)
       if cfg.ordering == 'ancestral':
         chosen = reveal_now
       else:

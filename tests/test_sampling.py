@@ -423,6 +423,29 @@ def test_confidence_level_context_seen_by_pass_2(level_context):
   assert int(out.nfe) == work_steps * (1 if level_context == 'none' else 2)
 
 
+def test_level_context_is_a_confidence_ordering_knob_only():
+  """Algorithm 2 (ancestral) shows the drawn levels to pass 2 whatever `level_context` says: with
+  a token head that reads the levels, both settings give identical samples."""
+  k, v, l = 2, 5, 6
+
+  def apply_fn(tokens, levels, t, *, heads, token_levels=None):
+    out = {}
+    if 'hier' in heads:
+      out['hier'] = jnp.zeros(tokens.shape + (k,))
+    if 'token' in heads:
+      out['token'] = 3.0 * jax.nn.one_hot(levels % (v - 1), v)  # the level picks the token
+    return out
+
+  outs = [sampling.sample(apply_fn, jax.random.key(3), LOGLINEAR,
+                          _cfg(num_steps=4, num_levels=k, mask_id=v - 1, level_context=lc),
+                          batch_size=8, seq_len=l) for lc in ('candidates', 'none')]
+  for a, b in zip(outs[0], outs[1]):
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+  # ...and the tokens follow the drawn levels (the context pass 2 saw).
+  out = outs[0]
+  assert np.mean(np.asarray(out.tokens) == np.asarray(out.levels) % (v - 1)) > 0.5
+
+
 # ---------------------------------------------------------------------------------------------
 # Network evaluations and the cache.
 
