@@ -35,7 +35,7 @@ import numpy as np
 from benchmarks import common
 from benchmarks import train_step as ts
 from hmdlm_jax import models
-from hmdlm_jax import schedules
+from hmdlm_jax.processes import schedules
 from hmdlm_jax import sharding as shd
 from hmdlm_jax import train
 

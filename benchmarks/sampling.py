@@ -39,21 +39,23 @@ import jax.numpy as jnp
 import numpy as np
 
 from benchmarks import train_step as ts
+from hmdlm_jax import config as config_lib
+from hmdlm_jax.processes import base
 from hmdlm_jax import models
-from hmdlm_jax import sampling
-from hmdlm_jax import schedules
+from hmdlm_jax.processes import hmdlm_sampler
+from hmdlm_jax.processes import schedules
 from hmdlm_jax.data import sudoku as sudoku_data
 
 TASKS = ('text', 'sudoku')
 
 
 def _sampler(config: Any, ordering: str, num_steps: int, batch_size: int, greedy: bool
-             ) -> tuple[Any, Any, sampling.SampleConfig]:
+             ) -> tuple[Any, Any, config_lib.SampleConfig]:
   m = config.model
   model = models.build_model(m)
   params = models.init_params(model, jax.random.PRNGKey(0), int(m.seq_len))
   schedule = schedules.schedule_from_config(config.schedule, int(m.num_levels))
-  cfg = sampling.SampleConfig(
+  cfg = config_lib.SampleConfig(
       num_steps=num_steps, num_levels=int(m.num_levels), mask_id=models.resolve_mask_id(m),
       temperature=1.0, greedy=greedy, ordering=ordering, use_cache=bool(config.sample.use_cache),
       prior_corrected=bool(m.prior_corrected_head), variant=str(m.variant),
@@ -61,9 +63,9 @@ def _sampler(config: Any, ordering: str, num_steps: int, batch_size: int, greedy
 
   @jax.jit
   def run(params: Any, key: jax.Array, given_tokens: Any = None, given_levels: Any = None,
-          given_mask: Any = None) -> sampling.SampleOutput:
+          given_mask: Any = None) -> base.SampleOutput:
     apply_fn = models.make_apply_fn(model, params, train=False)
-    return sampling.sample(apply_fn, key, schedule, cfg, batch_size=batch_size,
+    return hmdlm_sampler.sample(apply_fn, key, schedule, cfg, batch_size=batch_size,
                            seq_len=int(m.seq_len), given_tokens=given_tokens,
                            given_levels=given_levels, given_mask=given_mask)
 

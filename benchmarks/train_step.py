@@ -47,11 +47,11 @@ import optax
 from jax._src import dispatch  # BACKEND_COMPILE_EVENT: the name of JAX's compile event
 
 from benchmarks import flops as flops_lib
-from hmdlm_jax import losses
+from hmdlm_jax import config as config_lib
 from hmdlm_jax import models
 from hmdlm_jax import optim
-from hmdlm_jax import parameterization
-from hmdlm_jax import schedules
+from hmdlm_jax import processes
+from hmdlm_jax.processes import parameterization
 from hmdlm_jax import sharding as shd
 from hmdlm_jax import train
 
@@ -103,7 +103,7 @@ def shape_config(shape: str, mode: str, dtype: str, *, batch_size: int | None = 
     c.schedule.offsets = (0.0,)
   c.train.num_steps = 1000  # the lr schedule only
   c.train.grad_accum = 1
-  c = train.resolve_config(c)
+  c = config_lib.resolve(c)
   train.validate_config(c)
   return c
 
@@ -116,7 +116,7 @@ def synthetic_batch(config: ml_collections.ConfigDict, seed: int = 0) -> dict[st
   m = config.model
   b, l = int(config.data.batch_size), int(m.seq_len)
   v, k = int(m.vocab_size), int(m.num_levels)
-  mask_id = models.resolve_mask_id(m)
+  mask_id = config_lib.resolve(config).model.mask_id
   rng = np.random.default_rng(seed)
   tokens = rng.integers(0, v - 1, (b, l)).astype(np.int32)
   tokens = np.where(tokens >= mask_id, tokens + 1, tokens).astype(np.int32)  # never MASK
@@ -125,8 +125,8 @@ def synthetic_batch(config: ml_collections.ConfigDict, seed: int = 0) -> dict[st
     given = rng.random((b, l)) < 0.3
   else:
     given = np.zeros((b, l), bool)
-  return train.model_batch({'tokens': tokens, 'levels': levels, 'given': given,
-                            'loss_mask': ~given}, k)
+  return processes.build(config).prepare_batch({'tokens': tokens, 'levels': levels,
+                                                'given': given, 'loss_mask': ~given})
 
 
 # ----------------------------------------------------------------------------- patches
@@ -240,8 +240,7 @@ def patch_check(config: ml_collections.ConfigDict, patches: list[str]) -> dict[s
   """
   m = config.model
   model = models.build_model(m)
-  schedule = schedules.schedule_from_config(config.schedule, int(m.num_levels))
-  loss_cfg = losses.LossConfig.from_config(config)
+  process = processes.build(config)
   params = models.init_params(model, jax.random.PRNGKey(0), int(m.seq_len))
   leaves, tdef = jax.tree.flatten(params)
   keys = jax.random.split(jax.random.PRNGKey(1), len(leaves))
@@ -251,7 +250,7 @@ def patch_check(config: ml_collections.ConfigDict, patches: list[str]) -> dict[s
 
   def loss_fn(p: Any) -> jax.Array:
     apply_fn = models.make_apply_fn(model, p, train=False)
-    return losses.diffusion_loss(apply_fn, batch, jax.random.PRNGKey(2), schedule, loss_cfg)[0]
+    return process.loss(apply_fn, batch, jax.random.PRNGKey(2))[0]
 
   ref_loss, ref_grad = jax.jit(jax.value_and_grad(loss_fn))(params)
   with contextlib.ExitStack() as stack:
@@ -295,10 +294,9 @@ def compile_counter() -> CompileCounter:
 # ----------------------------------------------------------------------------- steps
 
 
-def _bare_step(config: ml_collections.ConfigDict, model: Any, schedule: schedules.Schedule
+def _bare_step(config: ml_collections.ConfigDict, model: Any, process: processes.Process
                ) -> Callable[..., Any]:
   """jit((params, opt_state, batch, key) -> (params, opt_state, loss)): loss + grad + AdamW."""
-  loss_cfg = losses.LossConfig.from_config(config)
   optimizer = optim.make_optimizer(config.optim, config.train.num_steps)
 
   def step(params: Any, opt_state: Any, batch: Mapping[str, jax.Array], key: jax.Array
@@ -307,7 +305,7 @@ def _bare_step(config: ml_collections.ConfigDict, model: Any, schedule: schedule
 
     def loss_fn(p: Any) -> jax.Array:
       apply_fn = models.make_apply_fn(model, p, train=True, rng=dropout_key)
-      return losses.diffusion_loss(apply_fn, batch, loss_key, schedule, loss_cfg)[0]
+      return process.loss(apply_fn, batch, loss_key)[0]
 
     loss, grads = jax.value_and_grad(loss_fn)(params)
     updates, opt_state = optimizer.update(grads, opt_state, params)
@@ -369,18 +367,17 @@ def _device_peak_bytes() -> int | None:
   return int(stats['peak_bytes_in_use']) if stats and 'peak_bytes_in_use' in stats else None
 
 
-def _profile_parts(config: ml_collections.ConfigDict, model: Any, schedule: schedules.Schedule,
+def _profile_parts(config: ml_collections.ConfigDict, model: Any, process: processes.Process,
                    state: train.TrainState, batch: Mapping[str, jax.Array], steps: int
                    ) -> dict[str, float]:
   """Median seconds of the step's parts, each jitted on its own."""
-  loss_cfg = losses.LossConfig.from_config(config)
   optimizer = optim.make_optimizer(config.optim, config.train.num_steps)
   key = jax.random.PRNGKey(0)
 
   def loss_fn(p: Any) -> jax.Array:
     k1, k2 = jax.random.split(key)
     apply_fn = models.make_apply_fn(model, p, train=True, rng=k2)
-    return losses.diffusion_loss(apply_fn, batch, k1, schedule, loss_cfg)[0]
+    return process.loss(apply_fn, batch, k1)[0]
 
   fwd = jax.jit(loss_fn)
   vg = jax.jit(jax.value_and_grad(loss_fn))
@@ -408,7 +405,7 @@ def run(config: ml_collections.ConfigDict, *, steps: int = 5, warmup: int = 1,
   b, l = int(config.data.batch_size), int(m.seq_len)
   mesh = shd.make_mesh(config.mesh)
   model = models.build_model(m)
-  schedule = schedules.schedule_from_config(config.schedule, int(m.num_levels))
+  process = processes.build(config)
   state, shardings = train.create_train_state(config, mesh, model)
   batch = shd.make_global_batch(synthetic_batch(config), mesh)
   n_params = models.count_params(state.params)
@@ -416,13 +413,13 @@ def run(config: ml_collections.ConfigDict, *, steps: int = 5, warmup: int = 1,
   t0 = time.perf_counter()
   with train._mesh_context(mesh):  # pylint: disable=protected-access
     if variant == 'real':
-      step = train.make_train_step(config, model, schedule, mesh, shardings)
+      step = train.make_train_step(config, model, process, mesh, shardings)
       faults = jax.device_put(np.full((train.MAX_FAULT_STEPS,), -1, np.int32),
                               shd.replicated(mesh))
       compiled = step.jitted.lower(state, {k: batch[k] for k in train.BATCH_KEYS},
                                    faults).compile()
     else:
-      bare = _bare_step(config, model, schedule)
+      bare = _bare_step(config, model, process)
       key0 = jax.random.PRNGKey(0)
       compiled = bare.lower(state.params, state.opt_state, batch, key0).compile()
   compile_s = time.perf_counter() - t0
@@ -481,7 +478,7 @@ def run(config: ml_collections.ConfigDict, *, steps: int = 5, warmup: int = 1,
         opt_state=holder['opt'], rng=state.rng, bad_steps=state.bad_steps,
         skipped_steps=state.skipped_steps)
     with train._mesh_context(mesh):  # pylint: disable=protected-access
-      rec['profile'] = _profile_parts(config, model, schedule, live, batch, steps)
+      rec['profile'] = _profile_parts(config, model, process, live, batch, steps)
   return rec
 
 
@@ -522,7 +519,7 @@ def compare(config: ml_collections.ConfigDict,
   """
   mesh = shd.make_mesh(config.mesh)
   model = models.build_model(config.model)
-  schedule = schedules.schedule_from_config(config.schedule, int(config.model.num_levels))
+  process = processes.build(config)
   batch = shd.make_global_batch(synthetic_batch(config), mesh)
   batch = {k: batch[k] for k in train.BATCH_KEYS}
   faults = jax.device_put(np.full((train.MAX_FAULT_STEPS,), -1, np.int32), shd.replicated(mesh))
@@ -532,7 +529,7 @@ def compare(config: ml_collections.ConfigDict,
       for name in patches:
         stack.enter_context(PATCHES[name]())
       state, shardings = train.create_train_state(config, mesh, model)
-      step = train.make_train_step(config, model, schedule, mesh, shardings)
+      step = train.make_train_step(config, model, process, mesh, shardings)
       with train._mesh_context(mesh):  # pylint: disable=protected-access
         compiled = step.jitted.lower(state, batch, faults).compile(compiler_options=options)
     state, _ = compiled(state, batch, faults)  # warm-up

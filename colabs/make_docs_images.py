@@ -22,16 +22,14 @@ import pathlib
 import sys
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:
-  sys.path.insert(0, str(ROOT))
 
-import numpy as np  # noqa: E402
+import numpy as np
 
-from hmdlm_jax import evaluate  # noqa: E402
-from hmdlm_jax import schedules  # noqa: E402
-from hmdlm_jax import train  # noqa: E402
-from hmdlm_jax import visualize  # noqa: E402
-from hmdlm_jax.data import sudoku as sudoku_data  # noqa: E402
+from hmdlm_jax import evaluate
+from hmdlm_jax.processes import schedules
+from hmdlm_jax import main as hmdlm_main
+from hmdlm_jax import visualize
+from hmdlm_jax.data import sudoku as sudoku_data
 
 # Example 1 of the paper's Appendix F (unique solution; a sudoku-hard puzzle, mostly level-0 cells).
 PAPER_PUZZLE = '506070800400000016000000000002000003070050400000900020960000500030002007000100000'
@@ -67,7 +65,7 @@ def main(argv: list[str] | None = None) -> int:
     config.train.time_budget_s = 60.0 * args.minutes
   config.train.final_eval = False  # the pictures need no test-set evaluation
   if args.minutes != 0:
-    result = train.train_and_evaluate(config, str(workdir))
+    result = hmdlm_main.run('train', config, str(workdir))
     print('trained to step', result['step'], '-', result['stop_reason'])
 
   puzzle = pick_puzzle(args.puzzle)

@@ -102,6 +102,7 @@ import jax
 import numpy as np
 from IPython.display import Image, display
 
+from hmdlm_jax import config as config_lib
 from hmdlm_jax import visualize
 
 
@@ -166,12 +167,12 @@ print(config.model)'''),
     ('md', '''\
 ## Train
 
-`train_and_evaluate` resumes from `RUN_DIR/checkpoints` when it exists, so rerunning this cell
-continues training.'''),
+`main.run('train', ...)` (what `python -m hmdlm_jax.main` runs) resumes from
+`RUN_DIR/checkpoints` when it exists, so rerunning this cell continues training.'''),
     ('code', '''\
-from hmdlm_jax import train
+from hmdlm_jax import main
 
-result = train.train_and_evaluate(config, str(RUN_DIR))
+result = main.run('train', config, str(RUN_DIR))
 print('stopped at step', result['step'], 'because of', result['stop_reason'])
 print({k: round(float(v), 4) for k, v in result['train'].items() if k in ('loss', 'lm', 'hier', 'cons')})'''),
     ('md', '''\
@@ -258,7 +259,7 @@ NUM_STEPS = 256  # T of the sampling grid t_n = n / T (LM1B / WikiHow use 256)''
 import warnings
 
 from configs import base
-from hmdlm_jax import schedules
+from hmdlm_jax.processes import schedules
 
 
 def schedule_of(kind: str, values, eps: float = 1e-3):
@@ -353,7 +354,7 @@ CHECKPOINTS = [
 # Checkpoint explorer: load a run, sample, measure perplexity
 
 Loads the latest checkpoint of a workdir (training a tiny one first when there is none), samples
-Sudoku grids with the sampler of `hmdlm_jax.sampling` and draws their reveal order, then trains a
+Sudoku grids with the sampler of the HMDLM process (`hmdlm_jax.processes`) and draws their reveal order, then trains a
 tiny text model on the bundled public-domain sentences and computes the rigorous bound / perplexity
 of a few sentences. **On a Colab GPU/TPU runtime** point `SUDOKU_CONFIG` / `TEXT_CONFIG` at the
 full configs and `SUDOKU_RUN` / `TEXT_RUN` at your own workdirs (e.g. on Google Drive).'''),
@@ -368,11 +369,10 @@ TEXT_RUN = None  # None: WORKDIR/text_run'''),
     ('code', INSTALL),
     ('code', IMPORTS),
     ('code', '''\
-from hmdlm_jax import checkpoint
 from hmdlm_jax import evaluate
+from hmdlm_jax import main
 from hmdlm_jax import models
-from hmdlm_jax import sampling
-from hmdlm_jax import schedules
+from hmdlm_jax import processes
 from hmdlm_jax import train
 from hmdlm_jax.data import sudoku as sudoku_data
 
@@ -395,8 +395,8 @@ else:
   sudoku_cfg.train.time_budget_s = 60.0 * TRAIN_MINUTES
 if not has_checkpoint(sudoku_run):
   print('no checkpoint in', sudoku_run, '-> training one')
-  train.train_and_evaluate(sudoku_cfg, str(sudoku_run))
-state, step = checkpoint.restore_for_eval(sudoku_cfg, str(sudoku_run))
+  main.run('train', sudoku_cfg, str(sudoku_run))
+state, step = train.restore_for_eval(sudoku_cfg, str(sudoku_run))
 params = state.ema_params if sudoku_cfg.eval.use_ema else state.params
 print(f'restored step {step} from {sudoku_run}')
 print(models.param_count_report(sudoku_cfg.model))'''),
@@ -409,17 +409,17 @@ steps, jitted here. Given cells (the clues) keep their tokens and get `reveal_st
 NUM_PUZZLES = 2
 quiz, sol, _ = sudoku_data.generate_dataset(seed=7, count=NUM_PUZZLES, split='test', progress=False)
 batch = evaluate.sudoku_batch(quiz, sol)
-schedule = schedules.schedule_from_config(sudoku_cfg.schedule, int(sudoku_cfg.model.num_levels))
-sample_cfg = sampling.SampleConfig.from_config(sudoku_cfg)
+process = processes.build(sudoku_cfg)  # HMDLM: schedules, losses, sampler (processes/)
+sample_cfg = config_lib.SampleConfig.from_config(sudoku_cfg)
 model = models.build_model(sudoku_cfg.model)
 
 
 @jax.jit
 def solve(params, key, given_tokens, given_levels, given_mask):
   apply_fn = models.make_apply_fn(model, params, train=False)
-  return sampling.sample(apply_fn, key, schedule, sample_cfg, batch_size=NUM_PUZZLES,
-                         seq_len=81, given_tokens=given_tokens, given_levels=given_levels,
-                         given_mask=given_mask)
+  return process.sample(apply_fn, key, sample_cfg, batch_size=NUM_PUZZLES, seq_len=81,
+                        given_tokens=given_tokens, given_levels=given_levels,
+                        given_mask=given_mask)
 
 
 out = jax.device_get(solve(params, jax.random.PRNGKey(0), batch['tokens'], batch['levels'],
@@ -444,9 +444,9 @@ stochastic_cfg = dataclasses.replace(sample_cfg, greedy=False, ordering='ancestr
 @jax.jit
 def solve_ancestral(params, key, given_tokens, given_levels, given_mask):
   apply_fn = models.make_apply_fn(model, params, train=False)
-  return sampling.sample(apply_fn, key, schedule, stochastic_cfg, batch_size=NUM_PUZZLES,
-                         seq_len=81, given_tokens=given_tokens, given_levels=given_levels,
-                         given_mask=given_mask)
+  return process.sample(apply_fn, key, stochastic_cfg, batch_size=NUM_PUZZLES, seq_len=81,
+                        given_tokens=given_tokens, given_levels=given_levels,
+                        given_mask=given_mask)
 
 
 out2 = jax.device_get(solve_ancestral(params, jax.random.PRNGKey(1), batch['tokens'],
@@ -480,7 +480,7 @@ else:
   text_cfg.train.time_budget_s = 60.0 * TRAIN_MINUTES
 if not has_checkpoint(text_run):
   print('no checkpoint in', text_run, '-> training one')
-  train.train_and_evaluate(text_cfg, str(text_run))
+  main.run('train', text_cfg, str(text_run))
 records = evaluate.run_sample(text_cfg, str(text_run))'''),
     ('code', '''\
 from hmdlm_jax.data import tokenizers

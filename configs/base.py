@@ -1,8 +1,9 @@
 """The config schema every experiment file fills in (ml_collections).
 
 Experiment files (`configs/sudoku.py`, `configs/lm1b.py`, ...) call `get_base_config()` and override
-fields; they never add new top-level sections. Unknown keys given with `--config.a.b=...` are rejected
-by ml_collections itself; values are validated where they are used (schedules, models, data).
+fields; this file lists every field that any code reads, so experiment files never add fields.
+Unknown keys given with `--config.a.b=...` are rejected by ml_collections itself; values are
+validated before anything is written (hmdlm_jax/config.py resolves and checks the config once).
 """
 
 from __future__ import annotations
@@ -14,7 +15,11 @@ def get_base_config() -> ml_collections.ConfigDict:
   c = ml_collections.ConfigDict()
   c.seed = 0
 
-  # Model (SPEC 4). vocab_size counts the MASK row; mask_id = vocab_size - 1 when -1.
+  # The forward process (hmdlm_jax/processes): 'hmdlm' | 'mdlm' (= 'hmdlm' with num_levels=1).
+  c.process = p = ml_collections.ConfigDict()
+  p.kind = 'hmdlm'
+
+  # Model (docs/method.md §4). vocab_size counts the MASK row; mask_id = vocab_size - 1 when -1.
   c.model = m = ml_collections.ConfigDict()
   m.backbone = 'dit'  # 'dit' | 'gpt2'
   m.num_levels = 2  # K; 1 = MDLM
@@ -28,7 +33,7 @@ def get_base_config() -> ml_collections.ConfigDict:
   m.cond_dim = 128
   m.dropout = 0.1
   m.time_conditioning = False
-  m.variant = 'two_pass'  # 'two_pass' (paper) | 'single_pass' (SPEC 4 extension)
+  m.variant = 'two_pass'  # 'two_pass' (paper) | 'single_pass' (docs/method.md §4)
   m.prior_corrected_head = True
   m.position_embedding = 'rotary'  # 'rotary' | 'learned' | 'sudoku' (row/col/box + rotary-free)
   m.tie_embeddings = False
@@ -37,18 +42,18 @@ def get_base_config() -> ml_collections.ConfigDict:
   m.hier_stop_gradient = False
   m.dtype = 'float32'  # compute dtype: 'float32' | 'bfloat16'; parameters stay float32
 
-  # Per-level schedule (SPEC 2).
+  # Per-level schedule (docs/method.md §2).
   c.schedule = s = ml_collections.ConfigDict()
   s.kind = 'loglinear'  # 'loglinear' | 'power'
   s.offsets = (0.0, 0.25)  # δ_k, loglinear only
   s.exponents = (1.0, 2.0)  # ω_k, power only
   s.eps = 1e-3
   s.check_ordering = 'error'  # 'error' | 'warn' | 'off', checked on the sampling grid
-  # >= 0: derive the offsets from K (train.resolve_config): δ_k = offsets_max·k/(K-1), δ=(0,) for
+  # >= 0: derive the offsets from K (hmdlm_jax/config.py): δ_k = offsets_max·k/(K-1), δ=(0,) for
   # K=1, so --config.model.num_levels=1 alone gives the MDLM twin; -1 = use `offsets` as given.
   s.offsets_max = -1.0
 
-  # Loss (SPEC 3, 5).
+  # Loss (docs/method.md §3, §5).
   c.loss = l = ml_collections.ConfigDict()
   l.beta_hier = 1.0
   l.beta_cons = 1.0
@@ -64,10 +69,31 @@ def get_base_config() -> ml_collections.ConfigDict:
   d.train_path = ''
   d.test_path = ''
   d.cache_dir = ''
-  d.num_workers = 0
-  d.augment = True
+  d.num_workers = 0  # > 0: Grain worker processes
+  d.read_threads = 1  # Grain read threads (num_workers = 0)
+  d.prefetch_batches = 4
+  d.augment = True  # Sudoku symmetries on the train split
+  # Sudoku: generated puzzles (when train_path / test_path are empty), cached in cache_dir.
+  d.num_train_puzzles = 20000
+  d.num_test_puzzles = 2000
+  d.gen_seed = 0
+  d.min_givens = 17
+  d.max_givens = 34
+  d.gen_attempts = 8
+  d.gen_processes = 1
+  # Text kinds ('text', 'lm1b', 'wikihow').
+  d.seq_len = 128  # tokens per row, BOS/EOS included; must equal model.seq_len
+  d.tokenizer = ''  # HF name / directory / vocab.txt / 'offline:bert-base-uncased'
+  d.tokenizer_allow_download = False
+  d.mask_token = 'append'  # 'append' (a new last row) | 'tokenizer' (reuse its [MASK])
+  d.hierarchy = 'none'  # 'none' | 'frequency' | 'position' (WikiHow)
+  d.tau = 1  # frequency rule: at most tau occurrences in the row -> level 1
+  d.overlong = 'truncate'  # 'truncate' | 'drop' rows longer than seq_len
+  d.text_unit = 'line'  # plain text: 'line' | 'paragraph' records
+  d.test_fraction = 0.0  # plain text without test_path: hold out this share of the records
+  d.tfds_data_dir = ''  # LM1B: a prepared TFDS data directory
 
-  # Optimiser (SPEC 9).
+  # Optimiser (docs/method.md §9).
   c.optim = o = ml_collections.ConfigDict()
   o.lr = 3e-4
   o.warmup_steps = 2500
@@ -107,7 +133,7 @@ def get_base_config() -> ml_collections.ConfigDict:
   dist.num_processes = 0
   dist.process_id = -1
 
-  # Sampling (SPEC 7).
+  # Sampling (docs/method.md §7).
   c.sample = sm = ml_collections.ConfigDict()
   sm.num_steps = 128
   sm.temperature = 1.0
@@ -131,4 +157,8 @@ def get_base_config() -> ml_collections.ConfigDict:
   e.use_ema = True
   e.time_seed = 1234
   e.num_t_samples = 1
+  e.decodings = ('greedy', 'stochastic')  # Sudoku: decodings evaluated
+  e.num_samples = 0  # text: unconditional samples for generative metrics (0 = none)
+  e.gen_ppl_model = 'gpt2-large'  # AR scorer of generative perplexity (local cache only)
+  e.mauve_featurizer = 'gpt2-large'
   return c

@@ -203,28 +203,6 @@ class Checkpointer:
     return restored['state'], meta
 
 
-def restore_for_eval(config: Any, workdir: str, step: int | None = None) -> tuple[Any, int]:
-  """(TrainState, step) of checkpoint `step` (default latest) of DIR, for evaluation/sampling.
-
-  Restores on the config's mesh (`config.mesh`, all devices); nothing in DIR is written.
-  """
-  from hmdlm_jax import models  # pylint: disable=g-import-not-at-top
-  from hmdlm_jax import sharding as shd  # pylint: disable=g-import-not-at-top
-  from hmdlm_jax import train  # pylint: disable=g-import-not-at-top
-  config = train.resolve_config(config)
-  mesh = shd.make_mesh(config.mesh)
-  abstract, _ = train.state_shardings(config, models.build_model(config.model), mesh)
-  ckpt = Checkpointer(workdir, config.train, read_only=True)
-  try:
-    if ckpt.latest_step() is None:
-      raise CheckpointError(f'No checkpoint in {ckpt.directory!r}: train first (--mode=train '
-                            'with the same --workdir).')
-    state, meta = ckpt.restore(abstract, None, step)
-  finally:
-    ckpt.close()
-  return state, int(meta['step'])
-
-
 def _short(e: BaseException, n: int = 600) -> str:
   s = str(e).strip().replace('\n', ' ')
   return s if len(s) <= n else s[:n] + ' ...'

@@ -58,11 +58,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from hmdlm_jax import corruption
+from hmdlm_jax import config as config_lib
 from hmdlm_jax import generative_metrics
-from hmdlm_jax import sampling
+from hmdlm_jax import processes
+from hmdlm_jax.config import SampleConfig
 from hmdlm_jax.data import sudoku as sudoku_data
-from hmdlm_jax.schedules import Schedule
+from hmdlm_jax.processes import base as process_base
+from hmdlm_jax.processes.base import Process
 
 ApplyFn = Callable[..., dict]
 Batch = Mapping[str, np.ndarray]
@@ -70,7 +72,6 @@ Batch = Mapping[str, np.ndarray]
 DECODINGS = ('greedy', 'stochastic')
 # Field a pipeline may add to mark real rows of a padded eval batch (bool [B]); checked in order.
 VALID_FIELDS = ('weight', 'valid')  # data/pipeline.py: weight float32 [B], 1 real / 0 padding
-BOUND_TERMS = ('lm', 'hier', 'cons')
 
 
 # ----------------------------------------------------------------------------------------------
@@ -309,18 +310,19 @@ def _mean_std(per_seed: Sequence[Mapping[str, Any]]) -> tuple[dict[str, Any], di
   return mean, std
 
 
-def _sudoku_sampler(apply_fn: ApplyFn, schedule: Schedule, cfg: sampling.SampleConfig,
-                    batch_size: int) -> Callable[..., sampling.SampleOutput]:
+def _sudoku_sampler(apply_fn: ApplyFn, process: Process, cfg: SampleConfig,
+                    batch_size: int) -> Callable[..., process_base.SampleOutput]:
   """Jitted `(key, given_tokens, given_levels, given_mask) -> SampleOutput` for [B, 81]."""
+  process.check_sampling(cfg)
 
-  def make(a: ApplyFn) -> Callable[..., sampling.SampleOutput]:
+  def make(a: ApplyFn) -> Callable[..., process_base.SampleOutput]:
     def run(key, given_tokens, given_levels, given_mask):
-      return sampling.sample(a, key, schedule, cfg, batch_size=batch_size,
-                             seq_len=sudoku_data.NUM_CELLS, given_tokens=given_tokens,
-                             given_levels=given_levels, given_mask=given_mask)
+      return process.sample(a, key, cfg, batch_size=batch_size, seq_len=sudoku_data.NUM_CELLS,
+                            given_tokens=given_tokens, given_levels=given_levels,
+                            given_mask=given_mask)
     return run
 
-  return _jit_apply(apply_fn, make, ('sudoku_sample', schedule, cfg, batch_size))
+  return _jit_apply(apply_fn, make, ('sudoku_sample', process, cfg, batch_size))
 
 
 def model_levels(levels: np.ndarray, num_levels: int, *, where: str = 'batch') -> np.ndarray:
@@ -339,7 +341,7 @@ def model_levels(levels: np.ndarray, num_levels: int, *, where: str = 'batch') -
   return levels.astype(np.int32)
 
 
-def _given_inputs(batch: Mapping[str, np.ndarray], cfg: sampling.SampleConfig
+def _given_inputs(batch: Mapping[str, np.ndarray], cfg: SampleConfig
                   ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
   """Sampler conditioning [B, L]: given tokens/levels; elsewhere MASK / h_m, so no answer leaks."""
   given = np.asarray(batch['given'], bool)
@@ -349,8 +351,8 @@ def _given_inputs(batch: Mapping[str, np.ndarray], cfg: sampling.SampleConfig
   return tokens, levels, given
 
 
-def evaluate_sudoku(apply_fn: ApplyFn, key: jax.Array, schedule: Schedule,
-                    sample_cfg: sampling.SampleConfig, batches: Iterable[Batch], *,
+def evaluate_sudoku(apply_fn: ApplyFn, key: jax.Array, process: Process,
+                    sample_cfg: SampleConfig, batches: Iterable[Batch], *,
                     seeds: Sequence[int] = (0,), decodings: Sequence[str] = DECODINGS,
                     max_examples: int | None = None, progress: bool = True) -> dict[str, Any]:
   """Solves every puzzle of `batches` once per (decoding, seed) and scores the grids (SPEC 8).
@@ -358,7 +360,7 @@ def evaluate_sudoku(apply_fn: ApplyFn, key: jax.Array, schedule: Schedule,
   Args:
     apply_fn: denoiser (design.md); a `ParamsApply` compiles once for all checkpoints.
     key: base PRNG key; (seed, batch j) use `fold_in(fold_in(key, seed), j)` for every decoding.
-    schedule: the model's K-level schedule.
+    process: the model's forward process.
     sample_cfg: sampler settings; `greedy` is overridden per decoding, the rest is kept
       (ordering, T, temperature, cache).
     batches: iterable of pipeline batches: tokens = solution tokens [B, 81], levels = labeller
@@ -393,7 +395,7 @@ def evaluate_sudoku(apply_fn: ApplyFn, key: jax.Array, schedule: Schedule,
                             'seeds': [int(s) for s in seeds]}
   for decoding in decodings:
     cfg = dataclasses.replace(sample_cfg, greedy=decoding == 'greedy')
-    run = _sudoku_sampler(apply_fn, schedule, cfg, batch_size)
+    run = _sudoku_sampler(apply_fn, process, cfg, batch_size)
     start = time.perf_counter()
     per_seed = {}
     for seed in seeds:
@@ -467,43 +469,35 @@ class NatsAccumulator:
     return float(math.sqrt(max(ss, 0.0) * self.count / (self.count - 1)) / self.tokens)
 
 
-def _loss_fns() -> Any:
-  from hmdlm_jax import losses  # pylint: disable=g-import-not-at-top
-  return losses
+def _perplexity_step(apply_fn: ApplyFn, process: Process) -> Callable[..., dict[str, jax.Array]]:
+  """Jitted `(batch, key, t) -> {bound terms..., 'bound', estimates...}`, per-example [B].
 
-
-def _perplexity_step(apply_fn: ApplyFn, schedule: Schedule, loss_cfg: Any
-                     ) -> Callable[..., dict[str, jax.Array]]:
-  """Jitted `(batch, key, t) -> {'lm','hier','cons','appendix_e'}`, per-example values [B].
-
-  One corruption (x_t, h_t) per example serves both the bound and the Appendix E estimate
+  One noisy state z_t per example serves both the bound and the process's further estimates
   (common random numbers: their difference is less noisy than two independent draws); the pair
-  (corruption key, pick key) is split exactly as `losses.bound_per_example` splits its key.
+  (corruption key, process key) is split exactly as `Process.bound` splits its key.
   """
-  losses = _loss_fns()
 
   def make(a: ApplyFn) -> Callable[..., dict[str, jax.Array]]:
     def run(batch, key, t):
       chex.assert_rank(batch['tokens'], 2)
       chex.assert_shape(t, (batch['tokens'].shape[0],))
-      k_mask, k_pick = jax.random.split(key)
-      xt, ht, masked = corruption.corrupt(k_mask, batch['tokens'], batch['levels'],
-                                          batch['given'], t, schedule, mask_id=loss_cfg.mask_id)
-      bound = losses.bound_from_state(a, batch, xt, ht, masked, t, k_pick, schedule, loss_cfg)
-      out = {n: bound[n] for n in BOUND_TERMS}
-      out['appendix_e'] = losses.appendix_e_from_state(a, batch, xt, ht, masked, t, schedule,
-                                                       loss_cfg)
+      k_state, k_own = jax.random.split(key)
+      state = process.corrupt(k_state, batch, t)
+      bound = process.bound_from_state(a, batch, state, t, k_own)
+      # The terms add up to the bound: summed on the host in float64 (`evaluate_perplexity`).
+      out = {n: v for n, v in bound.items() if n not in ('total', 'num_tokens')}
+      out.update(process.estimates_from_state(a, batch, state, t))
       chex.assert_shape(list(out.values()), t.shape)  # per-example values [B]
       return out
     return run
 
-  return _jit_apply(apply_fn, make, ('perplexity', schedule, loss_cfg))
+  return _jit_apply(apply_fn, make, ('perplexity', process))
 
 
 @functools.partial(jax.jit, static_argnums=(1, 2))
 def _stratified_valid_times(key: jax.Array, n: int, t_min: float) -> jax.Array:
   k_t, k_perm = jax.random.split(key)
-  t = corruption.sample_times(k_t, n, t_min=t_min, antithetic=True)
+  t = process_base.sample_times(k_t, n, t_min=t_min, antithetic=True)
   return jax.random.permutation(k_perm, t)
 
 
@@ -519,13 +513,12 @@ def _raise_non_finite(values: Mapping[str, np.ndarray], valid: np.ndarray, t: np
   bad = valid & ~np.all([np.isfinite(v) for v in values.values()], axis=0)  # [B]
   if bad.any():
     i = int(np.argmax(bad))
-    terms = ', '.join(f'{n}={values[n][i]}' for n in BOUND_TERMS + ('appendix_e',)
-                      if n in values and not np.isfinite(values[n][i]))
+    terms = ', '.join(f'{n}={values[n][i]}' for n in values if not np.isfinite(values[n][i]))
     raise FloatingPointError(
         f'evaluate_perplexity: non-finite per-example value(s) {terms} for batch {batch_index}, '
         f'row {i} (t = {t[i]:.6g}, t-sample {r}); {int(bad.sum())} such rows in this batch. '
         'Refusing to average a NaN/Inf; check the model (e.g. a hierarchy head without prior '
-        'correction near t = δ_k, SPEC 4) or the data.')
+        'correction near t = δ_k, docs/method.md §4) or the data.')
 
 
 def _exp(x: float) -> float:
@@ -533,20 +526,19 @@ def _exp(x: float) -> float:
   return math.exp(x) if x < 709.0 else math.inf
 
 
-def evaluate_perplexity(apply_fn: ApplyFn, schedule: Schedule, loss_cfg: Any,
-                        batches: Iterable[Batch], *, time_seed: int, num_t_samples: int = 1,
-                        t_min: float | None = None, max_examples: int | None = None,
-                        progress: bool = True) -> dict[str, Any]:
+def evaluate_perplexity(apply_fn: ApplyFn, process: Process, batches: Iterable[Batch], *,
+                        time_seed: int, num_t_samples: int = 1, t_min: float = 1e-3,
+                        max_examples: int | None = None, progress: bool = True
+                        ) -> dict[str, Any]:
   """Rigorous bound, PPL and Appendix E estimate over the whole split (SPEC 8; module doc).
 
   Args:
     apply_fn: denoiser (design.md); pass a `ParamsApply` to compile once per model.
-    schedule: the model's schedule.
-    loss_cfg: `losses.LossConfig` (static: hashable); its `t_min` is used unless `t_min` is given.
+    process: the model's forward process (static: hashable).
     batches: pipeline batches (+ optional per-row validity field, VALID_FIELDS).
     time_seed: fixed seed of t and of the masks (config.eval.time_seed).
     num_t_samples: t draws per example (config.eval.num_t_samples); averaged per example.
-    t_min: lower end of t ~ U(t_min, 1); default loss_cfg.t_min (else 1e-3).
+    t_min: lower end of t ~ U(t_min, 1) (config.loss.t_min).
     max_examples: only the first this many examples.
     progress: tqdm bar.
 
@@ -557,19 +549,14 @@ def evaluate_perplexity(apply_fn: ApplyFn, schedule: Schedule, loss_cfg: Any,
   """
   if isinstance(num_t_samples, bool) or not isinstance(num_t_samples, int) or num_t_samples < 1:
     raise ValueError(f'eval.num_t_samples must be an integer >= 1, got {num_t_samples!r}')
-  if t_min is None:
-    t_min = float(getattr(loss_cfg, 't_min', 1e-3))
-  step = _perplexity_step(apply_fn, schedule, loss_cfg)
-  names = BOUND_TERMS + ('bound', 'appendix_e')
-  acc = NatsAccumulator(names)
+  step = _perplexity_step(apply_fn, process)
+  acc = names = None
   base = jax.random.PRNGKey(int(time_seed))
   it = _fixed_batches(batches, max_examples=max_examples, what='perplexity batches')
   for j, (batch, valid) in enumerate(_progress(it, desc='perplexity', enabled=progress)):
-    batch = dict(batch, levels=model_levels(batch['levels'], schedule.num_levels,
-                                            where=f'perplexity batch {j}'))
+    batch = process.prepare_batch(batch)
     device_batch = {k: jnp.asarray(v) for k, v in batch.items()}
     n_tok = (batch['loss_mask'] & valid[:, None]).sum(-1).astype(np.float64)  # [B]
-    totals = {n: np.zeros(valid.shape, np.float64) for n in names}
     batch_key = jax.random.fold_in(base, j)
     pending = []  # dispatch every t-sample of the batch before fetching any (async dispatch)
     for r in range(num_t_samples):
@@ -579,31 +566,30 @@ def evaluate_perplexity(apply_fn: ApplyFn, schedule: Schedule, loss_cfg: Any,
     for r, (t, out) in enumerate(pending):
       values = {n: np.asarray(v, np.float64) for n, v in jax.device_get(out).items()}
       _raise_non_finite(values, valid, t, j, r)
-      values['bound'] = values['lm'] + values['hier'] + values['cons']
+      terms = [n for n in values if n not in process.estimate_names]
+      values['bound'] = sum(values[n] for n in terms)
+      if acc is None:
+        names = tuple(values)
+        acc = NatsAccumulator(names)
+      if r == 0:
+        totals = {n: np.zeros(valid.shape, np.float64) for n in names}
       for n in names:
         # Per-example value = nats / n_i (SPEC 5) -> nats; averaged over the t-samples.
         totals[n] += np.where(valid, values[n], 0.0) * n_tok / num_t_samples
     acc.add({n: v[valid] for n, v in totals.items()}, n_tok[valid])
-  if acc.count == 0:
+  if acc is None or acc.count == 0:
     raise ValueError('evaluate_perplexity: no examples to evaluate (empty batches)')
   bound = acc.mean('bound')
-  est = acc.mean('appendix_e')
-  return {
-      'bound_nats_per_token': bound,
-      'bound_stderr': acc.stderr('bound'),
-      'ppl': _exp(bound),
-      'lm_nats_per_token': acc.mean('lm'),
-      'hier_nats_per_token': acc.mean('hier'),
-      'cons_nats_per_token': acc.mean('cons'),
-      'appendix_e_nats_per_token_estimate': est,
-      'ppl_appendix_e_estimate': _exp(est),
-      'num_tokens': int(acc.tokens),
-      'num_sequences': acc.count,
-      'num_t_samples': num_t_samples,
-      'time_seed': int(time_seed),
-      't_min': float(t_min),
-      'bound_kind': 'mdlm' if schedule.num_levels == 1 else 'hmdlm',
-  }
+  out = {'bound_nats_per_token': bound, 'bound_stderr': acc.stderr('bound'), 'ppl': _exp(bound)}
+  terms = [n for n in names if n != 'bound' and n not in process.estimate_names]
+  out.update({f'{n}_nats_per_token': acc.mean(n) for n in terms})
+  for n in process.estimate_names:
+    est = acc.mean(n)
+    out[f'{n}_nats_per_token_estimate'] = est
+    out[f'ppl_{n}_estimate'] = _exp(est)
+  out.update(num_tokens=int(acc.tokens), num_sequences=acc.count, num_t_samples=num_t_samples,
+             time_seed=int(time_seed), t_min=float(t_min), bound_kind=process.bound_kind)
+  return out
 
 
 # ----------------------------------------------------------------------------------------------
@@ -736,8 +722,8 @@ class TextSamples:
   nfe: list[int]
 
 
-def sample_rows(apply_fn: ApplyFn, key: jax.Array, schedule: Schedule,
-                sample_cfg: sampling.SampleConfig, *, num_samples: int, seq_len: int,
+def sample_rows(apply_fn: ApplyFn, key: jax.Array, process: Process,
+                sample_cfg: SampleConfig, *, num_samples: int, seq_len: int,
                 batch_size: int, prompts: Iterable[Batch] | None = None,
                 progress: bool = False) -> TextSamples:
   """`num_samples` rows from the reverse process, in batches of `batch_size` (one compilation).
@@ -750,15 +736,16 @@ def sample_rows(apply_fn: ApplyFn, key: jax.Array, schedule: Schedule,
     raise ValueError(f'sample_rows: num_samples and batch_size must be >= 1, got {num_samples}, '
                      f'{batch_size}')
   conditional = prompts is not None
+  process.check_sampling(sample_cfg)
 
-  def make(a: ApplyFn) -> Callable[..., sampling.SampleOutput]:
+  def make(a: ApplyFn) -> Callable[..., process_base.SampleOutput]:
     def run(k, given_tokens=None, given_levels=None, given_mask=None):
-      return sampling.sample(a, k, schedule, sample_cfg, batch_size=batch_size, seq_len=seq_len,
-                             given_tokens=given_tokens, given_levels=given_levels,
-                             given_mask=given_mask)
+      return process.sample(a, k, sample_cfg, batch_size=batch_size, seq_len=seq_len,
+                            given_tokens=given_tokens, given_levels=given_levels,
+                            given_mask=given_mask)
     return run
 
-  run = _jit_apply(apply_fn, make, ('rows', schedule, sample_cfg, batch_size, seq_len, conditional))
+  run = _jit_apply(apply_fn, make, ('rows', process, sample_cfg, batch_size, seq_len, conditional))
   prompt_iter = None
   if conditional:
     rows = (dict(b, weight=v.astype(np.float32)) for b, v in _rebatch(prompts, batch_size))
@@ -907,10 +894,10 @@ def text_sample_metrics(samples: TextSamples, tokenizer: Any, *, level_rule: str
 
 @dataclasses.dataclass
 class EvalContext:
-  """What an adapter needs: the config, the model as a `ParamsApply`, its schedule and the step."""
+  """What an adapter needs: the config, the model as a `ParamsApply`, its process and the step."""
   config: Any
   apply_fn: ParamsApply
-  schedule: Schedule
+  process: Process
   step: int
   workdir: str
   progress: bool = True
@@ -949,8 +936,8 @@ def _sudoku_evaluate(ctx: EvalContext, max_examples: int | None, with_samples: b
   del with_samples  # solving IS sampling for Sudoku
   config = ctx.config
   decodings = tuple(config.eval.get('decodings', DECODINGS))
-  return evaluate_sudoku(ctx.apply_fn, jax.random.PRNGKey(int(config.seed)), ctx.schedule,
-                         sampling.SampleConfig.from_config(config), _test_batches(config),
+  return evaluate_sudoku(ctx.apply_fn, jax.random.PRNGKey(int(config.seed)), ctx.process,
+                         SampleConfig.from_config(config), _test_batches(config),
                          seeds=_seeds(config), decodings=decodings, max_examples=max_examples,
                          progress=ctx.progress)
 
@@ -992,9 +979,9 @@ def _sudoku_sample(ctx: EvalContext, puzzles: Sequence[str] | None, puzzle_file:
     check_quiz(q, where=name)
   quiz = np.stack(quizzes)
   batch = sudoku_batch(quiz)  # tokens: clues, MASK elsewhere (the sampler sees only the clues)
-  cfg = sampling.SampleConfig.from_config(ctx.config)
+  cfg = SampleConfig.from_config(ctx.config)
   size = min(len(quiz), int(ctx.config.data.eval_batch_size))
-  run = _sudoku_sampler(ctx.apply_fn, ctx.schedule, cfg, size)
+  run = _sudoku_sampler(ctx.apply_fn, ctx.process, cfg, size)
   key = jax.random.fold_in(jax.random.PRNGKey(int(ctx.config.seed)), _seeds(ctx.config)[0])
   records, lines = [], []
   batches = [{k: v[i:i + size] for k, v in batch.items()} for i in range(0, len(quiz), size)]
@@ -1044,12 +1031,12 @@ def _sudoku_summary(res: Mapping[str, Any]) -> list[str]:
 def _text_samples(ctx: EvalContext, num: int, seed: int, tok: Any) -> TextSamples:
   """`num` samples with sampling seed `seed`, in batches of data.eval_batch_size (one compile)."""
   config = ctx.config
-  cfg = sampling.SampleConfig.from_config(config)
+  cfg = SampleConfig.from_config(config)
   prompts = None
   if config.data.get('hierarchy', None) == 'position' or config.data.kind == 'wikihow':
     prompts = _test_batches(config)  # WikiHow: condition on the test titles (given positions)
   key = jax.random.fold_in(jax.random.PRNGKey(int(config.seed)), int(seed))
-  return sample_rows(ctx.apply_fn, key, ctx.schedule, cfg, num_samples=num,
+  return sample_rows(ctx.apply_fn, key, ctx.process, cfg, num_samples=num,
                      seq_len=int(config.model.seq_len),
                      batch_size=min(int(config.data.eval_batch_size), num), prompts=prompts,
                      progress=ctx.progress)
@@ -1066,11 +1053,10 @@ def _text_evaluate(ctx: EvalContext, max_examples: int | None, with_samples: boo
                    ) -> dict[str, Any]:
   """Perplexity over the test split; with config.eval.num_samples > 0 (and `with_samples`) also
   that many samples per seed of config.sample.seeds, scored per seed, then mean and std."""
-  from hmdlm_jax import losses  # pylint: disable=g-import-not-at-top
   config = ctx.config
   res: dict[str, Any] = {'perplexity': evaluate_perplexity(
-      ctx.apply_fn, ctx.schedule, losses.LossConfig.from_config(config), _test_batches(config),
-      time_seed=int(config.eval.time_seed), num_t_samples=int(config.eval.num_t_samples),
+      ctx.apply_fn, ctx.process, _test_batches(config), time_seed=int(config.eval.time_seed),
+      num_t_samples=int(config.eval.num_t_samples), t_min=float(config.loss.t_min),
       max_examples=max_examples, progress=ctx.progress)}
   num = int(config.eval.get('num_samples', 0) or 0)
   if not (with_samples and num > 0):
@@ -1168,16 +1154,11 @@ def _adapter(config: Any) -> TaskAdapter:
   return TASKS[kind]
 
 
-def _schedule(config: Any) -> Schedule:
-  from hmdlm_jax import schedules  # pylint: disable=g-import-not-at-top
-  return schedules.schedule_from_config(config.schedule, int(config.model.num_levels))
-
-
 def _context(config: Any, params: Any, step: int, workdir: str, *, progress: bool
              ) -> EvalContext:
   from hmdlm_jax import models  # pylint: disable=g-import-not-at-top
   apply_fn = ParamsApply(FlaxApplyBuilder(models.build_model(config.model)), params)
-  return EvalContext(config=config, apply_fn=apply_fn, schedule=_schedule(config), step=int(step),
+  return EvalContext(config=config, apply_fn=apply_fn, process=processes.build(config), step=int(step),
                      workdir=workdir, progress=progress)
 
 
@@ -1231,8 +1212,7 @@ def _restore(config: Any, workdir: str, step: int | None) -> tuple[Any, int]:
 
 
 def _resolved(config: Any) -> Any:
-  from hmdlm_jax import train  # pylint: disable=g-import-not-at-top
-  return train.resolve_config(config)  # idempotent: derived fields (schedule offsets)
+  return config_lib.resolve(config)  # idempotent: derived fields (schedule offsets)
 
 
 def _json_safe(o: Any) -> Any:

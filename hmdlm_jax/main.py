@@ -21,17 +21,20 @@ import os
 import sys
 from typing import Any, Sequence
 
-# configs/ lives next to the package; make `from configs import base` work from any cwd.
-_REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-if os.path.isdir(os.path.join(_REPO, 'configs')) and _REPO not in sys.path:
-  sys.path.insert(0, _REPO)
-
-from absl import app  # pylint: disable=g-import-not-at-top
+from absl import app
 from absl import flags
 from absl import logging
+import jax
 from ml_collections import config_flags
 
-DEFAULT_CONFIG = os.path.join(_REPO, 'configs', 'sudoku.py')
+import configs
+from hmdlm_jax import config as config_lib
+from hmdlm_jax import evaluate
+from hmdlm_jax import sharding
+from hmdlm_jax import train
+from hmdlm_jax.data import pipeline
+
+DEFAULT_CONFIG = os.path.join(os.path.dirname(os.path.abspath(configs.__file__)), 'sudoku.py')
 DEFAULT_WORKDIR = '/tmp/hmdlm_sudoku'
 MODES = ('train', 'eval', 'sample')
 
@@ -57,21 +60,22 @@ def run(mode: str, config: Any, workdir: str, *, step: int | None = None,
 
   Args:
     mode: 'train' | 'eval' | 'sample'.
-    config: the experiment ConfigDict (derived fields are filled in by train.resolve_config).
+    config: the experiment ConfigDict (resolved here by hmdlm_jax/config.py).
     workdir: the run directory.
     step: eval/sample: checkpoint step (None = latest).
     puzzles, puzzle_file, out: sample mode (see the flags).
   Returns:
     train: train.train_and_evaluate's dict; eval: evaluate.run_eval's report; sample: records.
   """
-  from hmdlm_jax import sharding  # pylint: disable=g-import-not-at-top
-  from hmdlm_jax import train  # pylint: disable=g-import-not-at-top
-  config = train.resolve_config(config)
+  config = config_lib.resolve(config)
   sharding.maybe_initialize_distributed(config.distributed)
   train.write_config(config, workdir, 'config' if mode == 'train' else f'config_{mode}')
   if mode == 'train':
-    return train.train_and_evaluate(config, workdir)
-  from hmdlm_jax import evaluate  # pylint: disable=g-import-not-at-top
+    train_iter = pipeline.get_dataset(config, 'train', seed=int(config.seed),
+                                      process_index=jax.process_index(),
+                                      process_count=jax.process_count())
+    return train.train_and_evaluate(config, workdir, train_iter=iter(train_iter),
+                                    eval_fn=evaluate.evaluate_during_training)
   if mode == 'eval':
     return evaluate.run_eval(config, workdir, step=step)
   if mode == 'sample':
@@ -97,7 +101,6 @@ def main(argv: list[str]) -> None:
   if len(argv) > 1:
     raise app.UsageError(f'Unexpected arguments: {argv[1:]}')
   logging.get_absl_handler().addFilter(_QuietLibraries())
-  from hmdlm_jax import train  # pylint: disable=g-import-not-at-top
   try:
     run(_MODE.value, _CONFIG.value, _WORKDIR.value, step=_STEP.value, puzzles=_PUZZLES.value,
         puzzle_file=_PUZZLE_FILE.value, out=_OUT.value)

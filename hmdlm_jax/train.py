@@ -18,7 +18,7 @@ Fault injection for tests: `train.debug_nan_steps` lists (0-based) steps whose l
 by NaN; it is passed to the step as a fixed-size array, so it never changes the compiled program.
 
 Precision: parameters, optimiser state and EMA are float32; `model.dtype` sets the compute dtype of
-the network (bfloat16 on accelerators), and the losses are computed in float32 (losses.py).
+the network (bfloat16 on accelerators), and the losses are computed in float32 (processes/).
 
 Outputs in DIR: metrics.jsonl + TensorBoard tb/ (hmdlm_jax/metrics.py); config.json/.yaml;
 train_summary.json; checkpoints/ (hmdlm_jax/checkpoint.py); eval_<step>.json (the flat scalars of
@@ -29,9 +29,7 @@ its full report to eval_train_<step>.json).
 from __future__ import annotations
 
 import contextlib
-import copy
 import json
-import math
 import os
 import time
 from typing import Any, Callable, Mapping
@@ -48,14 +46,15 @@ import optax
 from absl import logging
 
 from hmdlm_jax import checkpoint as ckpt_lib
-from hmdlm_jax import losses
+from hmdlm_jax import config as config_lib
+from hmdlm_jax import convert_mdlm
 from hmdlm_jax import metrics as metrics_lib
 from hmdlm_jax import models
 from hmdlm_jax import optim
-from hmdlm_jax import schedules
+from hmdlm_jax import processes
 from hmdlm_jax import sharding as shd
 
-BATCH_KEYS: tuple[str, ...] = ('tokens', 'levels', 'given', 'loss_mask')
+BATCH_KEYS = processes.base.BATCH_KEYS
 # train.debug_nan_steps is passed to the step as an int32 [MAX_FAULT_STEPS] array (padded with -1),
 # so fault injection never changes the compiled program.
 MAX_FAULT_STEPS = 16
@@ -90,51 +89,16 @@ class TrainState:
 # ----------------------------------------------------------------------------- config
 
 
-def resolve_config(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
-  """A copy of `config` with derived fields filled in (idempotent).
-
-  `schedule.offsets_max >= 0` (log-linear only) derives the offsets from K = model.num_levels:
-  δ_k = offsets_max · k / (K - 1), and δ = (0,) when K = 1 — so `--config.model.num_levels=1`
-  alone turns an HMDLM config into its MDLM twin (SPEC 2: K=1, δ=0 is MDLM).
-  """
-  config = copy.deepcopy(config)
-  s = config.schedule
-  top = float(s.get('offsets_max', -1.0))
-  if s.kind == 'loglinear' and top >= 0.0:
-    k = int(config.model.num_levels)
-    if k < 1:
-      raise ValueError(f'model.num_levels={k} must be >= 1.')
-    if not top < 1.0:
-      raise ValueError(f'schedule.offsets_max={top} must lie in [0, 1) (or -1 = off).')
-    with config.unlocked():
-      s.offsets = tuple(0.0 if k == 1 else round(top * i / (k - 1), 10) for i in range(k))
-  return config
-
-
 def validate_config(config: ml_collections.ConfigDict) -> None:
-  """Checks the fields the training system owns; ValueError names the field."""
+  """What the config alone cannot tell: the batch against the process count (ValueError)."""
   t = config.train
-  for name in ('num_steps', 'log_every', 'ckpt_every', 'grad_accum', 'max_bad_steps'):
-    v = t[name]
-    if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-      raise ValueError(f'train.{name}={v!r} must be an integer >= 1.')
-  if isinstance(t.eval_every, bool) or not isinstance(t.eval_every, int) or t.eval_every < 0:
-    raise ValueError(f'train.eval_every={t.eval_every!r} must be an integer >= 0 (0 = only at '
-                     'the end).')
-  if not (math.isfinite(float(t.time_budget_s)) and float(t.time_budget_s) >= 0):
-    raise ValueError(f'train.time_budget_s={t.time_budget_s!r} must be >= 0 (0 = off).')
-  optim.validate_optim_config(config.optim)
   b = int(config.data.batch_size)
-  if b < 1 or b % (t.grad_accum * jax.process_count()):
+  if b % (t.grad_accum * jax.process_count()):
     raise ValueError(f'data.batch_size={b} must be a positive multiple of train.grad_accum='
                      f'{t.grad_accum} times the process count {jax.process_count()}.')
-  nan_steps = tuple(t.get('debug_nan_steps', ()))
-  if len(nan_steps) > MAX_FAULT_STEPS:
-    raise ValueError(f'train.debug_nan_steps holds {len(nan_steps)} steps; at most '
+  if len(t.debug_nan_steps) > MAX_FAULT_STEPS:
+    raise ValueError(f'train.debug_nan_steps holds {len(t.debug_nan_steps)} steps; at most '
                      f'{MAX_FAULT_STEPS} are allowed.')
-  for s in nan_steps:
-    if isinstance(s, bool) or not isinstance(s, int) or s < 0:
-      raise ValueError(f'train.debug_nan_steps must hold step numbers >= 0, got {s!r}.')
 
 
 def config_to_dict(config: ml_collections.ConfigDict) -> dict[str, Any]:
@@ -222,7 +186,7 @@ def create_train_state(config: ml_collections.ConfigDict, mesh: jax.sharding.Mes
   _, sh = state_shardings(config, model, mesh, optimizer)
   with _mesh_context(mesh):
     state = jax.jit(lambda: _init_state(config, model, optimizer), out_shardings=sh)()
-  path = str(config.get('init', {}).get('mdlm_checkpoint', '') or '')
+  path = config.init.mdlm_checkpoint
   if path:
     state = _load_mdlm_backbone(state, sh, path)
   return state, sh
@@ -234,7 +198,6 @@ def _load_mdlm_backbone(state: TrainState, sh: TrainState, path: str) -> TrainSt
   The level table and hierarchy head keep their fresh values; EMA starts from the merged weights;
   Adam's moments are zero either way. Every process reads the file and places its own shards.
   """
-  from hmdlm_jax import convert_mdlm  # pylint: disable=g-import-not-at-top
   fresh = multihost_utils.process_allgather(state.params, tiled=True)
   merged = convert_mdlm.init_from_mdlm(fresh, path)
 
@@ -245,6 +208,26 @@ def _load_mdlm_backbone(state: TrainState, sh: TrainState, path: str) -> TrainSt
   params = jax.tree.map(place, merged, sh.params)
   logging.info('Initialised the backbone from the MDLM checkpoint %s.', path)
   return state.replace(params=params, ema_params=jax.tree.map(jnp.copy, params))
+
+
+def restore_for_eval(config: ml_collections.ConfigDict, workdir: str, step: int | None = None
+                     ) -> tuple[TrainState, int]:
+  """(TrainState, step) of checkpoint `step` (default latest) of DIR, for evaluation/sampling.
+
+  Restores on the config's mesh (`config.mesh`, all devices); nothing in DIR is written.
+  """
+  config = config_lib.resolve(config)
+  mesh = shd.make_mesh(config.mesh)
+  abstract, _ = state_shardings(config, models.build_model(config.model), mesh)
+  ckpt = ckpt_lib.Checkpointer(workdir, config.train, read_only=True)
+  try:
+    if ckpt.latest_step() is None:
+      raise ckpt_lib.CheckpointError(f'No checkpoint in {ckpt.directory!r}: train first '
+                                     '(--mode=train with the same --workdir).')
+    state, meta = ckpt.restore(abstract, None, step)
+  finally:
+    ckpt.close()
+  return state, int(meta['step'])
 
 
 # ----------------------------------------------------------------------------- step
@@ -276,7 +259,7 @@ def accumulate_value_and_grad(grad_fn: Callable[..., Any], params: PyTree,
     *extra: passed through to loss_fn.
   Returns:
     (loss, metrics, grads). Micro-batch j is weighted by its share of loss tokens, so for a loss
-    that is a token-weighted mean over the batch (losses.diffusion_loss) the result is the
+    that is a token-weighted mean over the batch (every process's loss) the result is the
     full-batch value and gradient; metrics are averaged the same way except num_loss_tokens
     (summed) and finite (minimum).
   """
@@ -307,13 +290,13 @@ def accumulate_value_and_grad(grad_fn: Callable[..., Any], params: PyTree,
 
 
 def make_train_step(config: ml_collections.ConfigDict, model: nn.Module,
-                    schedule: schedules.Schedule, mesh: jax.sharding.Mesh,
+                    process: processes.Process, mesh: jax.sharding.Mesh,
                     shardings: TrainState | None = None) -> Callable[..., Any]:
   """The jitted step `(state, batch) -> (state, metrics)`; `state` is donated.
 
   batch: dict tokens, levels [B, L] int32; given, loss_mask [B, L] bool — global arrays sharded by
   `sharding.batch_sharding(mesh)`. metrics: dict of float32 scalars (replicated): the loss terms of
-  `losses.diffusion_loss` plus grad_norm (before clipping), lr, update_ok, bad_steps,
+  `process.loss` plus grad_norm (before clipping), lr, update_ok, bad_steps,
   skipped_steps.
 
   With train.grad_accum = A > 1 the batch is split into A strided micro-batches inside the step
@@ -321,21 +304,24 @@ def make_train_step(config: ml_collections.ConfigDict, model: nn.Module,
   accumulated gradient that of the token-weighted batch mean (the loss' own batch reduction).
   The returned callable has `.jitted` (the `jax.jit` object, e.g. for `_cache_size()`).
   """
-  loss_cfg = losses.LossConfig.from_config(config)
   optimizer = optim.make_optimizer(config.optim, config.train.num_steps)
   if shardings is None:
     _, shardings = state_shardings(config, model, mesh, optimizer)
   accum = int(config.train.grad_accum)
-  nan_steps = tuple(int(s) for s in config.train.get('debug_nan_steps', ()))
+  nan_steps = tuple(int(s) for s in config.train.debug_nan_steps)
   fault_steps = np.full((MAX_FAULT_STEPS,), -1, np.int32)
   fault_steps[:len(nan_steps)] = nan_steps
   optim_cfg = config.optim
 
   def loss_fn(params: PyTree, batch: Mapping[str, jax.Array], key: jax.Array,
-              poison: jax.Array) -> tuple[jax.Array, dict[str, jax.Array]]:
+              poison: jax.Array, step: jax.Array, ema_params: PyTree
+              ) -> tuple[jax.Array, dict[str, jax.Array]]:
     loss_key, dropout_key = jax.random.split(key)
     apply_fn = models.make_apply_fn(model, params, train=True, rng=dropout_key)
-    loss, aux = losses.diffusion_loss(apply_fn, batch, loss_key, schedule, loss_cfg)
+    target = None
+    if process.uses_target:  # e.g. consistency distillation: the EMA network, no gradient
+      target = models.make_apply_fn(model, jax.lax.stop_gradient(ema_params), train=False)
+    loss, aux = process.loss(apply_fn, batch, loss_key, step=step, target_apply_fn=target)
     # poison is 1.0, or NaN at a train.debug_nan_steps step: loss and gradients become NaN.
     return loss * poison, aux
 
@@ -351,7 +337,7 @@ def make_train_step(config: ml_collections.ConfigDict, model: nn.Module,
     # Fault injection for tests of the guard (train.debug_nan_steps; faults = -1 when unused).
     poison = jnp.where(jnp.any(faults == state.step), jnp.float32(jnp.nan), jnp.float32(1.0))
     loss, aux, grads = accumulate_value_and_grad(grad_fn, state.params, batch, key, accum,
-                                                 poison)
+                                                 poison, state.step, state.ema_params)
     grad_norm = optax.global_norm(grads)
     updates, new_opt = optimizer.update(grads, state.opt_state, state.params)
     new_params = optax.apply_updates(state.params, updates)
@@ -393,23 +379,7 @@ def _agree(flag: bool) -> bool:
   """True on every process when `flag` is True on any (multi-host stop decisions)."""
   if jax.process_count() == 1:
     return bool(flag)
-  from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
   return bool(np.any(multihost_utils.process_allgather(np.asarray([int(flag)], np.int32))))
-
-
-def _eval_hook() -> Callable[..., Any] | None:
-  """`hmdlm_jax.evaluate.evaluate_during_training` when that module provides it."""
-  try:
-    from hmdlm_jax import evaluate  # pylint: disable=g-import-not-at-top
-  except ImportError as e:
-    logging.warning('hmdlm_jax.evaluate cannot be imported (%s): no evaluation during training.',
-                    e)
-    return None
-  fn = getattr(evaluate, 'evaluate_during_training', None)
-  if fn is None:
-    logging.warning('hmdlm_jax.evaluate has no evaluate_during_training: no evaluation during '
-                    'training.')
-  return fn
 
 
 def _scalar_items(d: Mapping[str, Any]) -> dict[str, float]:
@@ -424,9 +394,11 @@ def _scalar_items(d: Mapping[str, Any]) -> dict[str, float]:
   return out
 
 
+EvalFn = Callable[[ml_collections.ConfigDict, TrainState, int, str], Mapping[str, Any]]
+
+
 def run_evaluation(config: ml_collections.ConfigDict, state: TrainState, step: int, workdir: str,
-                   writer: metrics_lib.MetricsWriter, hook: Callable[..., Any] | None
-                   ) -> dict[str, Any]:
+                   writer: metrics_lib.MetricsWriter, hook: EvalFn | None) -> dict[str, Any]:
   """Calls the evaluation hook; writes DIR/eval_<step>.json and split='eval' metrics."""
   if hook is None:
     return {}
@@ -447,32 +419,6 @@ def run_evaluation(config: ml_collections.ConfigDict, state: TrainState, step: i
   return scalars
 
 
-def model_batch(local: Mapping[str, Any], num_levels: int) -> dict[str, np.ndarray]:
-  """The contract keys of a pipeline batch, with levels checked against K = model.num_levels.
-
-  K = 1 is MDLM (SPEC 2): there is one level, so the data's hierarchy labels are replaced by 0
-  (this is what makes an HMDLM data pipeline feed its MDLM twin). For K > 1 a level outside
-  0..K-1 is a config/data mismatch and raises.
-  """
-  out = {k: np.asarray(local[k]) for k in BATCH_KEYS}
-  levels = out['levels']
-  if num_levels == 1:
-    out['levels'] = np.zeros_like(levels)
-  elif levels.size and (levels.min() < 0 or levels.max() >= num_levels):
-    raise ValueError(f'The data pipeline produced hierarchy levels in [{levels.min()}, '
-                     f'{levels.max()}] but model.num_levels={num_levels}; the data\'s levels '
-                     'must lie in 0..K-1 (or use K=1 for MDLM).')
-  return out
-
-
-def _train_iterator(config: ml_collections.ConfigDict) -> Any:
-  from hmdlm_jax.data import pipeline  # pylint: disable=g-import-not-at-top
-  ds = pipeline.get_dataset(config, 'train', seed=int(config.seed),
-                            process_index=jax.process_index(),
-                            process_count=jax.process_count())
-  return ds if hasattr(ds, '__next__') else iter(ds)
-
-
 def _write_summary(workdir: str, step: int, stop_reason: str, train_step: Any,
                    t_start: float) -> dict[str, Any]:
   """DIR/train_summary.json: where and why the run stopped, and how often the step compiled."""
@@ -491,8 +437,13 @@ def _write_summary(workdir: str, step: int, stop_reason: str, train_step: Any,
 # ----------------------------------------------------------------------------- main loop
 
 
-def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
+def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *, train_iter: Any,
+                       eval_fn: EvalFn | None = None) -> dict[str, Any]:
   """Trains (resuming from DIR/checkpoints when present) and evaluates; returns final metrics.
+
+  The caller (main.py) resolves the config (hmdlm_jax/config.py), initialises multi-host JAX and
+  injects the task's data and evaluation: `train_iter` is this process's checkpointable iterator
+  of training batches, `eval_fn(config, state, step, workdir)` the task's evaluation (None: none).
 
   Stops at train.num_steps; after train.time_budget_s of wall time in the loop (start-up such as
   puzzle generation excluded; checkpoint, final evaluation); on SIGTERM (checkpoint, return
@@ -502,10 +453,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
   DIR/train_summary.json), the last logged train metrics, the eval results and the final state.
   """
   t_start = time.monotonic()
-  config = resolve_config(config)
-  shd.maybe_initialize_distributed(config.distributed)  # before anything touches a device
   validate_config(config)
-  write_config(config, workdir)
   is_main = jax.process_index() == 0
   tc = config.train
   num_steps = int(tc.num_steps)
@@ -517,22 +465,20 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
                      f'{tc.grad_accum} = {micro} rows per micro-batch must be divisible by '
                      f'mesh.data * mesh.fsdp = {shd.num_batch_shards(mesh)}.')
   model = models.build_model(config.model)
-  schedule = schedules.schedule_from_config(config.schedule, int(config.model.num_levels))
+  process = processes.build(config)
   optimizer = optim.make_optimizer(config.optim, num_steps)
   abstract, shardings = state_shardings(config, model, mesh, optimizer)
   logging.info('Mesh %s; model:\n%s', dict(mesh.shape), models.param_count_report(config.model))
 
   ckpt = ckpt_lib.Checkpointer(workdir, tc)
-  train_iter = _train_iterator(config)
   if ckpt.latest_step() is not None:
     state, _ = ckpt.restore(abstract, train_iter)
     logging.info('Resumed from %s', ckpt.step_dir(int(state.step)))
   else:
     state, _ = create_train_state(config, mesh, model)
-  train_step = make_train_step(config, model, schedule, mesh, shardings)
+  train_step = make_train_step(config, model, process, mesh, shardings)
 
   writer = metrics_lib.MetricsWriter(workdir, enabled=is_main)
-  hook = _eval_hook()
   step = int(jax.device_get(state.step))
   last_saved = step if ckpt.latest_step() == step else None
   tokens_per_step = int(config.data.batch_size) * int(config.model.seq_len)
@@ -543,7 +489,6 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
                              desc=f'train (budget {budget:g}s)' if budget else 'train')
   max_bad = int(tc.max_bad_steps)
   multi = jax.process_count() > 1
-  num_levels = int(config.model.num_levels)
   last_train: dict[str, float] = {}
   eval_result: dict[str, Any] = {}
   stop_reason = 'num_steps'
@@ -554,7 +499,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
       ckpt.save(at, state, train_iter, {'config': config_to_dict(config)})
       last_saved = at
 
-  def process(done_step: int, m: dict[str, jax.Array]) -> None:
+  def on_host(done_step: int, m: dict[str, jax.Array]) -> None:
     """Host side of step `done_step` (its metrics), run after the next step was dispatched."""
     nonlocal last_train
     bad = int(jax.device_get(m['bad_steps']))
@@ -577,21 +522,21 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
   try:
     with ckpt_lib.StopSignal() as stop_signal:
       while step < num_steps:
-        local = model_batch(next(train_iter), num_levels)
+        local = process.prepare_batch(next(train_iter))
         batch = shd.make_global_batch(local, mesh)
         state, m = train_step(state, batch)
         step += 1
         bar.update()
         if pending is not None:
-          process(*pending)
+          on_host(*pending)
         pending = (step, m)
         sync_point = (not multi) or step % log_every == 0
         if step % ckpt_every == 0 and step < num_steps:
           save(step)
         if eval_every and step % eval_every == 0 and step < num_steps:
-          process(*pending)
+          on_host(*pending)
           pending = None
-          eval_result = run_evaluation(config, state, step, workdir, writer, hook)
+          eval_result = run_evaluation(config, state, step, workdir, writer, eval_fn)
         if sync_point:
           if _agree(stop_signal.received is not None):
             stop_reason = f'signal {stop_signal.name or "SIGTERM"}'
@@ -600,7 +545,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
             stop_reason = f'time budget {budget:g}s'
             break
       if pending is not None:
-        process(*pending)
+        on_host(*pending)
         pending = None
   except NonFiniteLossError as e:
     save(step)
@@ -626,8 +571,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
     if stop_reason != 'num_steps':
       logging.warning('Stopping at step %d of %d: %s reached; checkpoint saved.', step,
                       num_steps, stop_reason)
-    if bool(tc.get('final_eval', True)):
-      eval_result = run_evaluation(config, state, step, workdir, writer, hook)
+    if tc.final_eval:
+      eval_result = run_evaluation(config, state, step, workdir, writer, eval_fn)
   ckpt.close()
   writer.close()
   summary = _write_summary(workdir, step, stop_reason, train_step, t_start)

@@ -215,7 +215,7 @@ def plot_reveal_ordering(schedule: ScheduleLike, num_steps: int, *, title: str |
   Returns:
     The figure; `fig.axes[0]` holds one line per level labelled 'level k' (x = t_n, y = λ_k).
   """
-  from hmdlm_jax import schedules as schedules_lib  # local: keeps this module importable alone
+  from hmdlm_jax.processes import schedules as schedules_lib  # local: keeps this module importable alone
 
   if int(num_steps) != num_steps or num_steps < 1:
     raise ValueError(f'num_steps must be a positive integer (config sample.num_steps), got {num_steps!r}')

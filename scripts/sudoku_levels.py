@@ -9,15 +9,11 @@ Generates puzzles (timing the generator) or reads a Palm `quiz,solution` CSV:
 from __future__ import annotations
 
 import argparse
-import os
-import sys
 import time
 
 import numpy as np
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), '..'))
-
-from hmdlm_jax.data import sudoku  # pylint: disable=g-import-not-at-top,wrong-import-position
+from hmdlm_jax.data import sudoku
 
 
 def _bar(frac: float, width: int = 40) -> str:

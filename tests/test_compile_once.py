@@ -15,7 +15,8 @@ import numpy as np
 
 from benchmarks import train_step as ts
 from hmdlm_jax import models
-from hmdlm_jax import schedules
+from hmdlm_jax import config as config_lib
+from hmdlm_jax import processes
 from hmdlm_jax import sharding as shd
 from hmdlm_jax import train
 
@@ -37,13 +38,12 @@ def test_train_step_compiles_once_over_20_steps():
   from configs import tiny_test  # pylint: disable=g-import-not-at-top
   config = tiny_test.get_config()
   config.train.num_steps = NUM_STEPS
-  config = train.resolve_config(config)
+  config = config_lib.resolve(config)
   train.validate_config(config)
   mesh = shd.make_mesh(config.mesh)
   model = models.build_model(config.model)
-  schedule = schedules.schedule_from_config(config.schedule, int(config.model.num_levels))
   state, shardings = train.create_train_state(config, mesh, model)
-  step = train.make_train_step(config, model, schedule, mesh, shardings)
+  step = train.make_train_step(config, model, processes.build(config), mesh, shardings)
   counter = ts.compile_counter()
   n0 = len(counter.events)
   after_first = None

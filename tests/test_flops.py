@@ -9,9 +9,10 @@ import numpy as np
 import pytest
 
 from benchmarks import flops
-from hmdlm_jax import losses
+from hmdlm_jax import config as config_lib
+from hmdlm_jax.processes import hmdlm
 from hmdlm_jax import models
-from hmdlm_jax import schedules
+from hmdlm_jax.processes import schedules
 
 # A 1-layer model small enough to count by hand: H=8, 2 heads, M=16, C=4, V=11, K=3, L=5, B=2.
 H, HEADS, M, C, V, K, L, B = 8, 2, 16, 4, 11, 3, 5, 2
@@ -101,14 +102,14 @@ def test_train_step_matches_gradient_jaxpr(backbone, num_levels):
   params = models.abstract_params(model, L)  # shapes only: nothing is compiled
   offsets = (0.0, 0.1, 0.2)[:num_levels]
   sched = schedules.Schedule('loglinear', offsets)
-  loss_cfg = losses.LossConfig(num_levels=num_levels, mask_id=V - 1, train_steps_T=10)
+  loss_cfg = config_lib.LossConfig(num_levels=num_levels, mask_id=V - 1, train_steps_T=10)
   batch = _batch()
   if num_levels == 1:
     batch['levels'] = jnp.zeros_like(batch['levels'])
 
   def loss(p):
     apply_fn = models.make_apply_fn(model, p, train=False)
-    return losses.diffusion_loss(apply_fn, batch, jax.random.PRNGKey(1), sched, loss_cfg)[0]
+    return hmdlm.diffusion_loss(apply_fn, batch, jax.random.PRNGKey(1), sched, loss_cfg)[0]
 
   counted = flops.jaxpr_matmul_flops(jax.value_and_grad(loss), params)
   step = flops.train_step_flops(cfg, B)

@@ -10,10 +10,11 @@ import numpy as np
 import pytest
 
 from configs.base import get_base_config
-from hmdlm_jax import corruption
-from hmdlm_jax import losses
-from hmdlm_jax import parameterization
-from hmdlm_jax.schedules import Schedule
+from hmdlm_jax import config as config_lib
+from hmdlm_jax.processes import base
+from hmdlm_jax.processes import hmdlm
+from hmdlm_jax.processes import parameterization
+from hmdlm_jax.processes.schedules import Schedule
 
 V = 11  # vocabulary incl. MASK
 MASK = V - 1
@@ -99,7 +100,7 @@ def test_terms_match_numpy(offsets, prior_corrected):
   logg = parameterization.level_log_probs(jnp.asarray(hier_logits), jnp.asarray(t), sched,
                                           prior_corrected=prior_corrected)
   nll = -jnp.take_along_axis(logf, batch['tokens'][..., None], -1)[..., 0]
-  got = losses.loss_terms(nll, logg, batch['levels'], masked, batch['loss_mask'],
+  got = hmdlm.loss_terms(nll, logg, batch['levels'], masked, batch['loss_mask'],
                           sched.hazard(t))
 
   # numpy: SUBS (MASK logit -inf) and the prior-corrected level head, in float64.
@@ -193,12 +194,12 @@ def test_normalised_by_loss_positions_not_masked_count():
   nll = np.array([[1.0, 3.0, 5.0, 5.0, 5.0, 5.0, 100.0, np.inf]], np.float32)
   logg = np.log(np.full((1, 8, k), 0.5, np.float32))
   hazard = np.array([[2.0, 4.0]], np.float32)
-  got = losses.loss_terms(nll, logg, lv, masked, loss_mask, hazard)
+  got = hmdlm.loss_terms(nll, logg, lv, masked, loss_mask, hazard)
   np.testing.assert_allclose(float(got['lm'][0]), 2.0 * (1 + 3) / 6, rtol=1e-6)
   np.testing.assert_allclose(float(got['hier'][0]), 2.0 * 2 * np.log(2) / 6, rtol=1e-6)
   np.testing.assert_allclose(float(got['cons'][0]), 2 * (3.0 - 2.0) / 6, rtol=1e-6)
   # No loss positions at all: zeros, not NaN.
-  got = losses.loss_terms(nll, logg, lv, masked, np.zeros_like(loss_mask), hazard)
+  got = hmdlm.loss_terms(nll, logg, lv, masked, np.zeros_like(loss_mask), hazard)
   assert all(float(v[0]) == 0.0 for v in got.values())
 
 
@@ -210,7 +211,7 @@ def mdlm_reference(logits_fn, batch, key, t_min, eps=1e-3):
   SUBS, sum over masked loss tokens / number of loss tokens in the batch (MDLM's token mean).
   Uses the same random draws as the library (documented key split) to compare exactly."""
   k_t, k_mask, _ = jax.random.split(key, 3)
-  t = np.asarray(corruption.sample_times(k_t, B, t_min=t_min), np.float64)
+  t = np.asarray(base.sample_times(k_t, B, t_min=t_min), np.float64)
   move = (1 - eps) * t
   u = np.asarray(jax.random.uniform(k_mask, (B, L), jnp.float32), np.float64)
   masked = (u < move[:, None].astype(np.float32)) & ~batch['given']
@@ -231,15 +232,18 @@ def test_k1_equals_mdlm():
   apply_fn = functools.partial(net, params)
   sched = Schedule('loglinear', (0.0,))
   batch = make_batch(2, 1)
-  cfg = losses.LossConfig(mask_id=MASK, num_levels=1, t_min=1e-3)
+  cfg = config_lib.LossConfig(mask_id=MASK, num_levels=1, t_min=1e-3)
   loss_fns = {v: jax.jit(functools.partial(
-      losses.diffusion_loss, apply_fn, schedule=sched,
-      cfg=losses.LossConfig(mask_id=MASK, num_levels=1, t_min=1e-3, variant=v)))
-      for v in losses.VARIANTS}  # the variant is irrelevant for K = 1
-  bound_fn = jax.jit(functools.partial(losses.bound_per_example, apply_fn, schedule=sched,
-                                       cfg=cfg))
-  app_e_fn = jax.jit(functools.partial(losses.appendix_e_per_example, apply_fn, schedule=sched,
-                                       cfg=cfg))
+      hmdlm.diffusion_loss, apply_fn, schedule=sched,
+      cfg=config_lib.LossConfig(mask_id=MASK, num_levels=1, t_min=1e-3, variant=v)))
+      for v in config_lib.VARIANTS}  # the variant is irrelevant for K = 1
+  process = hmdlm.HMDLM(sched, cfg)
+  bound_fn = jax.jit(functools.partial(process.bound, apply_fn))
+
+  @jax.jit
+  def app_e_fn(batch, key, t):
+    state = process.corrupt(key, batch, t)
+    return process.estimates_from_state(apply_fn, batch, state, t)['appendix_e']
   for seed in range(2):
     key = jax.random.key(seed)
     ref, t, masked, xt = mdlm_reference(
@@ -254,13 +258,13 @@ def test_k1_equals_mdlm():
     k_mask, _ = jax.random.split(key)
     t32 = jnp.asarray(t, jnp.float32)
     bound = bound_fn(batch, key, t32)
-    _, _, masked_b = corruption.corrupt(k_mask, batch['tokens'], batch['levels'], batch['given'],
+    _, _, masked_b = hmdlm.corrupt(k_mask, batch['tokens'], batch['levels'], batch['given'],
                                         t32, sched, mask_id=MASK)
     app_e = app_e_fn(batch, k_mask, t32)
     n = batch['loss_mask'].sum(1)
     tot = (np.asarray(bound['total']) * n).sum() / n.sum()
     np.testing.assert_allclose(np.asarray(app_e), np.asarray(bound['total']), rtol=1e-6)
-    # Same t but fresh masks: compare with MDLM evaluated on this corruption.
+    # Same t but fresh masks: compare with MDLM evaluated on this hmdlm.
     logits = np.asarray(net(params, jnp.where(masked_b, MASK, batch['tokens']),
                             jnp.where(masked_b, 1, 0), jnp.asarray(t, jnp.float32),
                             heads=('token',))['token'], np.float64)
@@ -287,18 +291,18 @@ class Spy:
     return self.fn(tokens, levels, t, heads=heads, token_levels=token_levels)
 
 
-@pytest.mark.parametrize('variant', losses.VARIANTS)
+@pytest.mark.parametrize('variant', config_lib.VARIANTS)
 def test_pass_contexts(variant):
   k = 2
   params, net = make_net(1, k)
   spy = Spy(functools.partial(net, params))
   batch = make_batch(3, k)
   sched = Schedule('loglinear', (0.0, 0.25))
-  cfg = losses.LossConfig(mask_id=MASK, num_levels=k, variant=variant, train_steps_T=4)
-  losses.diffusion_loss(spy, batch, jax.random.key(0), sched, cfg)
+  cfg = config_lib.LossConfig(mask_id=MASK, num_levels=k, variant=variant, train_steps_T=4)
+  hmdlm.diffusion_loss(spy, batch, jax.random.key(0), sched, cfg)
   k_t, k_mask, k_rev = jax.random.split(jax.random.key(0), 3)
-  t = corruption.sample_times(k_t, B)
-  xt, ht, masked = map(np.asarray, corruption.corrupt(
+  t = base.sample_times(k_t, B)
+  xt, ht, masked = map(np.asarray, hmdlm.corrupt(
       k_mask, batch['tokens'], batch['levels'], batch['given'], t, sched, mask_id=MASK))
   if variant == 'two_pass':
     assert [c['heads'] for c in spy.calls] == [('hier',), ('token',)]
@@ -322,9 +326,9 @@ def test_bound_two_pass_shows_one_gold_level():
   spy = Spy(functools.partial(net, params))
   batch = make_batch(4, k)
   sched = Schedule('loglinear', (0.0, 0.25))
-  cfg = losses.LossConfig(mask_id=MASK, num_levels=k, variant='two_pass')
+  cfg = config_lib.LossConfig(mask_id=MASK, num_levels=k, variant='two_pass')
   t = jnp.full((B,), 0.7)
-  out = losses.bound_per_example(spy, batch, jax.random.key(1), t, sched, cfg)
+  out = hmdlm.HMDLM(sched, cfg).bound(spy, batch, jax.random.key(1), t)
   assert set(out) == {'lm', 'hier', 'cons', 'total', 'num_tokens'}
   ht, hs = spy.calls[0]['levels'], spy.calls[1]['levels']
   masked = spy.calls[0]['tokens'] == MASK
@@ -350,8 +354,8 @@ def test_metrics_and_betas():
   params, net = make_net(2, k)
   batch = make_batch(5, k)
   sched = Schedule('loglinear', (0.0, 0.25))
-  cfg = losses.LossConfig(mask_id=MASK, num_levels=k, beta_hier=0.5, beta_cons=2.0)
-  loss, m = jax.jit(functools.partial(losses.diffusion_loss, functools.partial(net, params),
+  cfg = config_lib.LossConfig(mask_id=MASK, num_levels=k, beta_hier=0.5, beta_cons=2.0)
+  loss, m = jax.jit(functools.partial(hmdlm.diffusion_loss, functools.partial(net, params),
                                       schedule=sched, cfg=cfg))(batch, jax.random.key(3))
   for name in ('loss', 'lm', 'hier', 'cons', 'nelbo', 'token_nll', 'level_acc', 'mask_rate',
                'num_loss_tokens', 'finite'):
@@ -362,7 +366,7 @@ def test_metrics_and_betas():
   assert float(m['num_loss_tokens']) == batch['loss_mask'].sum()
   assert float(m['finite']) == 1.0 and 0 < float(m['mask_rate']) < 1
   # Gradients are finite (no 0 * inf leaking through the masking).
-  grads = jax.jit(jax.grad(lambda p: losses.diffusion_loss(
+  grads = jax.jit(jax.grad(lambda p: hmdlm.diffusion_loss(
       functools.partial(net, p), batch, jax.random.key(3), sched, cfg)[0]))(params)
   assert all(np.all(np.isfinite(np.asarray(g))) for g in jax.tree.leaves(grads))
 
@@ -371,36 +375,36 @@ def test_nan_is_not_averaged_away():
   k = 2
   batch = make_batch(6, k)
   sched = Schedule('loglinear', (0.0, 0.25))
-  cfg = losses.LossConfig(mask_id=MASK, num_levels=k)
+  cfg = config_lib.LossConfig(mask_id=MASK, num_levels=k)
 
   def bad(tokens, levels, t, *, heads, token_levels=None):
     out = {'hier': jnp.zeros(tokens.shape + (k,)),
            'token': jnp.zeros(tokens.shape + (V,)).at[0, :, 0].set(jnp.nan)}
     return {h: out[h] for h in heads}
 
-  loss, m = losses.diffusion_loss(bad, batch, jax.random.key(0), sched, cfg)
+  loss, m = hmdlm.diffusion_loss(bad, batch, jax.random.key(0), sched, cfg)
   assert np.isnan(float(loss)) and float(m['finite']) == 0.0
   with pytest.raises(FloatingPointError, match=r'lm=nan'):
-    losses.raise_if_nonfinite(m, where='step 7')
+    base.raise_if_nonfinite(m, where='step 7')
 
 
 def test_loss_config_from_config():
   c = get_base_config()
-  cfg = losses.LossConfig.from_config(c)
+  cfg = config_lib.LossConfig.from_config(c)
   assert cfg.mask_id == c.model.vocab_size - 1 and cfg.num_levels == 2
   assert cfg.variant == 'two_pass' and cfg.prior_corrected and cfg.train_steps_T == 1000
   hash(cfg)
   c.model.variant = 'three_pass'
   with pytest.raises(ValueError, match='model.variant'):
-    losses.LossConfig.from_config(c)
+    config_lib.LossConfig.from_config(c)
   c = get_base_config()
   c.model.mask_id = c.model.vocab_size
   with pytest.raises(ValueError, match='model.mask_id'):
-    losses.LossConfig.from_config(c)
+    config_lib.LossConfig.from_config(c)
   c = get_base_config()
   c.loss.t_min = 1.0
   with pytest.raises(ValueError, match='loss.t_min'):
-    losses.LossConfig.from_config(c)
+    config_lib.LossConfig.from_config(c)
   with pytest.raises(ValueError, match='model.num_levels'):
-    losses.diffusion_loss(lambda *a, **kw: {}, make_batch(0, 2), jax.random.key(0),
-                          Schedule('loglinear', (0.0,)), losses.LossConfig(mask_id=MASK))
+    hmdlm.diffusion_loss(lambda *a, **kw: {}, make_batch(0, 2), jax.random.key(0),
+                          Schedule('loglinear', (0.0,)), config_lib.LossConfig(mask_id=MASK))

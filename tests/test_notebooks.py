@@ -11,7 +11,6 @@ repository search (working directory or a parent) is exercised too.
 from __future__ import annotations
 
 import json
-import os
 import pathlib
 import subprocess
 import sys

@@ -1,6 +1,7 @@
-"""Tests of hmdlm_jax/sampling.py: Algorithm 2, MDLM (K = 1), confidence ordering, cache (SPEC 7).
+"""Tests of hmdlm_jax/processes/hmdlm_sampler.py: Algorithm 2, MDLM (K = 1), confidence ordering,
+cache (docs/method.md §7, §10).
 
-References: the exact oracle of tests/toy.py (the sampler must sample the data distribution),
+References: the exact oracle of tests/oracle.py (the sampler must sample the data distribution),
 closed forms of the reveal schedule (telescoping products of λ_k(s, t), numpy float64), a numpy
 re-implementation of the confidence rule, and exact call counts from the reveal steps.
 Statistical checks use 5 binomial standard errors unless stated.
@@ -17,10 +18,13 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from configs import base
-from hmdlm_jax import sampling
-from hmdlm_jax.schedules import Schedule
-from tests import toy as toylib
+from configs import base as base_config
+from hmdlm_jax import config as config_lib
+from hmdlm_jax.processes import base
+from hmdlm_jax.processes import hmdlm
+from hmdlm_jax.processes import hmdlm_sampler
+from hmdlm_jax.processes.schedules import Schedule
+from tests import oracle
 
 LOGLINEAR = Schedule('loglinear', (0.0, 0.25))
 POWER = Schedule('power', (1.0, 2.0))
@@ -33,39 +37,15 @@ NSE = 5.0  # tolerance in binomial standard errors
 # Helpers: models implementing the apply_fn contract.
 
 
-def _memo_oracle(apply_fn: Callable[..., dict], *, num_tokens: int, num_levels: int,
-                 seq_len: int) -> Callable[..., dict]:
-  """The oracle, evaluated once per call on EVERY position state and looked up (exact, faster).
-
-  A position's state is (token in 0..V, level in 0..K), so there are ((V+1)(K+1))^L states
-  (1728 for the toy) instead of B = 20000 rows. The sampler calls with one t for the batch. The
-  oracle's token head conditions each position on its own `token_levels` entry separately, so the
-  single-pass lookup evaluates it once per level value and picks per position.
-  """
-  n_state = (num_tokens + 1) * (num_levels + 1)
-  weights = n_state ** np.arange(seq_len - 1, -1, -1)
-  digits = (np.arange(n_state ** seq_len)[:, None] // weights) % n_state  # [S, L]
-  tok_all = jnp.asarray(digits // (num_levels + 1), jnp.int32)
-  lvl_all = jnp.asarray(digits % (num_levels + 1), jnp.int32)
-  weights = jnp.asarray(weights, jnp.int32)
-
-  def fn(tokens, levels, t, *, heads, token_levels=None):
-    t_all = jnp.full((tok_all.shape[0],), t[0])
-    code = jnp.sum((tokens * (num_levels + 1) + levels) * weights, axis=-1)  # [B]
-    if token_levels is None:
-      out = apply_fn(tok_all, lvl_all, t_all, heads=heads)
-      return {k: v[code] for k, v in out.items()}
-    out = {}
-    if 'hier' in heads:
-      out['hier'] = apply_fn(tok_all, lvl_all, t_all, heads=('hier',))['hier'][code]
-    per_level = jnp.stack([
-        apply_fn(tok_all, lvl_all, t_all, heads=('token',),
-                 token_levels=jnp.full_like(tok_all, k))['token']
-        for k in range(num_levels + 1)])  # [K+1, S, L, V]
-    out['token'] = per_level[token_levels, code[:, None], jnp.arange(seq_len)[None, :]]
-    return out
-
-  return fn
+def _toy_oracle(toy: oracle.Toy, schedule, probs=None, memo: bool = True) -> Callable[..., dict]:
+  """The exact oracle of tests/oracle.py for HMDLM on `schedule` (memoised over all states)."""
+  cfg = config_lib.LossConfig(mask_id=toy.mask_id, num_levels=toy.num_levels,
+                              prior_corrected=False)
+  fn = oracle.make_oracle(toy, hmdlm.HMDLM(schedule, cfg), probs=probs)
+  if not memo:
+    return fn
+  return oracle.memoize(fn, vocab_size=toy.vocab_size, num_level_inputs=toy.num_levels + 1,
+                        seq_len=toy.seq_len, num_levels=toy.num_levels)
 
 
 def _const_model(hier_logits: np.ndarray | None, token_logits: np.ndarray) -> Callable[..., dict]:
@@ -109,17 +89,24 @@ def _hash_model(num_levels: int, vocab: int, counter: list[int] | None = None
   return fn
 
 
-def _cfg(**kw) -> sampling.SampleConfig:
+def _cfg(**kw) -> config_lib.SampleConfig:
   kw.setdefault('prior_corrected', False)
-  return sampling.SampleConfig(**kw)
+  return config_lib.SampleConfig(**kw)
 
 
 # One compile per (model, schedule, config, shape): the model object is hashed by identity.
-_sample_jit = jax.jit(sampling.sample, static_argnums=(0, 2, 3),
+_sample_jit = jax.jit(hmdlm_sampler.sample, static_argnums=(0, 2, 3),
                       static_argnames=('batch_size', 'seq_len'))
 
 
-def _run(apply_fn, key, schedule, cfg, **kw) -> sampling.SampleOutput:
+def _process(schedule, cfg: config_lib.SampleConfig, **kw) -> hmdlm.HMDLM:
+  """The HMDLM process of a schedule with the sampler's K, mask id and head settings."""
+  loss_cfg = config_lib.LossConfig(mask_id=cfg.mask_id, num_levels=cfg.num_levels,
+                                   prior_corrected=cfg.prior_corrected, variant=cfg.variant)
+  return hmdlm.HMDLM(schedule, loss_cfg, **kw)
+
+
+def _run(apply_fn, key, schedule, cfg, **kw) -> base.SampleOutput:
   return jax.tree.map(np.asarray, _sample_jit(apply_fn, key, schedule, cfg, **kw))
 
 
@@ -141,39 +128,37 @@ def _assert_fraction(observed: float, expected: float, n: int, what: str) -> Non
 
 
 # ---------------------------------------------------------------------------------------------
-# The sampler samples the model (exact oracle, T = 1000, 20k samples).
+# The sampler samples the model (exact denoiser, T = 1000, 20k samples).
 
 
 @pytest.mark.parametrize('schedule,variant', [(LOGLINEAR, 'two_pass'), (POWER, 'two_pass'),
                                               (LOGLINEAR, 'single_pass')],
                          ids=['loglinear-two_pass', 'power-two_pass', 'loglinear-single_pass'])
 def test_algorithm2_samples_the_data_distribution(schedule, variant):
-  toy = toylib.make_toy(0)
-  oracle = _memo_oracle(toylib.make_toy_oracle(toy, schedule), num_tokens=toy.num_tokens,
-                        num_levels=2, seq_len=toy.seq_len)
+  toy = oracle.make_toy(0)
+  denoiser = _toy_oracle(toy, schedule)
   # The oracle's outputs depend on t (the prior factor is part of the posterior): no pass-1 reuse.
   cfg = _cfg(num_steps=1000, num_levels=2, mask_id=toy.mask_id, variant=variant,
              time_conditioning=True)
   bsz, tol = (20_000, 0.03) if variant == 'two_pass' else (10_000, 0.04)
-  out = _run(oracle, jax.random.key(1), schedule, cfg, batch_size=bsz, seq_len=toy.seq_len)
+  out = _run(denoiser, jax.random.key(1), schedule, cfg, batch_size=bsz, seq_len=toy.seq_len)
   assert not np.any(out.tokens == toy.mask_id)
   tv = _tv(_seq_index(out.tokens, toy.num_tokens), toy.probs)
   assert tv < tol, f'TV(samples, data) = {tv:.4f}'
-  recomputed = toylib.frequency_levels(out.tokens, toy.tau, 2)
+  recomputed = oracle.frequency_levels(out.tokens, toy.tau, 2)
   bad_seq = float(np.mean(np.any(recomputed != out.levels, axis=-1)))
   assert bad_seq < 0.005, f'{bad_seq:.4%} of samples have drawn levels != frequency-rule levels'
-  bad_pos = float(sampling.level_disagreement(out.levels, recomputed))
+  bad_pos = float(hmdlm_sampler.level_disagreement(out.levels, recomputed))
   assert bad_pos <= bad_seq
   assert int(out.nfe) == 2 * 1000  # every step reveals something in a batch this large
   assert int(out.nan_calls) == 0
 
 
 def test_mdlm_sampler_samples_the_data_distribution():
-  toy = toylib.make_toy(3, num_levels=1)
-  oracle = _memo_oracle(toylib.make_toy_oracle(toy, MDLM), num_tokens=toy.num_tokens,
-                        num_levels=1, seq_len=toy.seq_len)
+  toy = oracle.make_toy(3, num_levels=1)
+  denoiser = _toy_oracle(toy, MDLM)
   cfg = _cfg(num_steps=1000, num_levels=1, mask_id=toy.mask_id, use_cache=False)
-  out = _run(oracle, jax.random.key(2), MDLM, cfg, batch_size=20_000, seq_len=toy.seq_len)
+  out = _run(denoiser, jax.random.key(2), MDLM, cfg, batch_size=20_000, seq_len=toy.seq_len)
   tv = _tv(_seq_index(out.tokens, toy.num_tokens), toy.probs)
   assert tv < 0.03, f'TV(samples, data) = {tv:.4f}'
   assert np.all(out.levels == 0)
@@ -182,28 +167,27 @@ def test_mdlm_sampler_samples_the_data_distribution():
 
 def test_sampler_from_a_wrong_model_is_detected():
   """The TV check can fail: an oracle of another distribution is > 0.03 away from the data."""
-  toy = toylib.make_toy(0)
-  other = toylib.make_toy(7).probs
-  oracle = toylib.make_toy_oracle(toy, POWER, probs=other)
+  toy = oracle.make_toy(0)
+  other = oracle.make_toy(7).probs
+  denoiser = _toy_oracle(toy, POWER, probs=other, memo=False)
   cfg = _cfg(num_steps=50, num_levels=2, mask_id=toy.mask_id)
-  out = _run(oracle, jax.random.key(3), POWER, cfg, batch_size=4000, seq_len=toy.seq_len)
+  out = _run(denoiser, jax.random.key(3), POWER, cfg, batch_size=4000, seq_len=toy.seq_len)
   assert _tv(_seq_index(out.tokens, toy.num_tokens), toy.probs) > 0.1
 
 
 def test_infilling_samples_the_conditional_distribution():
   """Given position 1 = (token a, level b): samples follow p(x | x_1 = a, h_1 = b)."""
-  toy = toylib.make_toy(0)
+  toy = oracle.make_toy(0)
   a, b = 2, 1
   keep = (toy.seqs[:, 1] == a) & (toy.levels[:, 1] == b)
   cond = np.where(keep, toy.probs, 0.0)
   cond /= cond.sum()
-  oracle = _memo_oracle(toylib.make_toy_oracle(toy, LOGLINEAR), num_tokens=toy.num_tokens,
-                        num_levels=2, seq_len=toy.seq_len)
+  denoiser = _toy_oracle(toy, LOGLINEAR)
   cfg = _cfg(num_steps=200, num_levels=2, mask_id=toy.mask_id)
   bsz = 10_000
   given = np.zeros((bsz, 3), bool)
   given[:, 1] = True
-  out = _run(oracle, jax.random.key(4), LOGLINEAR, cfg, batch_size=bsz, seq_len=3,
+  out = _run(denoiser, jax.random.key(4), LOGLINEAR, cfg, batch_size=bsz, seq_len=3,
              given_tokens=np.full((bsz, 3), a), given_levels=np.full((bsz, 3), b),
              given_mask=given)
   assert np.all(out.tokens[:, 1] == a) and np.all(out.levels[:, 1] == b)
@@ -307,14 +291,14 @@ def test_last_step_when_no_level_is_active():
 
 @pytest.mark.parametrize('ordering', ['ancestral', 'confidence'])
 def test_given_positions_are_never_changed(ordering):
-  toy = toylib.make_toy(0)
+  toy = oracle.make_toy(0)
   rng = np.random.default_rng(3)
   bsz, steps = 64, 30
   given = rng.random((bsz, 3)) < 0.4
   gtok = rng.integers(0, 3, (bsz, 3))
   glev = rng.integers(0, 2, (bsz, 3))
   cfg = _cfg(num_steps=steps, num_levels=2, mask_id=toy.mask_id, ordering=ordering)
-  out = _run(toylib.make_toy_oracle(toy, POWER), jax.random.key(9), POWER, cfg, batch_size=bsz,
+  out = _run(_toy_oracle(toy, POWER, memo=False), jax.random.key(9), POWER, cfg, batch_size=bsz,
              seq_len=3, given_tokens=gtok, given_levels=glev, given_mask=given)
   np.testing.assert_array_equal(out.tokens[given], gtok[given])
   np.testing.assert_array_equal(out.levels[given], glev[given])
@@ -366,17 +350,17 @@ def test_temperature_scales_the_token_distribution():
 
 
 def test_confidence_greedy_is_deterministic():
-  toy = toylib.make_toy(0)
+  toy = oracle.make_toy(0)
   cfg = _cfg(num_steps=3, num_levels=2, mask_id=toy.mask_id, ordering='confidence', greedy=True)
-  oracle = toylib.make_toy_oracle(toy, LOGLINEAR)
-  outs = [_run(oracle, jax.random.key(k), LOGLINEAR, cfg, batch_size=4, seq_len=3)
+  denoiser = _toy_oracle(toy, LOGLINEAR, memo=False)
+  outs = [_run(denoiser, jax.random.key(k), LOGLINEAR, cfg, batch_size=4, seq_len=3)
           for k in (0, 1, 2)]
   for o in outs[1:]:
     for a, b in zip(o, outs[0]):
       np.testing.assert_array_equal(a, b)
   # ...while the ancestral sampler at the same settings is random.
   cfg = _cfg(num_steps=3, num_levels=2, mask_id=toy.mask_id, greedy=True)
-  anc = [_run(oracle, jax.random.key(k), LOGLINEAR, cfg, batch_size=64, seq_len=3).reveal_step
+  anc = [_run(denoiser, jax.random.key(k), LOGLINEAR, cfg, batch_size=64, seq_len=3).reveal_step
          for k in (0, 1)]
   assert not np.array_equal(anc[0], anc[1])
 
@@ -403,7 +387,7 @@ def test_confidence_level_context_seen_by_pass_2(level_context):
 
   cfg = _cfg(num_steps=steps, num_levels=k, mask_id=v - 1, ordering='confidence', greedy=True,
              level_context=level_context)
-  out = sampling.sample(apply_fn, jax.random.key(0), LOGLINEAR3, cfg, batch_size=2, seq_len=l)
+  out = hmdlm_sampler.sample(apply_fn, jax.random.key(0), LOGLINEAR3, cfg, batch_size=2, seq_len=l)
   assert seen
   for masked, levels in seen:
     if level_context == 'none':
@@ -411,7 +395,7 @@ def test_confidence_level_context_seen_by_pass_2(level_context):
     else:
       assert np.all(levels[masked] < k)
   assert np.all(np.asarray(out.levels) < k) and np.all(np.asarray(out.tokens) != v - 1)
-  ref = sampling.sample(apply_fn, jax.random.key(0), LOGLINEAR3,
+  ref = hmdlm_sampler.sample(apply_fn, jax.random.key(0), LOGLINEAR3,
                         dataclasses.replace(cfg, level_context='candidates'), batch_size=2,
                         seq_len=l)
   for a, b in zip(out[:3], ref[:3]):
@@ -436,7 +420,7 @@ def test_level_context_is_a_confidence_ordering_knob_only():
       out['token'] = 3.0 * jax.nn.one_hot(levels % (v - 1), v)  # the level picks the token
     return out
 
-  outs = [sampling.sample(apply_fn, jax.random.key(3), LOGLINEAR,
+  outs = [hmdlm_sampler.sample(apply_fn, jax.random.key(3), LOGLINEAR,
                           _cfg(num_steps=4, num_levels=k, mask_id=v - 1, level_context=lc),
                           batch_size=8, seq_len=l) for lc in ('candidates', 'none')]
   for a, b in zip(outs[0], outs[1]):
@@ -647,15 +631,15 @@ def test_confidence_ordering_solves_a_deterministic_puzzle(num_levels):
 
 
 def test_sample_config_from_config():
-  c = base.get_base_config()
-  cfg = sampling.SampleConfig.from_config(c)
-  assert cfg == sampling.SampleConfig(
+  c = base_config.get_base_config()
+  cfg = config_lib.SampleConfig.from_config(c)
+  assert cfg == config_lib.SampleConfig(
       num_steps=128, num_levels=2, mask_id=c.model.vocab_size - 1, temperature=1.0, greedy=False,
       ordering='ancestral', use_cache=True, prior_corrected=True, variant='two_pass',
       time_conditioning=False)
   hash(cfg)  # static jit argument
   c.model.mask_id = 7
-  assert sampling.SampleConfig.from_config(c).mask_id == 7
+  assert config_lib.SampleConfig.from_config(c).mask_id == 7
 
 
 @pytest.mark.parametrize('section,field,value', [
@@ -666,18 +650,18 @@ def test_sample_config_from_config():
     ('model', 'variant', 'three_pass'), ('model', 'num_levels', 0),
     ('model', 'mask_id', 10 ** 9)])
 def test_sample_config_rejects_bad_values(section, field, value):
-  c = base.get_base_config()
+  c = base_config.get_base_config()
   with c.unlocked():
     c[section][field] = value
   with pytest.raises(ValueError, match=f'{section}.{field}|SampleConfig.{field}'):
-    sampling.SampleConfig.from_config(c)
+    config_lib.SampleConfig.from_config(c)
 
 
 def test_sample_config_rejects_non_bool_flags():
   with pytest.raises(ValueError, match='greedy'):
-    sampling.SampleConfig(num_steps=4, num_levels=2, mask_id=3, greedy='yes')
+    config_lib.SampleConfig(num_steps=4, num_levels=2, mask_id=3, greedy='yes')
   with pytest.raises(ValueError, match='time_conditioning'):
-    sampling.SampleConfig(num_steps=4, num_levels=2, mask_id=3, time_conditioning=1)
+    config_lib.SampleConfig(num_steps=4, num_levels=2, mask_id=3, time_conditioning=1)
 
 
 def test_sample_rejects_inconsistent_arguments():
@@ -685,25 +669,21 @@ def test_sample_rejects_inconsistent_arguments():
   cfg = _cfg(num_steps=4, num_levels=2, mask_id=3)
   key = jax.random.key(0)
   with pytest.raises(ValueError, match='levels'):
-    sampling.sample(model, key, MDLM, cfg, batch_size=2, seq_len=3)
+    hmdlm_sampler.sample(model, key, MDLM, cfg, batch_size=2, seq_len=3)
   with pytest.raises(ValueError, match='given_levels'):
-    sampling.sample(model, key, LOGLINEAR, cfg, batch_size=2, seq_len=3,
+    hmdlm_sampler.sample(model, key, LOGLINEAR, cfg, batch_size=2, seq_len=3,
                     given_tokens=np.zeros((2, 3), int), given_mask=np.ones((2, 3), bool))
   with pytest.raises(ValueError, match='given_mask'):
-    sampling.sample(model, key, LOGLINEAR, cfg, batch_size=2, seq_len=3,
+    hmdlm_sampler.sample(model, key, LOGLINEAR, cfg, batch_size=2, seq_len=3,
                     given_tokens=np.zeros((2, 3), int))
-  with pytest.raises(ValueError, match='mask_id'):
-    sampling.sample(model, key, LOGLINEAR, cfg, batch_size=2, seq_len=3, mask_id=0)
   with pytest.raises(ValueError, match='given_tokens must be real tokens'):
-    sampling.sample(model, key, LOGLINEAR, cfg, batch_size=2, seq_len=3,
+    hmdlm_sampler.sample(model, key, LOGLINEAR, cfg, batch_size=2, seq_len=3,
                     given_tokens=np.full((2, 3), 3), given_levels=np.zeros((2, 3), int),
                     given_mask=np.ones((2, 3), bool))
   with pytest.raises(ValueError, match='given_levels must lie in 0..1'):
-    sampling.sample(model, key, LOGLINEAR, cfg, batch_size=2, seq_len=3,
+    hmdlm_sampler.sample(model, key, LOGLINEAR, cfg, batch_size=2, seq_len=3,
                     given_tokens=np.zeros((2, 3), int), given_levels=np.full((2, 3), 2),
                     given_mask=np.ones((2, 3), bool))
-  with pytest.raises(ValueError, match='prior_corrected'):
-    sampling.sample(model, key, LOGLINEAR, cfg, batch_size=2, seq_len=3, prior_corrected=True)
 
 
 def test_make_sampler_jits_with_params_as_argument():
@@ -714,7 +694,7 @@ def test_make_sampler_jits_with_params_as_argument():
   def builder(params):
     return _const_model(params['hier'], params['tok'])
 
-  run = sampling.make_sampler(builder, schedule, cfg, batch_size=bsz, seq_len=seq_len)
+  run = base.make_sampler(_process(schedule, cfg), builder, cfg, batch_size=bsz, seq_len=seq_len)
   rng = np.random.default_rng(6)
   for _ in range(2):  # new params, same compiled function; greedy tokens = argmax of the params
     params = {'hier': jnp.asarray(rng.normal(size=(bsz, seq_len, 2)), jnp.float32),
@@ -730,8 +710,9 @@ def test_make_sampler_checks_the_reveal_ordering():
   bad = Schedule('loglinear', (0.25, 0.0))
   cfg = _cfg(num_steps=10, num_levels=2, mask_id=4)
   with pytest.raises(ValueError, match='Appendix D'):
-    sampling.make_sampler(lambda p: p, bad, cfg, batch_size=1, seq_len=2)
-  sampling.make_sampler(lambda p: p, bad, cfg, batch_size=1, seq_len=2, check_ordering='off')
+    base.make_sampler(_process(bad, cfg), lambda p: p, cfg, batch_size=1, seq_len=2)
+  base.make_sampler(_process(bad, cfg, check_ordering='off'), lambda p: p, cfg, batch_size=1,
+                    seq_len=2)
 
 
 def test_nan_logits_are_reported():
@@ -743,17 +724,17 @@ def test_nan_logits_are_reported():
              batch_size=bsz, seq_len=seq_len)
   assert int(out.nan_calls) == 5  # every pass-1 call
   with pytest.raises(FloatingPointError, match='5 of 10 network calls returned NaN'):
-    sampling.check_finite(out)
+    base.check_finite(out)
   ok = _run(_const_model(np.zeros_like(hier), np.zeros((bsz, seq_len, 4))), jax.random.key(0),
             LOGLINEAR, cfg, batch_size=bsz, seq_len=seq_len)
-  assert sampling.check_finite(ok) is ok
+  assert base.check_finite(ok) is ok
 
 
 def test_inverse_cdf_draw_frequencies_and_zero_mass_classes():
   p = np.array([0.0, 0.2, 0.0, 0.7, 0.1, 0.0])
   log_p = np.log(np.where(p > 0, p, 1.0)) + np.where(p > 0, 0.0, -np.inf)
   n = 100_000
-  draws = np.asarray(sampling._categorical_icdf(  # pylint: disable=protected-access
+  draws = np.asarray(base.categorical_icdf(  # pylint: disable=protected-access
       jax.random.key(0), jnp.broadcast_to(jnp.asarray(log_p, jnp.float32), (n, 6))))
   freq = np.bincount(draws, minlength=6) / n
   assert np.all(freq[p == 0] == 0)
@@ -761,19 +742,9 @@ def test_inverse_cdf_draw_frequencies_and_zero_mass_classes():
     _assert_fraction(float(freq[k]), float(p[k]), n, f'class {k}')
 
 
-def test_sample_accepts_the_full_config_and_design_signature():
-  c = base.get_base_config()
-  c.model.vocab_size = 5
-  c.sample.num_steps = 4
-  model = _const_model(np.zeros((2, 3, 2)), np.zeros((2, 3, 5)))
-  out = sampling.sample(model, jax.random.key(0), LOGLINEAR, c, batch_size=2, seq_len=3,
-                        mask_id=4, prior_corrected=True)
-  assert out.tokens.shape == (2, 3) and not np.any(np.asarray(out.tokens) == 4)
-
-
 def test_level_disagreement():
   drawn = np.array([[0, 1, 1], [1, 1, 0]])
   recomputed = np.array([[0, 0, 1], [1, 1, 1]])
-  assert float(sampling.level_disagreement(drawn, recomputed)) == pytest.approx(2 / 6)
+  assert float(hmdlm_sampler.level_disagreement(drawn, recomputed)) == pytest.approx(2 / 6)
   where = np.array([[True, False, True], [True, True, False]])
-  assert float(sampling.level_disagreement(drawn, recomputed, where)) == 0.0
+  assert float(hmdlm_sampler.level_disagreement(drawn, recomputed, where)) == 0.0

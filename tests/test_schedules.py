@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 from configs.base import get_base_config
-from hmdlm_jax import schedules
-from hmdlm_jax.schedules import Schedule
+from hmdlm_jax.processes import schedules
+from hmdlm_jax.processes.schedules import Schedule
 
 EPS = 1e-3
 ETA = 1e-8

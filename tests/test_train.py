@@ -18,8 +18,12 @@ import pytest
 
 from tests.conftest import REF_STEPS, main_cmd, read_jsonl, run_cmd, train_losses
 
+from hmdlm_jax import config as config_lib
 from hmdlm_jax import metrics as metrics_lib
+from hmdlm_jax import models
 from hmdlm_jax import optim
+from hmdlm_jax import processes
+from hmdlm_jax import sharding as shd
 from hmdlm_jax import train
 
 
@@ -145,17 +149,17 @@ def test_bad_config_gives_clear_error(tmp_path, puzzle_cache, jax_cache, flag, e
 def test_validate_config_names_fields():
   cfg = _tiny_config()
   cfg.train.grad_accum = 3  # batch 8 is not a multiple of 3
-  with pytest.raises(ValueError, match='data.batch_size=8 must be a positive multiple of '
+  with pytest.raises(ValueError, match='data.batch_size=8 must be a multiple of '
                      'train.grad_accum=3'):
-    train.validate_config(cfg)
+    config_lib.resolve(cfg)
   cfg = _tiny_config()
   cfg.train.log_every = 0
-  with pytest.raises(ValueError, match='train.log_every=0'):
-    train.validate_config(cfg)
+  with pytest.raises(ValueError, match='train.log_every must be an integer >= 1, got 0'):
+    config_lib.resolve(cfg)
   cfg = _tiny_config()
   cfg.optim.b2 = 1.0
   with pytest.raises(ValueError, match=r'optim.b2=1.0 must lie in \[0, 1\)'):
-    train.validate_config(cfg)
+    config_lib.resolve(cfg)
 
 
 def test_resolve_config_derives_offsets_from_k():
@@ -163,22 +167,28 @@ def test_resolve_config_derives_offsets_from_k():
   for k, want in [(6, (0.0, 0.1, 0.2, 0.3, 0.4, 0.5)), (1, (0.0,)), (2, (0.0, 0.5)),
                   (3, (0.0, 0.25, 0.5))]:
     cfg.model.num_levels = k
-    got = train.resolve_config(cfg).schedule.offsets
+    got = config_lib.resolve(cfg).schedule.offsets
     np.testing.assert_allclose(got, want, rtol=0, atol=1e-12)
   cfg.schedule.offsets_max = -1.0  # off: offsets stay as given
   cfg.schedule.offsets = (0.0, 0.3)
-  assert tuple(train.resolve_config(cfg).schedule.offsets) == (0.0, 0.3)
+  assert tuple(config_lib.resolve(cfg).schedule.offsets) == (0.0, 0.3)
 
 
-def test_model_batch_levels():
+def test_prepare_batch_levels():
   batch = {'tokens': np.zeros((2, 3), np.int32), 'levels': np.array([[0, 5, 2], [1, 1, 4]]),
            'given': np.zeros((2, 3), bool), 'loss_mask': np.ones((2, 3), bool),
            'weight': np.ones(2, np.float32)}
-  out = train.model_batch(batch, 1)  # MDLM: a single level
+
+  def prepare(k: int) -> dict[str, np.ndarray]:
+    cfg = _tiny_config()
+    cfg.model.num_levels = k
+    return processes.build(cfg).prepare_batch(batch)
+
+  out = prepare(1)  # MDLM: a single level
   assert set(out) == set(train.BATCH_KEYS) and not out['levels'].any()
-  np.testing.assert_array_equal(train.model_batch(batch, 6)['levels'], batch['levels'])
+  np.testing.assert_array_equal(prepare(6)['levels'], batch['levels'])
   with pytest.raises(ValueError, match='model.num_levels=3'):
-    train.model_batch(batch, 3)
+    prepare(3)
 
 
 def test_microbatches_are_strided():
@@ -227,16 +237,13 @@ def test_gradient_accumulation_equals_full_batch():
 def test_step_traces_with_float32_state_and_loss(dtype, accum):
   """Abstract trace of the real train step (nothing is compiled): bf16 compute keeps float32
   params/EMA and a float32 loss; grad_accum=2 traces the scan over micro-batches."""
-  from hmdlm_jax import models, schedules  # pylint: disable=g-import-not-at-top
-  from hmdlm_jax import sharding as shd  # pylint: disable=g-import-not-at-top
-  cfg = train.resolve_config(_tiny_config())
+  cfg = config_lib.resolve(_tiny_config())
   cfg.model.dtype = dtype
   cfg.train.grad_accum = accum
   mesh = shd.make_mesh(cfg.mesh, jax.devices()[:1])
   model = models.build_model(cfg.model)
-  sched = schedules.schedule_from_config(cfg.schedule, cfg.model.num_levels)
   abstract, sh = train.state_shardings(cfg, model, mesh)
-  step = train.make_train_step(cfg, model, sched, mesh, sh)
+  step = train.make_train_step(cfg, model, processes.build(cfg), mesh, sh)
   batch = {'tokens': jax.ShapeDtypeStruct((8, 81), jnp.int32),
            'levels': jax.ShapeDtypeStruct((8, 81), jnp.int32),
            'given': jax.ShapeDtypeStruct((8, 81), jnp.bool_),

@@ -11,7 +11,7 @@ from PIL import Image
 import pytest
 
 from configs import base as base_config
-from hmdlm_jax import schedules
+from hmdlm_jax.processes import schedules
 from hmdlm_jax import visualize
 
 SOLUTION = ('534678912672195348198342567859761423426853791713924856961537284'

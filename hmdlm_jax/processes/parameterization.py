@@ -1,7 +1,7 @@
-"""Network outputs -> distributions: SUBS token head and (prior-corrected) hierarchy head (SPEC 4).
+"""Network outputs -> distributions: the SUBS token head (every process) and HMDLM's level head.
 
 Both functions compute in float32 at least (float64 inputs stay float64), whatever the network's
-compute dtype, because the losses are taken in float32 (SPEC, standards).
+compute dtype, because the losses are taken in float32 (docs/method.md §5).
 """
 
 from __future__ import annotations
@@ -10,10 +10,11 @@ import chex
 import jax
 import jax.numpy as jnp
 
-from hmdlm_jax.schedules import Schedule
+from hmdlm_jax.processes.schedules import Schedule
 
 
-def _f32(x: jax.Array) -> jax.Array:
+def f32(x: jax.Array) -> jax.Array:
+  """x in float32, or wider if it already is (float64 under x64)."""
   return x.astype(jnp.promote_types(x.dtype, jnp.float32))
 
 
@@ -25,7 +26,7 @@ def _token_logits(token_logits: jax.Array, per_position: jax.Array, mask_id: int
   vocab = token_logits.shape[-1]
   if not 0 <= mask_id < vocab:
     raise ValueError(f'mask_id={mask_id} is outside the vocabulary [0, {vocab}).')
-  return _f32(token_logits)
+  return f32(token_logits)
 
 
 def token_log_probs(token_logits: jax.Array, xt: jax.Array, *, mask_id: int) -> jax.Array:
@@ -71,35 +72,26 @@ def token_nll(token_logits: jax.Array, tokens: jax.Array, *, mask_id: int) -> ja
 
 def level_log_probs(hier_logits: jax.Array, t: jax.Array, schedule: Schedule, *,
                     prior_corrected: bool) -> jax.Array:
-  """Pass-1 hierarchy distribution log g [B, L, K] (SPEC 4).
+  """Pass-1 hierarchy distribution log g [B, L, K] float32 (docs/method.md §4).
 
   prior_corrected: ``log g = log_softmax(logits + log(1 - α_k(t)))`` — the Bayes factor that a
   level-k position is masked at all at time t; -inf for levels with α_k(t) = 1. Where every level
   has α_k(t) = 1 (then no position can be masked, so g is never used) the plain log-softmax is
   returned instead of NaN. Otherwise ``log g = log_softmax(logits)``. For K = 1, zeros [B, L, 1].
-
-  Args:
-    hier_logits: [B, L, K] raw logits.
-    t: [B] times.
-    schedule: the K-level schedule.
-    prior_corrected: the config's model.prior_corrected_head.
-  Returns:
-    [B, L, K] float32 log-probabilities.
   """
   chex.assert_rank(hier_logits, 3)
   chex.assert_rank(t, 1)
   chex.assert_equal_shape_prefix((hier_logits, t), 1)
   big_k = schedule.num_levels
   chex.assert_axis_dimension(hier_logits, 2, big_k)
-  logits = _f32(hier_logits)
+  logits = f32(hier_logits)
   if big_k == 1:
     return jnp.zeros_like(logits)
   if not prior_corrected:
     return jax.nn.log_softmax(logits, axis=-1)
   om = schedule.one_minus_alpha(t.astype(logits.dtype))  # [B, K]
   log_om = jnp.where(om > 0, jnp.log(jnp.where(om > 0, om, 1.0)), -jnp.inf)  # [B, K]
-  # No active level at all: use a zero correction (not all -inf, whose log-softmax is NaN and
-  # would poison gradients even behind a `where`).
+  # No active level at all: a zero correction (all -inf would make NaN gradients behind a where).
   any_active = jnp.any(om > 0, axis=-1, keepdims=True)  # [B, 1]
   log_om = jnp.where(any_active, log_om, 0.0)
   return jax.nn.log_softmax(logits + log_om[:, None, :], axis=-1)

@@ -1,0 +1,273 @@
+"""The experiment config, resolved and validated once, read through frozen typed views.
+
+Every experiment is one `configs/*.py` file whose `get_config()` overrides fields of the schema in
+configs/base.py (which lists every field any code reads). `resolve(config)` returns a copy with the
+derived values computed, each in exactly one place:
+
+* `model.mask_id = -1` -> `model.vocab_size - 1`;
+* `schedule.offsets_max >= 0` (log-linear) -> `schedule.offsets = (offsets_max · k / (K-1))_k`,
+  `(0,)` for K = 1, so `--config.model.num_levels=1` alone turns HMDLM into its MDLM twin
+  (docs/method.md §2: K = 1 with δ = 0 is MDLM);
+* `process.kind = 'mdlm'` requires K = 1 (MDLM is HMDLM's K = 1 case, reachable by name).
+
+and validates every section that the code reads without touching data or devices (ValueError naming
+the field and what to do). The views (`loss_config`, `sample_config`) are hashable frozen dataclasses:
+valid static arguments of `jax.jit`. Nothing here imports JAX or the rest of the package.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import math
+from typing import Any
+
+import ml_collections
+
+PROCESS_KINDS = ('hmdlm', 'mdlm')
+VARIANTS = ('two_pass', 'single_pass')
+ORDERINGS = ('ancestral', 'confidence')
+LEVEL_CONTEXTS = ('candidates', 'none')
+
+
+def _is_int(v: Any) -> bool:
+  return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _check_int(field: str, value: Any, *, minimum: int) -> None:
+  if not _is_int(value) or value < minimum:
+    raise ValueError(f'{field} must be an integer >= {minimum}, got {value!r}.')
+
+
+def _check_bool(field: str, value: Any) -> None:
+  if not isinstance(value, bool):
+    raise ValueError(f'{field} must be True or False, got {value!r}.')
+
+
+def _check_number(field: str, value: Any, *, lo: float, hi: float = math.inf,
+                  lo_open: bool = False, hi_open: bool = True) -> float:
+  """A finite real in the interval; the message names the field and the interval."""
+  if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+    raise ValueError(f'{field} must be a finite number, got {value!r}.')
+  ok_lo = value > lo if lo_open else value >= lo
+  ok_hi = value < hi if hi_open else value <= hi
+  if not (ok_lo and ok_hi):
+    interval = f"{'(' if lo_open else '['}{lo:g}, {hi:g}{')' if hi_open else ']'}"
+    raise ValueError(f'{field}={value!r} must lie in {interval}.')
+  return float(value)
+
+
+# ------------------------------------------------------------------------------------------ views
+
+
+@dataclasses.dataclass(frozen=True)
+class LossConfig:
+  """Static loss settings of HMDLM (docs/method.md §5); hashable.
+
+  Attributes:
+    beta_hier, beta_cons: weights of L_hier and L_cons (1, 1 = tied weights = the bound).
+    t_min: t ~ U(t_min, 1).
+    antithetic: stratified times across the batch (MDLM's default).
+    train_steps_T: T_train of Algorithm 1 line 15, s = max(t - 1/T_train, 0).
+    variant: 'two_pass' (paper) | 'single_pass' (docs/method.md §4).
+    prior_corrected: prior-corrected hierarchy head (docs/method.md §4).
+    mask_id: MASK token id (resolved, >= 0).
+    num_levels: K.
+  """
+  beta_hier: float = 1.0
+  beta_cons: float = 1.0
+  t_min: float = 1e-3
+  antithetic: bool = True
+  train_steps_T: int = 1000
+  variant: str = 'two_pass'
+  prior_corrected: bool = True
+  mask_id: int = 0
+  num_levels: int = 2
+
+  def __post_init__(self) -> None:
+    for name in ('beta_hier', 'beta_cons'):
+      _check_number(f'loss.{name}', getattr(self, name), lo=0.0)
+    _check_number('loss.t_min', self.t_min, lo=0.0, hi=1.0)
+    if int(self.train_steps_T) != self.train_steps_T or self.train_steps_T < 1:
+      raise ValueError(f'loss.train_steps_T={self.train_steps_T} must be an integer >= 1.')
+    if self.variant not in VARIANTS:
+      raise ValueError(f'model.variant={self.variant!r} is not one of {VARIANTS}.')
+    if self.mask_id < 0:
+      raise ValueError(f'mask_id={self.mask_id} must be resolved to a token id >= 0.')
+    if self.num_levels < 1:
+      raise ValueError(f'model.num_levels={self.num_levels} must be >= 1.')
+
+  @classmethod
+  def from_config(cls, config: ml_collections.ConfigDict) -> LossConfig:
+    """The view of a full experiment config (`loss` and `model` sections)."""
+    return cls._view(resolve(config))
+
+  @classmethod
+  def _view(cls, config: ml_collections.ConfigDict) -> LossConfig:
+    m, l = config.model, config.loss
+    return cls(beta_hier=float(l.beta_hier), beta_cons=float(l.beta_cons), t_min=float(l.t_min),
+               antithetic=bool(l.antithetic), train_steps_T=int(l.train_steps_T),
+               variant=str(m.variant), prior_corrected=bool(m.prior_corrected_head),
+               mask_id=int(m.mask_id), num_levels=int(m.num_levels))
+
+
+@dataclasses.dataclass(frozen=True)
+class SampleConfig:
+  """Static sampler settings (docs/method.md §7, §10); hashable.
+
+  Attributes:
+    num_steps: T, the number of reverse steps (t_n = n / T).
+    num_levels: K (1 = MDLM); must equal the schedule's.
+    mask_id: the MASK token id.
+    temperature: τ > 0 for token draws (log f / τ); unused when greedy.
+    greedy: argmax tokens instead of draws.
+    ordering: 'ancestral' (Algorithm 2) | 'confidence' (top-k by score).
+    use_cache: skip unneeded calls and reuse unchanged pass-1 outputs.
+    prior_corrected: apply the prior correction to the hierarchy head; False for an exact oracle.
+    variant: 'two_pass' (paper) | 'single_pass'; ignored for K == 1.
+    time_conditioning: whether the model reads t; the pass-1 cache is used only when False.
+    level_context: confidence ordering only: 'candidates' (pass 2 sees ĥ at every masked
+      position) | 'none' (pass 2 sees h_m there; one call computes both heads).
+    hierarchy_weight: confidence ordering only: w >= 0 in score = w · log π + log max f.
+  """
+  num_steps: int
+  num_levels: int
+  mask_id: int
+  temperature: float = 1.0
+  greedy: bool = False
+  ordering: str = 'ancestral'
+  use_cache: bool = True
+  prior_corrected: bool = True
+  variant: str = 'two_pass'
+  time_conditioning: bool = True
+  level_context: str = 'candidates'
+  hierarchy_weight: float = 1.0
+
+  def __post_init__(self) -> None:
+    _check_int('sample.num_steps', self.num_steps, minimum=1)
+    _check_int('model.num_levels', self.num_levels, minimum=1)
+    _check_int('model.mask_id', self.mask_id, minimum=0)
+    for name in ('greedy', 'use_cache', 'prior_corrected', 'time_conditioning'):
+      if not isinstance(getattr(self, name), bool):
+        raise ValueError(f'SampleConfig.{name} must be a bool, got {getattr(self, name)!r}.')
+    if (isinstance(self.temperature, bool) or not isinstance(self.temperature, (int, float))
+        or not self.temperature > 0 or self.temperature == float('inf')):
+      raise ValueError(f'sample.temperature must be a finite number > 0 (use sample.greedy=True '
+                       f'for argmax decoding), got {self.temperature!r}.')
+    if self.ordering not in ORDERINGS:
+      raise ValueError(f'sample.ordering must be one of {ORDERINGS}, got {self.ordering!r}.')
+    if self.level_context not in LEVEL_CONTEXTS:
+      raise ValueError(f'sample.level_context must be one of {LEVEL_CONTEXTS}, got '
+                       f'{self.level_context!r}.')
+    w = self.hierarchy_weight
+    if isinstance(w, bool) or not isinstance(w, (int, float)) or not 0 <= w < float('inf'):
+      raise ValueError(f'sample.hierarchy_weight must be a finite number >= 0, got {w!r}.')
+    if self.variant not in VARIANTS:
+      raise ValueError(f'model.variant must be one of {VARIANTS}, got {self.variant!r}.')
+
+  @classmethod
+  def from_config(cls, config: ml_collections.ConfigDict) -> SampleConfig:
+    """The view of a full experiment config (`sample` and `model` sections)."""
+    for section in ('sample', 'model'):
+      if not hasattr(config, section):
+        raise ValueError(f'SampleConfig.from_config needs the full config with a `{section}` '
+                         f'section; got {type(config).__name__} without it.')
+    return cls._view(resolve(config))
+
+  @classmethod
+  def _view(cls, config: ml_collections.ConfigDict) -> SampleConfig:
+    sm, m = config.sample, config.model
+    return cls(num_steps=sm.num_steps, num_levels=m.num_levels, mask_id=m.mask_id,
+               temperature=sm.temperature, greedy=sm.greedy, ordering=sm.ordering,
+               use_cache=sm.use_cache, prior_corrected=m.prior_corrected_head,
+               variant=m.variant, time_conditioning=m.time_conditioning,
+               level_context=sm.level_context, hierarchy_weight=float(sm.hierarchy_weight))
+
+
+# ---------------------------------------------------------------------------------------- resolve
+
+
+def _resolve_mask_id(m: ml_collections.ConfigDict) -> None:
+  _check_int('model.vocab_size', m.vocab_size, minimum=2)
+  mask_id = m.mask_id
+  if mask_id == -1:
+    mask_id = m.vocab_size - 1
+  if not _is_int(mask_id) or not 0 <= mask_id < m.vocab_size:
+    raise ValueError(f'model.mask_id={m.mask_id!r} must be -1 (= vocab_size - 1) or in '
+                     f'[0, model.vocab_size={m.vocab_size}).')
+  m.mask_id = mask_id
+
+
+def _resolve_offsets(config: ml_collections.ConfigDict) -> None:
+  s = config.schedule
+  top = s.offsets_max
+  if s.kind != 'loglinear' or top == -1.0:
+    return
+  top = _check_number('schedule.offsets_max', top, lo=0.0, hi=1.0)
+  k = config.model.num_levels
+  s.offsets = tuple(0.0 if k == 1 else round(top * i / (k - 1), 10) for i in range(k))
+
+
+def _check_process(config: ml_collections.ConfigDict) -> None:
+  kind = config.process.kind
+  if kind not in PROCESS_KINDS:
+    raise ValueError(f'process.kind={kind!r} is not one of {PROCESS_KINDS}.')
+  if kind == 'mdlm' and config.model.num_levels != 1:
+    raise ValueError(f"process.kind='mdlm' is HMDLM with one level: set model.num_levels=1 "
+                     f'(got {config.model.num_levels}).')
+
+
+def _check_train(config: ml_collections.ConfigDict) -> None:
+  """The fields of the training loop (the optimiser's are checked by `_check_optim`)."""
+  t = config.train
+  for name in ('num_steps', 'log_every', 'ckpt_every', 'grad_accum', 'max_bad_steps'):
+    _check_int(f'train.{name}', t[name], minimum=1)
+  _check_int('train.eval_every', t.eval_every, minimum=0)
+  _check_int('train.keep_last', t.keep_last, minimum=1)
+  _check_int('train.keep_period', t.keep_period, minimum=0)
+  _check_number('train.time_budget_s', t.time_budget_s, lo=0.0)
+  for name in ('final_eval', 'async_checkpoint'):
+    _check_bool(f'train.{name}', t[name])
+  b = config.data.batch_size
+  _check_int('data.batch_size', b, minimum=1)
+  if b % t.grad_accum:
+    raise ValueError(f'data.batch_size={b} must be a multiple of train.grad_accum='
+                     f'{t.grad_accum}.')
+  for s in t.debug_nan_steps:
+    if not _is_int(s) or s < 0:
+      raise ValueError(f'train.debug_nan_steps must hold step numbers >= 0, got {s!r}.')
+
+
+def _check_optim(config: ml_collections.ConfigDict) -> None:
+  o = config.optim
+  _check_number('optim.lr', o.lr, lo=0.0, lo_open=True)
+  _check_int('optim.warmup_steps', o.warmup_steps, minimum=0)
+  if o.decay not in ('constant', 'cosine'):
+    raise ValueError(f"optim.decay={o.decay!r} is not one of ('constant', 'cosine').")
+  for name in ('b1', 'b2', 'ema_decay'):
+    _check_number(f'optim.{name}', o[name], lo=0.0, hi=1.0)
+  _check_number('optim.weight_decay', o.weight_decay, lo=0.0)
+  _check_number('optim.grad_clip', o.grad_clip, lo=0.0)
+  _check_bool('optim.ema_warmup', o.ema_warmup)
+
+
+def resolve(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
+  """A copy of `config` with the derived values computed and the sections validated (idempotent).
+
+  Raises:
+    ValueError naming the field and what to do.
+  """
+  if not isinstance(config, ml_collections.ConfigDict):
+    raise ValueError(f'the config must be an ml_collections.ConfigDict (get_config() of a '
+                     f'configs/*.py file), got {type(config).__name__}.')
+  config = copy.deepcopy(config)
+  with config.unlocked():
+    _check_int('model.num_levels', config.model.num_levels, minimum=1)
+    _resolve_mask_id(config.model)
+    _resolve_offsets(config)
+  _check_process(config)
+  _check_train(config)
+  _check_optim(config)
+  LossConfig._view(config)  # the views validate their sections  # pylint: disable=protected-access
+  SampleConfig._view(config)  # pylint: disable=protected-access
+  return config

@@ -1,0 +1,49 @@
+"""Forward processes behind one interface (processes/base.py); this registry is the only place that
+branches on `config.process.kind` (docs/extending.md).
+
+  process = processes.build(config)
+  loss, metrics = process.loss(apply_fn, batch, key)
+
+'mdlm' is HMDLM with one level (docs/method.md §12), reachable by name; 'hmdlm' with
+`model.num_levels=1` is the same process.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import ml_collections
+
+from hmdlm_jax import config as config_lib
+from hmdlm_jax.processes import hmdlm
+from hmdlm_jax.processes import schedules
+from hmdlm_jax.processes.base import Process
+
+
+def _hmdlm(config: ml_collections.ConfigDict) -> Process:
+  schedule = schedules.schedule_from_config(config.schedule, config.model.num_levels)
+  return hmdlm.HMDLM(schedule, config_lib.LossConfig.from_config(config),
+                     check_ordering=config.schedule.check_ordering)
+
+
+BUILDERS: dict[str, Callable[[ml_collections.ConfigDict], Process]] = {
+    'hmdlm': _hmdlm,
+    'mdlm': _hmdlm,
+}
+
+
+def build(config: ml_collections.ConfigDict, *, check_sampling: bool = True) -> Process:
+  """The process of a (resolved or not) experiment config, validated.
+
+  With `check_sampling` the config's sampler settings are checked against the process too (e.g.
+  Appendix D's ordering on the sampling grid; docs/method.md §2), so every train / eval / sample
+  run validates them before it starts.
+  """
+  config = config_lib.resolve(config)
+  process = BUILDERS[config.process.kind](config)
+  if check_sampling:
+    process.check_sampling(config_lib.SampleConfig.from_config(config))
+  return process
+
+
+__all__ = ['BUILDERS', 'Process', 'build']

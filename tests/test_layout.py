@@ -1,0 +1,156 @@
+"""The package's layout rules (docs/design.md), checked on the source itself.
+
+* The import graph of hmdlm_jax (every import, module level or not, read with `ast`) has no cycle.
+* No module of hmdlm_jax is over 500 lines.
+* Imports inside functions are for optional heavy dependencies only, never for hmdlm_jax or configs.
+* Every configs/*.py sets only fields that configs/base.py lists (base.py is the schema).
+* Nothing in the repository cites the specification file of another repository: the method and
+  our decisions are stated in docs/method.md.
+"""
+
+from __future__ import annotations
+
+import ast
+import importlib
+import pathlib
+
+import ml_collections
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+PACKAGE = ROOT / 'hmdlm_jax'
+MAX_LINES = 500
+
+
+def _module_name(path: pathlib.Path) -> str:
+  rel = path.relative_to(ROOT).with_suffix('')
+  parts = list(rel.parts)
+  if parts[-1] == '__init__':
+    parts.pop()
+  return '.'.join(parts)
+
+
+def _modules() -> dict[str, pathlib.Path]:
+  return {_module_name(p): p for p in sorted(PACKAGE.rglob('*.py'))}
+
+
+def _imports(path: pathlib.Path, name: str) -> list[tuple[str, bool]]:
+  """(imported module, at module level?) for every import of `path`.
+
+  `from pkg import sub` imports the module pkg.sub when that is a module, else pkg.
+  """
+  mods = _modules()
+  tree = ast.parse(path.read_text(encoding='utf-8'))
+  top = set(id(n) for n in tree.body)
+  package = name if path.name == '__init__.py' else name.rpartition('.')[0]
+  out = []
+  for node in ast.walk(tree):
+    if isinstance(node, ast.Import):
+      names = [a.name for a in node.names]
+    elif isinstance(node, ast.ImportFrom):
+      base = node.module or ''
+      if node.level:
+        base = '.'.join(package.split('.')[:len(package.split('.')) - node.level + 1] +
+                        ([base] if base else []))
+      names = [f'{base}.{a.name}' if f'{base}.{a.name}' in mods else base for a in node.names]
+    else:
+      continue
+    for n in names:
+      out.append((n, id(node) in top))
+  return out
+
+
+def _graph() -> dict[str, set[str]]:
+  mods = _modules()
+  graph: dict[str, set[str]] = {m: set() for m in mods}
+  for name, path in mods.items():
+    for imported, _ in _imports(path, name):
+      if imported in mods and imported != name:
+        graph[name].add(imported)
+  return graph
+
+
+def _find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
+  state: dict[str, int] = {}
+  stack: list[str] = []
+
+  def visit(node: str) -> list[str] | None:
+    state[node] = 1
+    stack.append(node)
+    for nxt in sorted(graph[node]):
+      if state.get(nxt) == 1:
+        return stack[stack.index(nxt):] + [nxt]
+      if nxt not in state:
+        found = visit(nxt)
+        if found:
+          return found
+    stack.pop()
+    state[node] = 2
+    return None
+
+  for node in sorted(graph):
+    if node not in state:
+      found = visit(node)
+      if found:
+        return found
+  return None
+
+
+def test_cycle_finder_finds_a_cycle():
+  assert _find_cycle({'a': {'b'}, 'b': {'c'}, 'c': {'a'}}) == ['a', 'b', 'c', 'a']
+  assert _find_cycle({'a': {'b'}, 'b': set()}) is None
+
+
+def test_import_graph_has_no_cycle():
+  cycle = _find_cycle(_graph())
+  assert cycle is None, 'import cycle: ' + ' -> '.join(cycle)
+
+
+def test_no_module_over_500_lines():
+  long = {n: len(p.read_text(encoding='utf-8').splitlines()) for n, p in _modules().items()}
+  long = {n: k for n, k in long.items() if k > MAX_LINES}
+  assert not long, f'modules over {MAX_LINES} lines: {long}'
+
+
+def test_no_function_level_imports_of_the_package():
+  bad = []
+  for name, path in _modules().items():
+    for imported, at_top in _imports(path, name):
+      if not at_top and imported.split('.')[0] in ('hmdlm_jax', 'configs'):
+        bad.append(f'{name} imports {imported} inside a function')
+  assert not bad, '\n'.join(sorted(set(bad)))
+
+
+def _keys(c: ml_collections.ConfigDict, prefix: str = '') -> set[str]:
+  out = set()
+  for k, v in c.items():
+    if isinstance(v, ml_collections.ConfigDict):
+      out |= _keys(v, f'{prefix}{k}.')
+    else:
+      out.add(prefix + k)
+  return out
+
+
+CONFIGS = sorted(p.stem for p in (ROOT / 'configs').glob('*.py')
+                 if p.stem not in ('__init__', 'base'))
+
+
+@pytest.mark.parametrize('name', CONFIGS)
+def test_configs_only_set_fields_of_the_schema(name):
+  from configs import base  # pylint: disable=g-import-not-at-top
+  config = importlib.import_module(f'configs.{name}').get_config()
+  extra = _keys(config) - _keys(base.get_base_config())
+  assert not extra, f'configs/{name}.py sets fields configs/base.py does not list: {sorted(extra)}'
+
+
+def test_no_citation_of_an_external_specification():
+  offenders = []
+  for path in ROOT.rglob('*'):
+    if (not path.is_file() or any(part.startswith('.') for part in path.relative_to(ROOT).parts)
+        or path.suffix not in ('.py', '.md', '.ipynb', '.sh', '.toml', '.txt')):
+      continue
+    text = path.read_text(encoding='utf-8', errors='replace')
+    for needle in ('SPEC ', 'SPEC.md', '../shared'):
+      if needle in text and path.name != 'test_layout.py':
+        offenders.append(f'{path.relative_to(ROOT)}: {needle!r}')
+  assert not offenders, '\n'.join(offenders)
