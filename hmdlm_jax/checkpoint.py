@@ -102,7 +102,7 @@ class Checkpointer:
                             '(--mode=train with the same --workdir).')
     options = ocp.CheckpointManagerOptions(
         preservation_policy=_preservation_policy(keep_last, keep_period),
-        enable_async_checkpointing=bool(train_cfg.get('async_checkpoint', True)),
+        enable_async_checkpointing=bool(train_cfg.async_checkpoint),
         create=not read_only, read_only=read_only, cleanup_tmp_directories=False)
     try:
       self._mngr = ocp.CheckpointManager(
@@ -166,9 +166,14 @@ class Checkpointer:
     Raises:
       CheckpointError naming the step directory and the problem (nothing is deleted).
     """
-    step = self.latest_step() if step is None else int(step)
-    if step is None:
-      raise CheckpointError(f'No checkpoint to restore in {self.directory!r}.')
+    steps = self.all_steps()
+    if not steps:
+      raise CheckpointError(f'No checkpoint to restore in {self.directory!r}: train first '
+                            '(--mode=train with the same --workdir).')
+    step = steps[-1] if step is None else int(step)
+    if step not in steps:
+      raise CheckpointError(f'--step={step}: {self.directory!r} holds no checkpoint of that step; '
+                            f'it holds steps {steps} (omit --step for the latest).')
     where = self.step_dir(step)
     hint = ('The checkpoint files were left untouched. Use another --workdir to start afresh, or '
             'move this step directory away to resume from an earlier one.')
@@ -186,7 +191,7 @@ class Checkpointer:
     if problems:
       raise CheckpointError(
           f'Checkpoint {where!r} does not match the current model/optimiser (written with a '
-          f'different config?):\n  ' + '\n  '.join(problems) + f'\n{hint}')
+          f'different config?): ' + '; '.join(problems) + f'. {hint}')
     items = dict(state=ocp.args.StandardRestore(abstract_state), meta=ocp.args.JsonRestore())
     if data_iter is not None:
       items['data_iter'] = grain.checkpoint.CheckpointRestore(data_iter)

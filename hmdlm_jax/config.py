@@ -20,6 +20,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import math
+import os
 from typing import Any
 
 import ml_collections
@@ -251,6 +252,19 @@ def _check_optim(config: ml_collections.ConfigDict) -> None:
   _check_bool('optim.ema_warmup', o.ema_warmup)
 
 
+def _check_init(config: ml_collections.ConfigDict) -> None:
+  """A warm start that cannot work is reported now, not after the model is initialised."""
+  path = config.init.mdlm_checkpoint
+  if not path:
+    return
+  if not os.path.isfile(path):
+    raise ValueError(f'init.mdlm_checkpoint={path!r} does not exist; convert an MDLM checkpoint '
+                     'with python -m hmdlm_jax.convert_mdlm, or set it to \'\' (random init).')
+  if not path.endswith(('.npz', '.safetensors', '.ckpt', '.pt', '.pth')):
+    raise ValueError(f'init.mdlm_checkpoint={path!r} must be a converted .npz, an MDLM '
+                     '.safetensors or a Lightning .ckpt.')
+
+
 def resolve(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
   """A copy of `config` with the derived values computed and the sections validated (idempotent).
 
@@ -268,6 +282,7 @@ def resolve(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
   _check_process(config)
   _check_train(config)
   _check_optim(config)
+  _check_init(config)
   LossConfig._view(config)  # the views validate their sections  # pylint: disable=protected-access
   SampleConfig._view(config)  # pylint: disable=protected-access
   return config

@@ -34,12 +34,17 @@ CLI: python -m hmdlm_jax.convert_mdlm --src=model.safetensors --dst=mdlm_owt.npz
 from __future__ import annotations
 
 import argparse
+import os
 import pathlib
 import re
+import sys
+import zipfile
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
+from safetensors import safe_open
+from safetensors import SafetensorError
 
 ROTARY_BASE = 1e4
 _ANCHOR = 'vocab_embed.embedding'
@@ -57,13 +62,14 @@ def _to_numpy(x: Any) -> np.ndarray:
 
 def read_safetensors(path: str | pathlib.Path) -> dict[str, np.ndarray]:
   """All tensors of a safetensors file as float32 numpy (bf16 goes through torch)."""
-  from safetensors import safe_open  # pylint: disable=g-import-not-at-top
   out = {}
   try:
     with safe_open(str(path), framework='np') as f:
       for k in f.keys():
         out[k] = np.asarray(f.get_tensor(k), np.float32)
     return out
+  except SafetensorError as e:  # truncated or not a safetensors file at all
+    raise ValueError(f'{path}: not a readable safetensors file ({e}); re-download it.') from e
   except (TypeError, ValueError) as e:  # e.g. bfloat16, which numpy cannot hold
     try:
       import torch  # pylint: disable=g-import-not-at-top,unused-import
@@ -76,7 +82,11 @@ def read_safetensors(path: str | pathlib.Path) -> dict[str, np.ndarray]:
 def read_lightning_ckpt(path: str | pathlib.Path, *, use_ema: bool = False,
                         allow_pickle: bool = False) -> dict[str, np.ndarray]:
   """The backbone state dict of an MDLM Lightning checkpoint (EMA weights if `use_ema`)."""
-  import torch  # pylint: disable=g-import-not-at-top
+  try:
+    import torch  # pylint: disable=g-import-not-at-top  (optional: only .ckpt files need it)
+  except ImportError as e:
+    raise ValueError(f'{path}: reading a Lightning .ckpt needs torch (pip install torch), or '
+                     'convert the release\'s model.safetensors instead.') from e
   try:
     ckpt = torch.load(str(path), map_location='cpu', weights_only=not allow_pickle)
   except Exception as e:  # pylint: disable=broad-except
@@ -260,8 +270,12 @@ def save_params(path: str | pathlib.Path, params: Mapping[str, Any]) -> None:
 
 def load_params(path: str | pathlib.Path) -> dict[str, Any]:
   """Reads `save_params`' `.npz` back into a nested dict of numpy arrays."""
-  with np.load(str(path), allow_pickle=False) as z:
-    return unflatten({k: z[k] for k in z.files})
+  try:
+    with np.load(str(path), allow_pickle=False) as z:
+      return unflatten({k: z[k] for k in z.files})
+  except (OSError, ValueError, zipfile.BadZipFile, EOFError) as e:
+    raise ValueError(f'{path}: not a parameter file written by hmdlm_jax.convert_mdlm '
+                     f'({type(e).__name__}: {e}); convert the MDLM checkpoint again.') from e
 
 
 def load_pretrained(path: str | pathlib.Path, *, use_ema: bool = False,
@@ -315,6 +329,35 @@ def init_from_mdlm(params: Mapping[str, Any], path: str) -> dict[str, Any]:
   return merge_pretrained(params, load_pretrained(path))
 
 
+def _check_destination(dst: str) -> pathlib.Path:
+  """The output path, checked before any reading: its folder exists and is writable."""
+  out = pathlib.Path(dst)
+  if out.is_dir():
+    raise ValueError(f'--dst={dst} is a directory; give a file name such as mdlm_owt.npz.')
+  if out.suffix != '.npz':
+    raise ValueError(f'--dst={dst} must end in .npz (the converted parameters).')
+  folder = out.parent if str(out.parent) else pathlib.Path('.')
+  if not folder.is_dir():
+    raise ValueError(f'--dst={dst}: the folder {folder} does not exist; create it first.')
+  if not os.access(folder, os.W_OK):
+    raise ValueError(f'--dst={dst}: the folder {folder} is not writable.')
+  return out
+
+
+def convert(src: str, dst: str, *, use_ema: bool = False, num_heads: int | None = None,
+            allow_pickle: bool = False) -> str:
+  """Converts `src` into `dst` (validated first, written atomically); returns a summary line."""
+  out = _check_destination(dst)
+  state = load_mdlm_state_dict(src, use_ema=use_ema, allow_pickle=allow_pickle)
+  params, dims = convert_state_dict(state, num_heads=num_heads)
+  tmp = out.with_name(out.name + '.tmp')
+  save_params(tmp, params)
+  os.replace(tmp, out)  # an existing dst is replaced only by a complete file
+  n = sum(x.size for x in flatten(params).values())
+  return (f'{src} -> {dst}: {n:,} parameters; set config.model to {dims} '
+          '(and config.model.time_conditioning as the checkpoint was trained).')
+
+
 def main(argv: Sequence[str] | None = None) -> None:
   parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
   parser.add_argument('--src', required=True, help='MDLM .safetensors or Lightning .ckpt')
@@ -325,12 +368,12 @@ def main(argv: Sequence[str] | None = None) -> None:
   parser.add_argument('--allow_pickle', action='store_true',
                       help='torch.load with weights_only=False (trusted files only)')
   args = parser.parse_args(argv)
-  state = load_mdlm_state_dict(args.src, use_ema=args.use_ema, allow_pickle=args.allow_pickle)
-  params, dims = convert_state_dict(state, num_heads=args.num_heads)
-  save_params(args.dst, params)
-  n = sum(x.size for x in flatten(params).values())
-  print(f'{args.src} -> {args.dst}: {n:,} parameters; set config.model to {dims} '
-        '(and config.model.time_conditioning as the checkpoint was trained).')
+  try:
+    print(convert(args.src, args.dst, use_ema=args.use_ema, num_heads=args.num_heads,
+                  allow_pickle=args.allow_pickle))
+  except (ValueError, OSError) as e:
+    print(f'hmdlm_jax.convert_mdlm: error: {e}', file=sys.stderr, flush=True)
+    sys.exit(1)
 
 
 if __name__ == '__main__':

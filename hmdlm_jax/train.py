@@ -199,7 +199,10 @@ def _load_mdlm_backbone(state: TrainState, sh: TrainState, path: str) -> TrainSt
   Adam's moments are zero either way. Every process reads the file and places its own shards.
   """
   fresh = multihost_utils.process_allgather(state.params, tiled=True)
-  merged = convert_mdlm.init_from_mdlm(fresh, path)
+  try:
+    merged = convert_mdlm.init_from_mdlm(fresh, path)
+  except ValueError as e:
+    raise ValueError(f'init.mdlm_checkpoint: {e}') from e
 
   def place(x: np.ndarray, s: jax.sharding.Sharding) -> jax.Array:
     x = np.asarray(x)
