@@ -65,7 +65,7 @@ def profile(shape: str, mode: str, batch_size: int, steps: int, top: int) -> dic
   step = train.make_train_step(config, model, schedule, mesh, sh)
   batch = shd.make_global_batch(ts.synthetic_batch(config), mesh)
   faults = jax.device_put(np.full((train.MAX_FAULT_STEPS,), -1, np.int32), shd.replicated(mesh))
-  with train._mesh_context(mesh):  # pylint: disable=protected-access
+  with shd.mesh_context(mesh):
     compiled = step.jitted.lower(state, {k: batch[k] for k in train.BATCH_KEYS}, faults).compile()
   index = hlo_index(compiled.as_text())
   times = []

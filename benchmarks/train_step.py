@@ -411,7 +411,7 @@ def run(config: ml_collections.ConfigDict, *, steps: int = 5, warmup: int = 1,
   n_params = models.count_params(state.params)
 
   t0 = time.perf_counter()
-  with train._mesh_context(mesh):  # pylint: disable=protected-access
+  with shd.mesh_context(mesh):
     if variant == 'real':
       step = train.make_train_step(config, model, process, mesh, shardings)
       faults = jax.device_put(np.full((train.MAX_FAULT_STEPS,), -1, np.int32),
@@ -437,7 +437,7 @@ def run(config: ml_collections.ConfigDict, *, steps: int = 5, warmup: int = 1,
       holder['state'], m_ = step(holder['state'], batch)
       metrics.update(m_)
       return holder['state'], m_
-    with train._mesh_context(mesh):  # pylint: disable=protected-access
+    with shd.mesh_context(mesh):
       holder['params'], holder['opt'], loss = bare(holder['params'], holder['opt'], batch,
                                                    jax.random.PRNGKey(len(metrics)))
     metrics['loss'] = loss
@@ -477,7 +477,7 @@ def run(config: ml_collections.ConfigDict, *, steps: int = 5, warmup: int = 1,
         step=state.step, params=holder['params'], ema_params=holder['params'],
         opt_state=holder['opt'], rng=state.rng, bad_steps=state.bad_steps,
         skipped_steps=state.skipped_steps)
-    with train._mesh_context(mesh):  # pylint: disable=protected-access
+    with shd.mesh_context(mesh):
       rec['profile'] = _profile_parts(config, model, process, live, batch, steps)
   return rec
 
@@ -530,7 +530,7 @@ def compare(config: ml_collections.ConfigDict,
         stack.enter_context(PATCHES[name]())
       state, shardings = train.create_train_state(config, mesh, model)
       step = train.make_train_step(config, model, process, mesh, shardings)
-      with train._mesh_context(mesh):  # pylint: disable=protected-access
+      with shd.mesh_context(mesh):
         compiled = step.jitted.lower(state, batch, faults).compile(compiler_options=options)
     state, _ = compiled(state, batch, faults)  # warm-up
     jax.block_until_ready(state)

@@ -4,17 +4,19 @@ The mesh always has the three axes ('data', 'fsdp', 'tensor'):
 - 'data'   : pure data parallelism (parameters replicated),
 - 'fsdp'   : data parallelism whose parameters are also sharded (ZeRO-3 style) along the
              logical 'embed' axis,
-- 'tensor' : model parallelism over 'mlp' / 'heads' / 'vocab' (per the models' LOGICAL_RULES).
+- 'tensor' : model parallelism over 'mlp' / 'heads' / 'vocab' (per LOGICAL_RULES below).
 The batch dimension is split over ('data', 'fsdp'). Model code never mentions the mesh: parameters
-carry logical axis names (`nn.with_logical_partitioning`) and this module maps them to mesh axes.
+carry logical axis names (`nn.with_logical_partitioning`) and this module maps them to mesh axes
+(LOGICAL_RULES); `mesh_context(mesh)` makes the models' activation constraints apply too.
 The mesh uses `AxisType.Auto` (GSPMD propagation), not explicit-sharding mode.
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
-from typing import Any, Mapping, Sequence
+from typing import Any, Iterator, Mapping, Sequence
 
 import flax.linen as nn
 import jax
@@ -24,6 +26,23 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 MESH_AXES: tuple[str, str, str] = ('data', 'fsdp', 'tensor')
 BATCH_AXES: tuple[str, str] = ('data', 'fsdp')
+
+# Logical axis name (the models' parameter and activation names) -> mesh axes. Flax assigns by
+# priority and never reuses a mesh axis within one array, so for activations
+# ('batch', 'length', 'embed') 'embed' stays unsharded when 'batch' already took 'fsdp'.
+LOGICAL_RULES: tuple[tuple[str, Any], ...] = (
+    ('batch', BATCH_AXES),
+    ('length', None),
+    ('embed', 'fsdp'),
+    ('mlp', 'tensor'),
+    ('heads', 'tensor'),
+    ('vocab', 'tensor'),
+    ('kv', None),
+    ('qkv', None),
+    ('levels', None),
+    ('cond', None),
+    ('norm', None),
+)
 
 
 # ----------------------------------------------------------------------------- multi-host
@@ -118,10 +137,12 @@ def num_batch_shards(mesh: Mesh) -> int:
 # ----------------------------------------------------------------------------- shardings
 
 
-def logical_rules() -> tuple[tuple[str, Any], ...]:
-  """The models' logical-axis -> mesh-axis rules (`hmdlm_jax.models.LOGICAL_RULES`)."""
-  from hmdlm_jax.models import LOGICAL_RULES  # pylint: disable=g-import-not-at-top
-  return tuple((str(k), v) for k, v in LOGICAL_RULES)
+@contextlib.contextmanager
+def mesh_context(mesh: Mesh) -> Iterator[Mesh]:
+  """`mesh` and LOGICAL_RULES set, so the models' activation constraints (`layers.constrain`)
+  apply inside jitted code traced or run under it."""
+  with jax.set_mesh(mesh), nn.logical_axis_rules(LOGICAL_RULES):
+    yield mesh
 
 
 def _mesh_axes_size(mesh: Mesh, entry: Any) -> int:
@@ -158,9 +179,9 @@ def param_shardings(logical_spec_tree: Any, abstract_params: Any, mesh: Mesh,
       structure as the parameters; a None leaf (or empty spec) means replicated.
     abstract_params: ShapeDtypeStruct tree of the parameters (`models.abstract_params`).
     mesh: the device mesh.
-    rules: logical rules; default `logical_rules()` (the models' LOGICAL_RULES).
+    rules: logical rules; default LOGICAL_RULES.
   """
-  rules = logical_rules() if rules is None else tuple(rules)
+  rules = LOGICAL_RULES if rules is None else tuple(rules)
   specs = jax.tree.leaves(logical_spec_tree, is_leaf=lambda x: isinstance(x, P) or x is None)
   leaves, treedef = jax.tree.flatten(abstract_params)
   if len(specs) != len(leaves):

@@ -28,7 +28,6 @@ its full report to eval_train_<step>.json).
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import time
@@ -149,7 +148,7 @@ def state_shardings(config: ml_collections.ConfigDict, model: nn.Module, mesh: j
   """(abstract state with shardings attached, sharding tree) for `TrainState`.
 
   Parameters (and EMA, Adam moments) follow the models' logical axis names mapped by
-  LOGICAL_RULES; counters and keys are replicated.
+  sharding.LOGICAL_RULES; counters and keys are replicated.
   """
   optimizer = optimizer or optim.make_optimizer(config.optim, config.train.num_steps)
   seq_len = int(config.model.seq_len)
@@ -166,14 +165,6 @@ def state_shardings(config: ml_collections.ConfigDict, model: nn.Module, mesh: j
   return abstract, sh
 
 
-def _mesh_context(mesh: jax.sharding.Mesh) -> contextlib.ExitStack:
-  """Mesh + logical rules, so the models' activation constraints apply inside jitted code."""
-  stack = contextlib.ExitStack()
-  stack.enter_context(jax.set_mesh(mesh))
-  stack.enter_context(nn.logical_axis_rules(shd.logical_rules()))
-  return stack
-
-
 def create_train_state(config: ml_collections.ConfigDict, mesh: jax.sharding.Mesh,
                        model: nn.Module | None = None) -> tuple[TrainState, TrainState]:
   """Initial TrainState, created directly in its shardings (eval_shape -> shardings -> jit).
@@ -184,7 +175,7 @@ def create_train_state(config: ml_collections.ConfigDict, mesh: jax.sharding.Mes
   model = model or models.build_model(config.model)
   optimizer = optim.make_optimizer(config.optim, config.train.num_steps)
   _, sh = state_shardings(config, model, mesh, optimizer)
-  with _mesh_context(mesh):
+  with shd.mesh_context(mesh):
     state = jax.jit(lambda: _init_state(config, model, optimizer), out_shardings=sh)()
   path = config.init.mdlm_checkpoint
   if path:
@@ -368,7 +359,7 @@ def make_train_step(config: ml_collections.ConfigDict, model: nn.Module,
 
   def train_step(state: TrainState, batch: Mapping[str, jax.Array]
                  ) -> tuple[TrainState, dict[str, jax.Array]]:
-    with _mesh_context(mesh):
+    with shd.mesh_context(mesh):
       return jitted(state, {k: batch[k] for k in BATCH_KEYS}, faults)
 
   train_step.jitted = jitted  # type: ignore[attr-defined]

@@ -12,6 +12,7 @@ import os
 import subprocess
 import sys
 
+import flax.linen as nn
 import jax
 import ml_collections
 import numpy as np
@@ -60,6 +61,15 @@ def test_shardings_like_params_follow_param_paths():
   # Same path but another shape, and scalars: replicated.
   assert o_sh[0]['nu']['b'].spec == jax.sharding.PartitionSpec()
   assert o_sh[0]['count'].spec == jax.sharding.PartitionSpec()
+
+
+def test_mesh_context_sets_mesh_and_logical_rules():
+  mesh = shd.make_mesh(_mesh_cfg(-1, 1, 1), jax.devices()[:1])
+  with shd.mesh_context(mesh) as m:
+    assert m is mesh
+    assert tuple(nn.get_logical_axis_rules()) == shd.LOGICAL_RULES
+    assert dict(jax.sharding.get_abstract_mesh().shape) == dict(mesh.shape)
+  assert not nn.get_logical_axis_rules()
 
 
 def test_make_global_batch_single_process():

@@ -1,5 +1,6 @@
-"""Tests for hmdlm_jax.models (SPEC 4): exact parameter counts, numpy re-derivations of the
-forward passes, gradient flow through both passes, the heads contract, precision and config errors.
+"""Tests for hmdlm_jax.models (docs/method.md §4): exact parameter counts, numpy re-derivations of
+the forward passes, gradient flow through both passes, the heads contract, precision, config errors
+and the recorded parameter trees (tests/fixtures/model_param_trees.json).
 
 adaLN-zero: every DiT block's modulation Linear and both heads' output Linears start at zero, so at
 initialisation the logits are exactly 0 and the gradient of every block-internal weight is exactly
@@ -15,7 +16,9 @@ is jitted once per (model, heads) and cached, so the file compiles a few dozen s
 from __future__ import annotations
 
 import functools
+import json
 import math
+import os
 
 import flax.linen as nn
 import jax
@@ -25,7 +28,10 @@ import pytest
 
 from configs.base import get_base_config
 from hmdlm_jax import models
+from hmdlm_jax import sharding as shd
+from hmdlm_jax.models import hierarchy
 from hmdlm_jax.models import layers
+from hmdlm_jax.models import sudoku_positions
 from hmdlm_jax.models.dit import DDiTBlock
 
 B, L, V = 2, 8, 11
@@ -328,7 +334,7 @@ def test_gpt2_forward_matches_numpy():
 
 def test_sudoku_position_embedding_row_col_box():
   cfg, model, params = _setup(seq_len=81, position_embedding='sudoku')
-  pos = layers.PositionEmbedding('sudoku', 81, 16).apply({'params': params['position']}, 81)
+  pos = sudoku_positions.SudokuPositionEmbedding(81, 16).apply({'params': params['position']}, 81)
   p = _np64(params['position'])
   for i in (0, 10, 40, 80, 33):
     r, c = divmod(i, 9)
@@ -582,12 +588,43 @@ def test_logical_specs_and_rules():
     assert len(s) == p.ndim and set(s) <= allowed, (jax.tree_util.keystr(path), s)
   qkv = specs['blocks_0']['attn_qkv']['kernel']
   P = jax.sharding.PartitionSpec
-  assert nn.logical_to_mesh_axes(qkv, models.LOGICAL_RULES) == P('fsdp', None, 'tensor', None)
+  assert nn.logical_to_mesh_axes(qkv, shd.LOGICAL_RULES) == P('fsdp', None, 'tensor', None)
   assert nn.logical_to_mesh_axes(specs['vocab_embed']['embedding'],
-                                 models.LOGICAL_RULES) == P('tensor', 'fsdp')
+                                 shd.LOGICAL_RULES) == P('tensor', 'fsdp')
   # Activations: 'fsdp' is taken by 'batch', so 'embed' stays unsharded.
   assert nn.logical_to_mesh_axes(('batch', 'length', 'embed'),
-                                 models.LOGICAL_RULES) == P(('data', 'fsdp'), None, None)
+                                 shd.LOGICAL_RULES) == P(('data', 'fsdp'), None, None)
+
+
+_TREES = os.path.join(os.path.dirname(__file__), 'fixtures', 'model_param_trees.json')
+
+
+def test_param_trees_unchanged():
+  """Parameter paths, shapes and logical axes equal the trees recorded before the hierarchy parts
+  moved to models/hierarchy.py: convert_mdlm.py and existing checkpoints address them by name."""
+  with open(_TREES) as f:
+    recorded = json.load(f)
+  for name, want in recorded['trees'].items():
+    cfg = models.model_config(dict(recorded['base'], **want['overrides']))
+    model = models.build_model(cfg)
+    flat = jax.tree_util.tree_flatten_with_path(models.abstract_params(model, cfg.seq_len))[0]
+    specs = jax.tree.leaves(models.logical_specs(model, cfg.seq_len),
+                            is_leaf=lambda x: isinstance(x, jax.sharding.PartitionSpec))
+    got = [['/'.join(k.key for k in path), list(x.shape), list(s)]
+           for (path, x), s in zip(flat, specs)]
+    assert got == want['leaves'], name
+
+
+def test_backbones_share_the_hierarchy_code_path():
+  """The level tables, K = 1 shortcut, stop-gradient and head selection are written once
+  (HierarchicalBackbone.__call__); a backbone only supplies its trunk and its two head forms."""
+  for cls in models.BACKBONES.values():
+    assert issubclass(cls, hierarchy.HierarchicalBackbone)
+    assert {'__call__', 'trunk', 'make_heads'} & set(vars(cls)) == {'trunk', 'make_heads'}
+  for backbone in models.BACKBONES:
+    _, _, params = _setup(backbone=backbone, variant='single_pass')
+    assert params['level_embed']['embedding'].shape == (4, 16)
+    assert params['token_level_embed']['embedding'].shape == (4, 16)
 
 
 @pytest.mark.parametrize('field,value', [
@@ -610,7 +647,7 @@ def test_sudoku_positions_need_81():
 def test_sudoku_relation_bias():
   """'sudoku_rel': 8 relation classes per head, zero-init (== 'sudoku' at init), and the bias
   reaches the attention scores exactly as table[rel(i, j), h]."""
-  rel = layers.sudoku_relations()
+  rel = sudoku_positions.sudoku_relations()
   for i, j in ((0, 1), (0, 9), (0, 10), (0, 80), (40, 40), (0, 20)):
     ri, ci, rj, cj = i // 9, i % 9, j // 9, j % 9
     want = (ri == rj) + 2 * (ci == cj) + 4 * ((ri // 3, ci // 3) == (rj // 3, cj // 3))
@@ -634,7 +671,8 @@ def test_sudoku_relation_bias():
   assert np.abs(_fwd(model_r, moved, tokens, levels, t)['token'] - out_r).max() > 1e-4
   table = np.zeros((8, cfg_r.num_heads), np.float32)
   table[0, 0] = 3.0
-  bias = layers.SudokuRelationBias(cfg_r.num_heads).apply({'params': {'relation_bias': table}})
+  bias = sudoku_positions.SudokuRelationBias(cfg_r.num_heads).apply(
+      {'params': {'relation_bias': table}})
   np.testing.assert_array_equal(np.asarray(bias)[0], np.where(rel == 0, 3.0, 0.0))
   np.testing.assert_array_equal(np.asarray(bias)[1], 0.0)
   with pytest.raises(ValueError, match="model.position_embedding='sudoku_rel'"):

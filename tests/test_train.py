@@ -249,7 +249,7 @@ def test_step_traces_with_float32_state_and_loss(dtype, accum):
            'given': jax.ShapeDtypeStruct((8, 81), jnp.bool_),
            'loss_mask': jax.ShapeDtypeStruct((8, 81), jnp.bool_)}
   faults = jax.ShapeDtypeStruct((train.MAX_FAULT_STEPS,), jnp.int32)
-  with train._mesh_context(mesh):  # pylint: disable=protected-access
+  with shd.mesh_context(mesh):
     new_state, metrics = jax.eval_shape(step.jitted, abstract, batch, faults)
   for leaf in jax.tree.leaves((new_state.params, new_state.ema_params)):
     assert leaf.dtype == jnp.float32

@@ -1,4 +1,4 @@
-"""Model construction, the apply_fn closure, parameter counting and logical sharding (SPEC 4).
+"""Model construction, apply_fn, parameter counts and logical specs (docs/method.md §4).
 
 Public API:
   build_model(cfg_model) -> nn.Module            registry keyed by cfg.model.backbone
@@ -6,12 +6,13 @@ Public API:
   init_params(model, rng, seq_len) -> params     plain arrays (logical-axis boxes removed)
   logical_specs(model, seq_len) -> PartitionSpec tree of logical axis names (same tree as params)
   count_params(params) -> int;  param_count_breakdown(cfg_model) -> dict;  param_count_report(...)
-  LOGICAL_RULES                                  default logical -> mesh axis rules
   model_config(cfg_model) -> ModelConfig         validated, hashable copy of the config section
   resolve_mask_id(cfg_model) -> int              mask_id with -1 resolved to vocab_size - 1
 
 The models return raw float32 logits; SUBS and the hierarchy prior correction live in
-hmdlm_jax/parameterization.py. Exact parameter counts are explained in dit.py and gpt2.py.
+hmdlm_jax/parameterization.py. The hierarchy parts shared by both backbones are in hierarchy.py;
+exact parameter counts are explained in dit.py and gpt2.py. The logical -> mesh axis rules live in
+hmdlm_jax/sharding.py (LOGICAL_RULES).
 """
 
 from __future__ import annotations
@@ -25,7 +26,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from hmdlm_jax.models import hierarchy
 from hmdlm_jax.models import layers
+from hmdlm_jax.models import sudoku_positions
 from hmdlm_jax.models.dit import DiT
 from hmdlm_jax.models.gpt2 import GPT2
 
@@ -33,26 +36,9 @@ Array = jax.Array
 Params = Any
 ApplyFn = Callable[..., dict[str, Array]]
 
-# Logical axis name -> mesh axes (mesh axes 'data', 'fsdp', 'tensor'; see configs/base.py `mesh`).
-# Flax assigns by priority and never reuses a mesh axis within one array, so for activations
-# ('batch', 'length', 'embed') 'embed' stays unsharded when 'batch' already took 'fsdp'.
-LOGICAL_RULES: tuple[tuple[str, Any], ...] = (
-    ('batch', ('data', 'fsdp')),
-    ('length', None),
-    ('embed', 'fsdp'),
-    ('mlp', 'tensor'),
-    ('heads', 'tensor'),
-    ('vocab', 'tensor'),
-    ('kv', None),
-    ('qkv', None),
-    ('levels', None),
-    ('cond', None),
-    ('norm', None),
-)
-
 VARIANTS = ('two_pass', 'single_pass')
 POSITION_EMBEDDINGS = ('rotary', 'learned', 'sudoku', 'sudoku_rel')
-BACKBONES: dict[str, type[nn.Module]] = {'dit': DiT, 'gpt2': GPT2}
+BACKBONES: dict[str, type[hierarchy.HierarchicalBackbone]] = {'dit': DiT, 'gpt2': GPT2}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -131,7 +117,7 @@ def model_config(cfg_model: Any) -> ModelConfig:
   pe = values['position_embedding']
   if pe not in POSITION_EMBEDDINGS:
     raise _err('position_embedding', pe, f'allowed {POSITION_EMBEDDINGS}')
-  if pe in ('sudoku', 'sudoku_rel') and values['seq_len'] != layers.SUDOKU_LEN:
+  if pe in sudoku_positions.SUDOKU_KINDS and values['seq_len'] != sudoku_positions.SUDOKU_LEN:
     raise _err('seq_len', values['seq_len'],
                f"model.position_embedding={pe!r} needs model.seq_len == 81 (a 9×9 grid)")
   if pe == 'sudoku_rel' and values['backbone'] != 'dit':
@@ -183,7 +169,7 @@ def make_apply_fn(model: nn.Module, params: Params, *, train: bool,
 
   def apply_fn(tokens: Array, levels: Array, t: Array, *, heads: tuple[str, ...],
                token_levels: Array | None = None) -> dict[str, Array]:
-    heads = layers.check_heads(heads)
+    heads = hierarchy.check_heads(heads)
     rngs = None
     if train and rng is not None:
       rngs = {'dropout': jax.random.fold_in(rng, heads_salt(heads))}
@@ -198,7 +184,7 @@ def _init_variables(model: nn.Module, rng: Array, seq_len: int) -> Any:
   tokens = jnp.zeros((1, seq_len), jnp.int32)
   token_levels = tokens if model.single_pass and model.num_levels > 1 else None
   return model.init({'params': rng}, tokens, tokens, jnp.ones((1,), jnp.float32),
-                    heads=layers.HEADS, token_levels=token_levels, train=False)
+                    heads=hierarchy.HEADS, token_levels=token_levels, train=False)
 
 
 def init_params(model: nn.Module, rng: Array, seq_len: int) -> Params:
@@ -216,7 +202,7 @@ def abstract_params(model: nn.Module, seq_len: int) -> Params:
 def logical_specs(model: nn.Module, seq_len: int) -> Any:
   """PartitionSpec tree of logical axis names, same structure as `init_params`' result.
 
-  Map to mesh shardings with `nn.logical_to_mesh_sharding(specs, mesh, LOGICAL_RULES)`.
+  `sharding.param_shardings` maps them to mesh shardings (sharding.LOGICAL_RULES).
   """
   boxed = jax.eval_shape(lambda r: _init_variables(model, r, seq_len), jax.random.key(0))
   return nn.get_partition_spec(boxed['params'])
@@ -283,7 +269,7 @@ def param_count_report(cfg_model: Any) -> str:
 
 
 __all__ = [
-    'BACKBONES', 'DiT', 'GPT2', 'LOGICAL_RULES', 'ModelConfig', 'abstract_params', 'build_model',
+    'BACKBONES', 'DiT', 'GPT2', 'ModelConfig', 'abstract_params', 'build_model',
     'count_params', 'heads_salt', 'init_params', 'logical_specs', 'make_apply_fn', 'model_config',
     'param_count_breakdown', 'param_count_report', 'resolve_mask_id',
 ]

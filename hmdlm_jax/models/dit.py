@@ -1,4 +1,6 @@
-"""MDLM's diffusion transformer (DiT) with HMDLM's level table and hierarchy head (SPEC 4).
+"""MDLM's diffusion transformer (DiT) with HMDLM's level table and hierarchy head.
+
+The method: docs/method.md §4; the hierarchy parts (tables, heads contract): hierarchy.py.
 
 Architecture (kuleshov-group/mdlm `models/dit.py`, re-implemented in Flax):
   x = E_tok[tokens] (+ W_lvl[levels] if K > 1) (+ absolute positions if not rotary)     [B, L, H]
@@ -8,7 +10,7 @@ Architecture (kuleshov-group/mdlm `models/dit.py`, re-implemented in Flax):
     x = x + gate1 · Dropout(W_o · Attn(rotary(W_qkv · modulate(LN(x), shift1, scale1))))
     x = x + gate2 · Dropout(MLP(modulate(LN(x), shift2, scale2)))   MLP: H->M->H, GELU(tanh)
   token head     = adaLN final layer (LN, Linear_{cond->2H}, Linear_{H->V}), all zero-init
-  hierarchy head = the same form with H->K (K > 1 only; SPEC 4, paper section 5.1)
+  hierarchy head = the same form with H->K (K > 1 only; docs/method.md §4, paper section 5.1)
 LayerNorms have a weight and no bias; q/k/v and the attention output have no bias; the MLP and all
 adaLN / head Linears have biases; no weight tying (unless `tie_embeddings`); dropout only on the two
 residual branches. Rotary: rotate-half convention, base 1e4, on q and k (positions 0..L-1).
@@ -34,11 +36,11 @@ Sudoku "25M" (H=384, 6 heads, C=128, M=1536, 12 blocks): 2,069,376 per block, to
 24,981,376 + 769·V: 24,989,066 for V = 10 (digits 1–9 + MASK) or 24,989,835 for V = 11 (0–9 +
 MASK) ≈ 24.99M. K=6 adds 7·384 + 384 + (2·384·128 + 768) + (384·6 + 6) = 104,454 (≈104K, 25.09M).
 
-Single-pass variant (SPEC 4): a separate learned table W_tok_lvl [(K+1), H] ('token_level_embed';
-K levels + an h_m row for "level unknown") is indexed by `token_levels` and added to the final
-hidden state before the token head only; the hierarchy head sees the plain hidden state. It is
-separate from the input level table because it plays a different role (conditioning the output on
-the position's own level, not describing the input state).
+Single-pass variant (docs/method.md §4): a separate learned table W_tok_lvl [(K+1), H]
+('token_level_embed'; K levels + an h_m row for "level unknown") is indexed by `token_levels` and
+added to the final hidden state before the token head only; the hierarchy head sees the plain
+hidden state. It is separate from the input level table because it plays a different role
+(conditioning the output on the position's own level, not describing the input state).
 
 Parameter names follow MDLM's state dict (torch Linear weight [out, in] = our kernel transposed):
 vocab_embed/embedding, sigma_map/mlp_{0,2}, blocks_{i}/{norm1, attn_qkv, attn_out, norm2, mlp_0,
@@ -60,13 +62,15 @@ The SUBS parameterisation and the hierarchy prior correction are NOT applied her
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, ClassVar
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from hmdlm_jax.models import hierarchy
 from hmdlm_jax.models import layers
+from hmdlm_jax.models import sudoku_positions
 
 Array = jax.Array
 
@@ -98,8 +102,9 @@ class DDiTBlock(nn.Module):
     if self.rotary:
       q = layers.apply_rotary(q, *rope)
       k = layers.apply_rotary(k, *rope)
-    bias = layers.SudokuRelationBias(self.num_heads, name='relation')() if self.relation_bias \
-        else None
+    bias = None
+    if self.relation_bias:
+      bias = sudoku_positions.SudokuRelationBias(self.num_heads, name='relation')()
     y = layers.attention(q, k, v, self.dtype, bias)
     y = layers.Dense((h,), ('heads', 'kv', 'embed'), n_in=2, use_bias=False, dtype=self.dtype,
                      out_dtype=jnp.float32, name='attn_out')(y)
@@ -118,82 +123,38 @@ class DDiTBlock(nn.Module):
     return layers.constrain(x, ('batch', 'length', 'embed'))
 
 
-class DiT(nn.Module):
+class DiT(hierarchy.HierarchicalBackbone):
   """MDLM DiT + HMDLM level table / hierarchy head; see the module docstring.
 
-  __call__(tokens [B,L] int, levels [B,L] int in 0..K (K = h_m), t [B] float,
-           heads=('hier','token'), token_levels [B,L] | None, train) -> dict:
-    'hier'  -> float32 [B, L, K] raw hierarchy logits (K = 1: zeros, log-prob 0 of the one level)
-    'token' -> float32 [B, L, V] raw token logits (no SUBS)
-  Only the requested heads are computed. train=True applies dropout (rng stream 'dropout').
+  Call contract: `hierarchy.HierarchicalBackbone` (tokens [B,L], levels [B,L], t [B], heads,
+  token_levels, train) -> {'hier': f32 [B,L,K], 'token': f32 [B,L,V]} (raw logits).
   """
-  vocab_size: int
-  num_levels: int
-  num_layers: int = 12
-  hidden_size: int = 768
-  num_heads: int = 12
-  mlp_dim: int = 3072
-  cond_dim: int = 128
-  dropout: float = 0.1
-  time_conditioning: bool = False
-  single_pass: bool = False
-  position_embedding: str = 'rotary'  # 'rotary' | 'learned' | 'sudoku' | 'sudoku_rel'
-  seq_len: int = 128
-  tie_embeddings: bool = False
-  dtype: str = 'float32'
-  hier_stop_gradient: bool = False  # the hierarchy head reads detached backbone features
+  # Fields and their defaults (MDLM's LM1B DiT): hierarchy.HierarchicalBackbone.
+  token_embed_name: ClassVar[str] = 'vocab_embed'
+  embedding_std: ClassVar[float | None] = None  # MDLM's (torch) defaults
 
-  @nn.compact
-  def __call__(self, tokens: Array, levels: Array, t: Array,
-               heads: tuple[str, ...] = layers.HEADS, token_levels: Array | None = None,
-               train: bool = False) -> dict[str, Array]:
-    heads = layers.check_heads(heads)
-    layers.check_inputs(tokens, levels, t, token_levels, single_pass=self.single_pass,
-                        num_levels=self.num_levels, heads=heads)
-    dtype = layers.COMPUTE_DTYPES[self.dtype]
-    b, l = tokens.shape
-    k = self.num_levels
-    out: dict[str, Array] = {}
-    if k == 1 and 'hier' in heads:
-      out['hier'] = jnp.zeros((b, l, 1), jnp.float32)  # one level: log g = 0 exactly
-      if heads == ('hier',):
-        return out
-
-    vocab_embed = layers.Embed(self.vocab_size, self.hidden_size, ('vocab', 'embed'),
-                               name='vocab_embed')
-    x = vocab_embed(tokens)
-    if k > 1:  # (K+1) × H table, last row = h_m (paper section 4.3.2)
-      # Zero-init: the network starts as MDLM's and learns to use the levels (docstring).
-      x = x + layers.Embed(k + 1, self.hidden_size, ('levels', 'embed'), layers.zeros_init,
-                           name='level_embed')(levels)
-    if self.position_embedding != 'rotary':
-      x = x + layers.PositionEmbedding(self.position_embedding, self.seq_len, self.hidden_size,
-                                       name='position')(l)[None]
+  def trunk(self, x: Array, t: Array, rope: tuple[Array, Array] | None,
+            train: bool) -> tuple[Array, Array]:
+    """x [B, L, H] -> (x [B, L, H], c [B, cond_dim]) through the adaLN-zero blocks."""
     x = layers.constrain(x, ('batch', 'length', 'embed'))
-
     # MDLM feeds σ = 0 when time conditioning is off; the embedder exists either way.
     t_in = t if self.time_conditioning else jnp.zeros_like(t)
     # The time MLP is tiny: float32 regardless of the compute dtype (MDLM runs it outside autocast).
     c = nn.silu(layers.TimestepEmbedder(self.cond_dim, name='sigma_map')(t_in))
-
-    rotary = self.position_embedding == 'rotary'
-    hd = self.hidden_size // self.num_heads
-    rope = layers.rotary_cos_sin(l, hd) if rotary else None
     for i in range(self.num_layers):
-      x = DDiTBlock(self.num_heads, self.mlp_dim, self.dropout, rotary, dtype,
-                    self.position_embedding == 'sudoku_rel', name=f'blocks_{i}')(x, c, rope, train)
+      x = DDiTBlock(self.num_heads, self.mlp_dim, self.dropout, rope is not None,
+                    self.compute_dtype, self.position_embedding == 'sudoku_rel',
+                    name=f'blocks_{i}')(x, c, rope, train)
+    return x, c
 
-    if 'hier' in heads and k > 1:
-      # hier_stop_gradient: L_hier and L_cons train the head only (and pass 1 needs no backward
-      # through the backbone); the backbone learns from the token loss alone.
-      hx, hc = (jax.lax.stop_gradient(x), jax.lax.stop_gradient(c)) if self.hier_stop_gradient \
-          else (x, c)
-      out['hier'] = layers.AdaLNFinalLayer(k, 'levels', dtype, name='hier_layer')(hx, hc)
-    if 'token' in heads:
-      if self.single_pass and k > 1:
-        x = x + layers.Embed(k + 1, self.hidden_size, ('levels', 'embed'),
-                             name='token_level_embed')(token_levels)
-      tied = vocab_embed.embedding if self.tie_embeddings else None
-      out['token'] = layers.AdaLNFinalLayer(self.vocab_size, 'vocab', dtype,
-                                            name='output_layer')(x, c, tied)
-    return out
+  def make_heads(self, token_table: layers.Embed) -> hierarchy.Heads:
+    """Both heads are adaLN final layers (MDLM's DDitFinalLayer) on (x, c): H -> K and H -> V."""
+    dtype = self.compute_dtype
+    hier_layer = layers.AdaLNFinalLayer(self.num_levels, 'levels', dtype, name='hier_layer')
+    output_layer = layers.AdaLNFinalLayer(self.vocab_size, 'vocab', dtype, name='output_layer')
+
+    def token(x: Array, c: Array | None) -> Array:
+      tied = token_table.embedding if self.tie_embeddings else None
+      return output_layer(x, c, tied)
+
+    return hierarchy.Heads(hier=hier_layer, token=token)

@@ -1,4 +1,4 @@
-"""Building blocks shared by the DiT and GPT-2 backbones (SPEC 4).
+"""Generic building blocks of the DiT and GPT-2 backbones (docs/method.md §4).
 
 Precision policy (both backbones): parameters are float32; matrix products run in the configured
 compute dtype (`'float32'` or `'bfloat16'`) and accumulate in float32
@@ -7,7 +7,7 @@ and the residual stream stay float32; the heads return float32 logits.
 
 Every parameter carries logical axis names (`nn.with_logical_partitioning`); the names used are
 'vocab', 'embed', 'mlp', 'heads', 'kv', 'qkv', 'levels', 'cond', 'norm' (and None for a few small
-axes). `hmdlm_jax.models.LOGICAL_RULES` maps them to mesh axes.
+axes). `hmdlm_jax.sharding.LOGICAL_RULES` maps them to mesh axes.
 """
 
 from __future__ import annotations
@@ -27,7 +27,6 @@ LogicalNames = tuple[str | None, ...]
 
 COMPUTE_DTYPES: dict[str, Any] = {'float32': jnp.float32, 'bfloat16': jnp.bfloat16}
 LN_EPS = 1e-5  # torch's F.layer_norm default, used by MDLM and GPT-2
-SUDOKU_LEN = 81
 
 
 # ----------------------------------------------------------------------------- initialisers
@@ -179,72 +178,28 @@ def apply_rotary(x: Array, cos: Array, sin: Array) -> Array:
   return x * cos[None, :, None, :] + rotate_half(x) * sin[None, :, None, :]
 
 
-def sudoku_cells(seq_len: int = SUDOKU_LEN) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-  """Row, column and 3×3-box index [81] of each cell of a row-major 9×9 grid."""
-  if seq_len != SUDOKU_LEN:
-    raise ValueError(f"model.position_embedding='sudoku' needs model.seq_len == 81, got {seq_len}")
-  i = np.arange(SUDOKU_LEN)
-  row, col = i // 9, i % 9
-  return row, col, (row // 3) * 3 + col // 3
+def check_position_length(length: int, seq_len: int) -> None:
+  """Inputs longer than the absolute position tables are an error, not a silent truncation."""
+  if length > seq_len:
+    raise ValueError(f'input length {length} exceeds model.seq_len={seq_len}')
 
 
-class PositionEmbedding(nn.Module):
-  """Absolute position embedding added to the input: 'learned' (one row per position, [seq_len, H])
-  or 'sudoku' / 'sudoku_rel' (learned row, column and 3×3-box tables [9, H] each, summed;
-  'sudoku_rel' adds `SudokuRelationBias` in every attention layer)."""
-  kind: str  # 'learned' | 'sudoku' | 'sudoku_rel'
+class LearnedPositionEmbedding(nn.Module):
+  """Absolute position table [seq_len, H] added to the input ('learned'; GPT-2's `wpe`)."""
   seq_len: int
   features: int
   embedding_init: Init | None = None
 
   @nn.compact
   def __call__(self, length: int) -> Array:
-    """Returns float32 [length, H]."""
-    if length > self.seq_len:
-      raise ValueError(f'input length {length} exceeds model.seq_len={self.seq_len}')
-    if self.kind == 'learned':
-      table = Embed(self.seq_len, self.features, (None, 'embed'), self.embedding_init,
-                    name='pos_embed')
-      return table(jnp.arange(length))
-    if self.kind in ('sudoku', 'sudoku_rel'):
-      if length != SUDOKU_LEN:
-        raise ValueError(f'position_embedding={self.kind!r} needs inputs of length 81, got '
-                         f'{length}')
-      row, col, box = sudoku_cells(self.seq_len)
-      out = 0.0
-      for nm, ids in (('row_embed', row), ('col_embed', col), ('box_embed', box)):
-        out = out + Embed(9, self.features, (None, 'embed'), self.embedding_init, name=nm)(
-            jnp.asarray(ids))
-      return out
-    raise ValueError(f"unknown position embedding kind {self.kind!r}; allowed 'learned', 'sudoku'")
+    """Returns float32 [length, H]: the table's first `length` rows."""
+    check_position_length(length, self.seq_len)
+    table = Embed(self.seq_len, self.features, (None, 'embed'), self.embedding_init,
+                  name='pos_embed')
+    return table(jnp.arange(length))
 
 
 # ----------------------------------------------------------------------------- attention / time
-
-
-def sudoku_relations(seq_len: int = SUDOKU_LEN) -> np.ndarray:
-  """Relation class [81, 81] of each pair of cells: same row (1) | same column (2) | same box (4).
-
-  The 8 classes (0 = unrelated, 7 = the cell itself) are the constraint graph of Sudoku.
-  """
-  row, col, box = sudoku_cells(seq_len)
-  return ((row[:, None] == row[None]) * 1 + (col[:, None] == col[None]) * 2
-          + (box[:, None] == box[None]) * 4).astype(np.int32)
-
-
-class SudokuRelationBias(nn.Module):
-  """Learned per-head attention bias for each Sudoku relation class (position_embedding =
-  'sudoku_rel'): scores[h, i, j] += table[rel(i, j), h]. Zero-init, so training starts from the
-  plain attention; it lets every head find a cell's row, column and box peers at once instead of
-  discovering them from position embeddings (the "sudden jump" of Sudoku training)."""
-  num_heads: int
-
-  @nn.compact
-  def __call__(self) -> Array:
-    """Returns float32 [nh, 81, 81]."""
-    table = self.param('relation_bias', nn.with_logical_partitioning(zeros_init, (None, 'heads')),
-                       (8, self.num_heads), jnp.float32)
-    return jnp.transpose(table[jnp.asarray(sudoku_relations())], (2, 0, 1))
 
 
 def attention(q: Array, k: Array, v: Array, dtype: Any, bias: Array | None = None) -> Array:
@@ -335,38 +290,3 @@ class AdaLNFinalLayer(nn.Module):
 def constrain(x: Array, names: LogicalNames) -> Array:
   """Logical sharding constraint on an activation (no-op unless logical axis rules are set)."""
   return nn.with_logical_constraint(x, names)
-
-
-# ----------------------------------------------------------------------------- call-site checks
-
-HEADS = ('hier', 'token')
-
-
-def check_heads(heads: Sequence[str]) -> tuple[str, ...]:
-  """Validate the requested heads (a static Python tuple, non-empty, from HEADS, no repeats)."""
-  heads = tuple(heads)
-  if not heads or any(h not in HEADS for h in heads) or len(set(heads)) != len(heads):
-    raise ValueError(f'heads={heads!r}: must be a non-empty tuple of distinct names from {HEADS}')
-  return heads
-
-
-def check_inputs(tokens: Array, levels: Array, t: Array, token_levels: Array | None, *,
-                 single_pass: bool, num_levels: int, heads: tuple[str, ...]) -> None:
-  """Shapes and dtypes of the apply_fn inputs (docs/design.md): tokens, levels [B, L] int; t [B].
-
-  token_levels [B, L] int: required by the single-pass token head when K > 1 (for K = 1 the level
-  carries no information and it may be omitted); rejected by the two-pass model.
-  """
-  chex.assert_rank(tokens, 2)
-  chex.assert_equal_shape([tokens, levels])
-  chex.assert_shape(t, (tokens.shape[0],))
-  chex.assert_type([tokens, levels], int)
-  if token_levels is not None:
-    if not single_pass:
-      raise ValueError("token_levels is only used by model.variant='single_pass'; the two-pass "
-                       'model takes the levels through the `levels` input (pass 2)')
-    chex.assert_equal_shape([tokens, token_levels])
-    chex.assert_type(token_levels, int)
-  elif single_pass and num_levels > 1 and 'token' in heads:
-    raise ValueError("model.variant='single_pass': the token head needs token_levels [B, L] "
-                     "(each position's own level, SPEC 4)")
