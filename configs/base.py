@@ -40,6 +40,19 @@ def get_base_config() -> ml_collections.ConfigDict:
   # True: L_hier / L_cons train the hierarchy head only, on detached backbone features (the
   # backbone learns from L_LM alone; pass 1 then has no backward through the backbone).
   m.hier_stop_gradient = False
+  # The hierarchy pathway between the backbone's features and the level head (docs/method.md
+  # §4.7); the defaults build exactly the paper's head (same parameter tree). All its parameters
+  # are named 'hier_*' and only the hierarchy terms train them.
+  m.hier_layers = 0  # N blocks of the backbone's own kind (the hierarchy trunk); 0 = none
+  m.hier_repeats = 1  # apply the N blocks R times with tied weights (R > 1: recurrent, RRN-style)
+  m.hier_time_conditioning = False  # the pathway reads its own embedding of t
+  m.hier_input_embed = False  # the pathway adds its own table of input states (level, h_m, h_g)
+  # 'head': the backbone's level head on the pathway's output; 'rounds': one hazard readout per
+  # repeat, levels by stick-breaking (needs hier_repeats = num_levels - 1; models/hierarchy.py).
+  m.hier_readout = 'head'
+  # Given cells (Sudoku clues, prompts) carry their own input state h_g = K+1 instead of their
+  # level: the level tables get a (K+2)-th row (docs/design.md). False: givens show their level.
+  m.given_state = False
   m.dtype = 'float32'  # compute dtype: 'float32' | 'bfloat16'; parameters stay float32
 
   # Per-level schedule (docs/method.md §2).
@@ -59,7 +72,14 @@ def get_base_config() -> ml_collections.ConfigDict:
   l.beta_cons = 1.0
   l.t_min = 1e-3
   l.antithetic = True
-  l.train_steps_T = 1000  # T_train of Algorithm 1: s = max(t - 1/T_train, 0)
+  # T_train of Algorithm 1: s = max(t - 1/T_train, 0); 0 = the sampling grid, sample.num_steps
+  # (resolved in hmdlm_jax/config.py).
+  l.train_steps_T = 0
+  # What trains the hierarchy head (docs/method.md §5.1): 'bound' = β_hier L_hier + β_cons L_cons
+  # (the bound's terms, λ'-weighted); 'cross_entropy' = β_hier × the mean −log g[h0] over the
+  # masked loss positions (same optimum, no 1/(t − δ_k) tail). The bound's terms are reported
+  # (and evaluated) either way.
+  l.hier_objective = 'bound'
 
   # Data; `kind` selects the pipeline from the registry in hmdlm_jax/data.
   c.data = d = ml_collections.ConfigDict()
@@ -102,6 +122,9 @@ def get_base_config() -> ml_collections.ConfigDict:
   o.b2 = 0.999
   o.weight_decay = 0.0
   o.grad_clip = 1.0
+  # > 0: the hierarchy-only parameters ('hier_*', models/hierarchy.py) are clipped to this global
+  # norm as a group of their own, and `grad_clip` applies to the rest; 0 = one clip over all.
+  o.hier_grad_clip = 0.0
   o.ema_decay = 0.9999
   o.ema_warmup = False  # True: decay min(ema_decay, (1+n)/(10+n)) at update n (short runs)
 

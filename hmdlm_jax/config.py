@@ -8,6 +8,7 @@ derived values computed, each in exactly one place:
 * `schedule.offsets_max >= 0` (log-linear) -> `schedule.offsets = (offsets_max · k / (K-1))_k`,
   `(0,)` for K = 1, so `--config.model.num_levels=1` alone turns HMDLM into its MDLM twin
   (docs/method.md §2: K = 1 with δ = 0 is MDLM);
+* `loss.train_steps_T = 0` -> `sample.num_steps` (Algorithm 1's T_train on the sampling grid);
 * `process.kind = 'mdlm'` requires K = 1 (MDLM is HMDLM's K = 1 case, reachable by name).
 
 and validates every section that the code reads without touching data or devices (ValueError naming
@@ -35,6 +36,8 @@ COMPUTE_DTYPES = ('float32', 'bfloat16')
 SUDOKU_CELLS = 81
 ORDERINGS = ('ancestral', 'confidence')
 LEVEL_CONTEXTS = ('candidates', 'none')
+HIER_OBJECTIVES = ('bound', 'cross_entropy')
+HIER_READOUTS = ('head', 'rounds')
 
 
 def _is_int(v: Any) -> bool:
@@ -91,6 +94,14 @@ class ModelConfig:
   tie_embeddings: bool
   dtype: str
   hier_stop_gradient: bool
+  # The hierarchy pathway (docs/method.md §4.7). Defaults = off, so a `model` section written
+  # before these fields existed (a checkpoint's config.json) reads as the same model.
+  hier_layers: int = 0
+  hier_repeats: int = 1
+  hier_time_conditioning: bool = False
+  hier_input_embed: bool = False
+  given_state: bool = False
+  hier_readout: str = 'head'
 
   @classmethod
   def from_config(cls, config: ml_collections.ConfigDict) -> ModelConfig:
@@ -109,16 +120,31 @@ class ModelConfig:
     values = {}
     for f in dataclasses.fields(cls):
       v = get(f.name, None)
-      if v is None:
+      if v is None and f.default is dataclasses.MISSING:
         raise ValueError(f'model.{f.name} is missing from the model config.')
-      values[f.name] = v
+      values[f.name] = f.default if v is None else v
     for name, lo in (('num_levels', 1), ('vocab_size', 2), ('seq_len', 1), ('num_layers', 1),
                      ('hidden_size', 1), ('num_heads', 1), ('mlp_dim', 1), ('cond_dim', 1)):
       _check_int(f'model.{name}', values[name], minimum=lo)
     values['mask_id'] = _mask_id(values['vocab_size'], values['mask_id'])
     values['dropout'] = _check_number('model.dropout', values['dropout'], lo=0.0, hi=1.0)
-    for name in ('time_conditioning', 'tie_embeddings', 'hier_stop_gradient'):
+    for name in ('time_conditioning', 'tie_embeddings', 'hier_stop_gradient',
+                 'hier_time_conditioning', 'hier_input_embed', 'given_state'):
       _check_bool(f'model.{name}', values[name])
+    _check_int('model.hier_layers', values['hier_layers'], minimum=0)
+    _check_int('model.hier_repeats', values['hier_repeats'], minimum=1)
+    if values['hier_repeats'] > 1 and values['hier_layers'] == 0:
+      raise ValueError(f"model.hier_repeats={values['hier_repeats']} repeats the hierarchy trunk, "
+                       'which has no blocks: set model.hier_layers >= 1 (or hier_repeats=1).')
+    if values['hier_readout'] not in HIER_READOUTS:
+      raise ValueError(f"model.hier_readout={values['hier_readout']!r} is not one of "
+                       f'{HIER_READOUTS}.')
+    if values['hier_readout'] == 'rounds' and values['num_levels'] > 1 and (
+        values['hier_layers'] == 0 or values['hier_repeats'] != values['num_levels'] - 1):
+      raise ValueError("model.hier_readout='rounds' reads one hazard per round: it needs "
+                       'model.hier_layers >= 1 and model.hier_repeats = model.num_levels - 1 = '
+                       f"{values['num_levels'] - 1} (got {values['hier_layers']}, "
+                       f"{values['hier_repeats']}).")
     return cls(**values)
 
   def __post_init__(self) -> None:
@@ -160,6 +186,9 @@ class LossConfig:
     prior_corrected: prior-corrected hierarchy head (docs/method.md §4).
     mask_id: MASK token id (resolved, >= 0).
     num_levels: K.
+    hier_objective: what trains the hierarchy head: 'bound' (β_hier L_hier + β_cons L_cons) or
+      'cross_entropy' (β_hier × mean −log g[h0] over masked loss positions; docs/method.md §5.1).
+    given_state: given positions enter the network as h_g = K+1 (model.given_state).
   """
   beta_hier: float = 1.0
   beta_cons: float = 1.0
@@ -170,6 +199,8 @@ class LossConfig:
   prior_corrected: bool = True
   mask_id: int = 0
   num_levels: int = 2
+  hier_objective: str = 'bound'
+  given_state: bool = False
 
   def __post_init__(self) -> None:
     for name in ('beta_hier', 'beta_cons'):
@@ -183,6 +214,9 @@ class LossConfig:
       raise ValueError(f'mask_id={self.mask_id} must be resolved to a token id >= 0.')
     if self.num_levels < 1:
       raise ValueError(f'model.num_levels={self.num_levels} must be >= 1.')
+    if self.hier_objective not in HIER_OBJECTIVES:
+      raise ValueError(f'loss.hier_objective={self.hier_objective!r} is not one of '
+                       f'{HIER_OBJECTIVES}.')
 
   @classmethod
   def from_config(cls, config: ml_collections.ConfigDict) -> LossConfig:
@@ -195,7 +229,9 @@ class LossConfig:
     return cls(beta_hier=float(l.beta_hier), beta_cons=float(l.beta_cons), t_min=float(l.t_min),
                antithetic=bool(l.antithetic), train_steps_T=int(l.train_steps_T),
                variant=str(m.variant), prior_corrected=bool(m.prior_corrected_head),
-               mask_id=int(m.mask_id), num_levels=int(m.num_levels))
+               mask_id=int(m.mask_id), num_levels=int(m.num_levels),
+               hier_objective=str(l.get('hier_objective', 'bound')),
+               given_state=bool(m.get('given_state', False)))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -216,6 +252,7 @@ class SampleConfig:
     level_context: confidence ordering only: 'candidates' (pass 2 sees ĥ at every masked
       position) | 'none' (pass 2 sees h_m there; one call computes both heads).
     hierarchy_weight: confidence ordering only: w >= 0 in score = w · log π + log max f.
+    given_state: given positions enter the network as h_g = K+1 (model.given_state).
   """
   num_steps: int
   num_levels: int
@@ -229,12 +266,13 @@ class SampleConfig:
   time_conditioning: bool = True
   level_context: str = 'candidates'
   hierarchy_weight: float = 1.0
+  given_state: bool = False
 
   def __post_init__(self) -> None:
     _check_int('sample.num_steps', self.num_steps, minimum=1)
     _check_int('model.num_levels', self.num_levels, minimum=1)
     _check_int('model.mask_id', self.mask_id, minimum=0)
-    for name in ('greedy', 'use_cache', 'prior_corrected', 'time_conditioning'):
+    for name in ('greedy', 'use_cache', 'prior_corrected', 'time_conditioning', 'given_state'):
       if not isinstance(getattr(self, name), bool):
         raise ValueError(f'SampleConfig.{name} must be a bool, got {getattr(self, name)!r}.')
     if (isinstance(self.temperature, bool) or not isinstance(self.temperature, (int, float))
@@ -267,8 +305,12 @@ class SampleConfig:
     return cls(num_steps=sm.num_steps, num_levels=m.num_levels, mask_id=m.mask_id,
                temperature=sm.temperature, greedy=sm.greedy, ordering=sm.ordering,
                use_cache=sm.use_cache, prior_corrected=m.prior_corrected_head,
-               variant=m.variant, time_conditioning=m.time_conditioning,
-               level_context=sm.level_context, hierarchy_weight=float(sm.hierarchy_weight))
+               variant=m.variant,
+               # The pass-1 cache may reuse logits only if nothing in the network reads t.
+               time_conditioning=bool(m.time_conditioning or m.get('hier_time_conditioning',
+                                                                   False)),
+               level_context=sm.level_context, hierarchy_weight=float(sm.hierarchy_weight),
+               given_state=bool(m.get('given_state', False)))
 
 
 # ---------------------------------------------------------------------------------------- resolve
@@ -364,6 +406,10 @@ def resolve(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
     _check_int('model.num_levels', config.model.num_levels, minimum=1)
     config.model.mask_id = _mask_id(config.model.vocab_size, config.model.mask_id)
     _resolve_offsets(config)
+    _check_int('loss.train_steps_T', config.loss.train_steps_T, minimum=0)
+    if config.loss.train_steps_T == 0:  # Algorithm 1 on the sampling grid
+      _check_int('sample.num_steps', config.sample.num_steps, minimum=1)
+      config.loss.train_steps_T = config.sample.num_steps
   _check_process(config)
   _check_train(config)
   _check_optim(config)

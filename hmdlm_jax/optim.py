@@ -1,4 +1,9 @@
-"""Optimiser (SPEC 9): AdamW, linear warm-up then constant or cosine, global-norm clipping, EMA.
+"""Optimiser (docs/method.md §9): AdamW, warm-up then constant or cosine, clipping, EMA.
+
+Clipping: one global-norm clip over all parameters (`optim.grad_clip`), or, with
+`optim.hier_grad_clip > 0`, one clip per group: the hierarchy-only parameters ('hier_*',
+`models.hierarchy.is_hierarchy_param`) to `hier_grad_clip` and the rest to `grad_clip`
+(`clip_by_group_global_norm`), so a large level-head gradient no longer shrinks the backbone's step.
 
 Gradient accumulation is not an optax wrapper here: `train.py` splits the batch into micro-batches
 inside one jitted step (`lax.scan`) and hands the averaged gradient to this optimiser, so one
@@ -9,11 +14,16 @@ from __future__ import annotations
 
 from typing import Any
 
+from typing import Callable, Mapping
+
 import jax
 import jax.numpy as jnp
 import optax
 
+from hmdlm_jax.models import hierarchy
+
 DECAYS = ('constant', 'cosine')
+GROUPS = ('backbone', 'hier')  # parameter groups of `param_groups`
 
 
 def validate_optim_config(optim_cfg: Any) -> None:
@@ -33,6 +43,9 @@ def validate_optim_config(optim_cfg: Any) -> None:
     raise ValueError(f'optim.weight_decay={o.weight_decay} must be >= 0.')
   if float(o.grad_clip) < 0.0:
     raise ValueError(f'optim.grad_clip={o.grad_clip} must be >= 0 (0 = no clipping).')
+  if float(o.get('hier_grad_clip', 0.0)) < 0.0:
+    raise ValueError(f'optim.hier_grad_clip={o.hier_grad_clip} must be >= 0 (0 = the one global '
+                     'clip of optim.grad_clip over all parameters).')
   if not 0.0 <= float(o.ema_decay) < 1.0:
     raise ValueError(f'optim.ema_decay={o.ema_decay} must lie in [0, 1).')
 
@@ -59,8 +72,58 @@ def _decay_mask(params: Any) -> Any:
   return jax.tree.map(lambda p: jnp.ndim(p) >= 2, params)
 
 
+def param_groups(tree: Any) -> Any:
+  """The group of every leaf of a parameter-shaped tree: 'hier' under a top-level 'hier_*' name
+  (models/hierarchy.py `is_hierarchy_param`), 'backbone' elsewhere (level table included)."""
+  if not isinstance(tree, Mapping):
+    raise ValueError('param_groups expects the parameter dict (top-level names -> subtrees).')
+  return {name: jax.tree.map(lambda _, g=('hier' if hierarchy.is_hierarchy_param(name)
+                                          else 'backbone'): g, sub)
+          for name, sub in tree.items()}
+
+
+def _norms_by_label(tree: Any, labels: Any) -> dict[str, jax.Array]:
+  """{label: global L2 norm of the leaves with that label} ([] float32 each)."""
+  sq: dict[str, jax.Array] = {}
+  for x, lab in zip(jax.tree.leaves(tree), jax.tree.leaves(labels)):
+    sq[lab] = sq.get(lab, 0.0) + jnp.sum(jnp.square(jnp.asarray(x, jnp.float32)))
+  return {lab: jnp.sqrt(v) for lab, v in sq.items()}
+
+
+def group_norms(tree: Any) -> dict[str, jax.Array]:
+  """Global L2 norm of each group of `param_groups` ([] float32; 0 for an empty group)."""
+  norms = _norms_by_label(tree, param_groups(tree))
+  return {g: norms.get(g, jnp.zeros((), jnp.float32)) for g in GROUPS}
+
+
+def clip_by_group_global_norm(max_norms: Mapping[str, float],
+                              groups: Callable[[Any], Any] = param_groups
+                              ) -> optax.GradientTransformation:
+  """Clip each group of leaves to its own global norm: u_g <- u_g · min(1, max_g / ||u_g||).
+
+  max_norms: {group: limit}; a limit of 0, or a group not named, leaves that group unclipped.
+  groups(updates) -> the same tree with a group name per leaf (default `param_groups`).
+  """
+
+  def update(updates: Any, state: Any, params: Any = None) -> tuple[Any, Any]:
+    del params
+    labels = groups(updates)
+    norms = _norms_by_label(updates, labels)
+    scale = {g: jnp.minimum(1.0, float(m) / jnp.maximum(norms[g], 1e-30))
+             for g, m in max_norms.items() if g in norms and float(m) > 0}
+    new = jax.tree.map(lambda u, g: (u * scale[g]).astype(u.dtype) if g in scale else u,
+                       updates, labels)
+    return new, state
+
+  return optax.GradientTransformation(lambda params: optax.EmptyState(), update)
+
+
 def make_optimizer(optim_cfg: Any, num_steps: int) -> optax.GradientTransformation:
-  """clip_by_global_norm(grad_clip) -> AdamW(lr schedule, b1, b2, weight_decay).
+  """clip -> AdamW(lr schedule, b1, b2, weight_decay).
+
+  clip: clip_by_global_norm(grad_clip) over all parameters, or, with optim.hier_grad_clip > 0,
+  `clip_by_group_global_norm` with grad_clip for the backbone group and hier_grad_clip for the
+  hierarchy-only parameters (module docstring).
 
   `inject_hyperparams` exposes the current learning rate in the optimiser state (`hyperparams`)
   so the step can log exactly the lr it applied.
@@ -73,8 +136,11 @@ def make_optimizer(optim_cfg: Any, num_steps: int) -> optax.GradientTransformati
     return optax.adamw(learning_rate, b1=float(optim_cfg.b1), b2=float(optim_cfg.b2),
                        weight_decay=float(optim_cfg.weight_decay), mask=_decay_mask)
 
+  hier_clip = float(optim_cfg.get('hier_grad_clip', 0.0))
   parts = []
-  if clip > 0.0:
+  if hier_clip > 0.0:
+    parts.append(clip_by_group_global_norm({'backbone': clip, 'hier': hier_clip}))
+  elif clip > 0.0:
     parts.append(optax.clip_by_global_norm(clip))
   parts.append(adamw(learning_rate=schedule))
   return optax.chain(*parts)

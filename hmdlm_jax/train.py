@@ -290,8 +290,8 @@ def make_train_step(config: ml_collections.ConfigDict, model: nn.Module,
 
   batch: dict tokens, levels [B, L] int32; given, loss_mask [B, L] bool — global arrays sharded by
   `sharding.batch_sharding(mesh)`. metrics: dict of float32 scalars (replicated): the loss terms of
-  `process.loss` plus grad_norm (before clipping), lr, update_ok, bad_steps,
-  skipped_steps.
+  `process.loss` plus grad_norm (before clipping), hier_grad_norm (its share on the 'hier_*'
+  parameters, optim.group_norms; 0 without them), lr, update_ok, bad_steps, skipped_steps.
 
   With train.grad_accum = A > 1 the batch is split into A strided micro-batches inside the step
   (`lax.scan`); each micro-batch's gradient is weighted by its share of loss tokens, which makes the
@@ -348,6 +348,7 @@ def make_train_step(config: ml_collections.ConfigDict, model: nn.Module,
         rng=state.rng, bad_steps=bad, skipped_steps=skipped)
     out = {k: jnp.asarray(v, jnp.float32) for k, v in aux.items()}
     out.update(loss=loss.astype(jnp.float32), grad_norm=grad_norm.astype(jnp.float32),
+               hier_grad_norm=optim.group_norms(grads)['hier'],
                lr=optim.current_lr(new_opt), update_ok=ok.astype(jnp.float32),
                bad_steps=bad.astype(jnp.float32), skipped_steps=skipped.astype(jnp.float32))
     return new_state, out

@@ -392,7 +392,8 @@ def test_loss_config_from_config():
   c = get_base_config()
   cfg = config_lib.LossConfig.from_config(c)
   assert cfg.mask_id == c.model.vocab_size - 1 and cfg.num_levels == 2
-  assert cfg.variant == 'two_pass' and cfg.prior_corrected and cfg.train_steps_T == 1000
+  assert cfg.variant == "two_pass" and cfg.prior_corrected
+  assert cfg.train_steps_T == c.sample.num_steps  # loss.train_steps_T = 0: the sampling grid
   hash(cfg)
   c.model.variant = 'three_pass'
   with pytest.raises(ValueError, match='model.variant'):

@@ -45,7 +45,10 @@ def build_model(cfg_model: Any) -> nn.Module:
       cond_dim=cfg.cond_dim, dropout=cfg.dropout, time_conditioning=cfg.time_conditioning,
       single_pass=cfg.variant == 'single_pass', position_embedding=cfg.position_embedding,
       seq_len=cfg.seq_len, tie_embeddings=cfg.tie_embeddings, dtype=cfg.dtype,
-      hier_stop_gradient=cfg.hier_stop_gradient)
+      hier_stop_gradient=cfg.hier_stop_gradient, hier_layers=cfg.hier_layers,
+      hier_repeats=cfg.hier_repeats, hier_time_conditioning=cfg.hier_time_conditioning,
+      hier_input_embed=cfg.hier_input_embed, given_state=cfg.given_state,
+      hier_readout=cfg.hier_readout)
 
 
 def heads_salt(heads: tuple[str, ...]) -> int:
@@ -122,7 +125,7 @@ _GROUPS: dict[str, str] = {
     'level_embed': 'level table', 'token_level_embed': 'token-level table',
     'hier_layer': 'hierarchy head', 'hier_head': 'hierarchy head',
 }
-_HMDLM_GROUPS = ('level table', 'token-level table', 'hierarchy head')
+_HMDLM_GROUPS = ('level table', 'token-level table', 'hierarchy trunk', 'hierarchy head')
 _GROUP_ORDER = ('token embedding', 'position embedding', 'time embedding', 'transformer blocks',
                 'final norm', 'token head') + _HMDLM_GROUPS
 
@@ -130,6 +133,8 @@ _GROUP_ORDER = ('token embedding', 'position embedding', 'time embedding', 'tran
 def _group(name: str) -> str:
   if name.startswith('blocks_') or name.startswith('h_'):
     return 'transformer blocks'
+  if hierarchy.is_hierarchy_param(name) and name not in _GROUPS:
+    return 'hierarchy trunk'  # hier_blocks_i, hier_time_*, hier_level_embed (hierarchy.py)
   if name not in _GROUPS:
     raise KeyError(f'parameter {name!r} has no report group')
   return _GROUPS[name]

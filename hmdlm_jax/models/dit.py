@@ -46,7 +46,9 @@ Parameter names follow MDLM's state dict (torch Linear weight [out, in] = our ke
 vocab_embed/embedding, sigma_map/mlp_{0,2}, blocks_{i}/{norm1, attn_qkv, attn_out, norm2, mlp_0,
 mlp_2, adaLN_modulation}, output_layer/{norm_final, adaLN_modulation, linear}. attn_qkv's kernel is
 [H, 3, heads, head_dim] (MDLM's 'b s (three h d)' order) and attn_out's [heads, head_dim, H].
-HMDLM adds level_embed/embedding, hier_layer/..., and (single pass) token_level_embed/embedding.
+HMDLM adds level_embed/embedding, hier_layer/..., and (single pass) token_level_embed/embedding;
+the optional hierarchy pathway (hierarchy.py) adds hier_blocks_{i}/... (blocks of the trunk's form),
+hier_time_embed/..., hier_level_embed/embedding.
 The input level table is zero-initialised (the paper does not say): the network starts exactly as
 its MDLM twin and learns to use the levels. Measured on the Sudoku demo: with a random table (the
 scale of the token embedding) added to every input, training sat on its chance-level plateau for
@@ -158,3 +160,9 @@ class DiT(hierarchy.HierarchicalBackbone):
       return output_layer(x, c, tied)
 
     return hierarchy.Heads(hier=hier_layer, token=token)
+
+  def block(self, name: str) -> hierarchy.BlockFn:
+    """One adaLN-zero block like the trunk's (identity at init), for the hierarchy trunk."""
+    return DDiTBlock(self.num_heads, self.mlp_dim, self.dropout,
+                     self.position_embedding == 'rotary', self.compute_dtype,
+                     self.position_embedding == 'sudoku_rel', name=name)

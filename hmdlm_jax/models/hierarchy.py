@@ -4,14 +4,24 @@
 
   x = E_tok[tokens] (+ W_lvl[levels] if K > 1) (+ absolute positions unless rotary)     [B, L, H]
   x, c = trunk(x, t)                               backbone-specific: time conditioning, blocks
-  'hier'  = hier_head(x, c)            x, c stop-gradient'ed if hier_stop_gradient; K = 1: zeros
+  hx, hc = x, c                                    stop-gradient'ed if hier_stop_gradient
+  hx += W_hin[levels]                              if hier_input_embed (own input-state table)
+  hx += Linear(SiLU(embedding of t))               if hier_time_conditioning (zero-init Linear)
+  hx = (hier_blocks_0 .. hier_blocks_{N-1})^R (hx) hierarchy trunk: N = hier_layers, R = hier_repeats
+  'hier'  = hier_head(hx, hc)  or, hier_readout='rounds', stick-breaking over the R = K-1 repeats
   'token' = token_head(x (+ W_tok_lvl[token_levels] if single pass and K > 1), c)
+
+Input states (docs/design.md): levels 0..K-1, K = h_m (masked) and, with `given_state`, K+1 = h_g
+(a given cell: Sudoku clue, prompt); the level tables then have K+2 rows instead of K+1. The
+process writes h_g at given positions just before each network call
+(`processes.base.with_given_state`), so noisy states and sampler outputs keep the data's levels.
 
 A backbone subclasses it and supplies `trunk` (everything between the input embedding and the
 final hidden state) and `make_heads` (the forms of its two output heads); the input level table
 ('level_embed', zero-init), the K = 1 shortcut, the stop-gradient of the hierarchy head's inputs,
 the single-pass token-level table ('token_level_embed') and the choice of which heads run live
-here. Every submodule is created inside the backbone's own compact `__call__` (the hooks run in
+here, and so does the optional hierarchy trunk (docs/method.md §4.7): `block` is the one more
+hook a backbone supplies (one block of its own kind). Every submodule is created inside the backbone's own compact `__call__` (the hooks run in
 its scope), so the parameter tree stays flat: level_embed/embedding, token_level_embed/embedding,
 position/..., next to the backbone's own top-level names.
 """
@@ -33,6 +43,17 @@ Array = jax.Array
 HeadFn = Callable[[Array, Array | None], Array]
 
 HEADS = ('hier', 'token')
+# Top-level parameter names used only by the hierarchy pathway start with this prefix (the level
+# head 'hier_layer' / 'hier_head', the trunk 'hier_blocks_i', 'hier_time_*', 'hier_level_embed');
+# optim.py clips their gradient as a group of its own (optim.hier_grad_clip).
+HIER_PREFIX = 'hier_'
+# block(x [B, L, H], c [B, C] | None, rope, train) -> [B, L, H]: one backbone block.
+BlockFn = Callable[[Array, Array | None, tuple[Array, Array] | None, bool], Array]
+
+
+def is_hierarchy_param(top_level_name: str) -> bool:
+  """Whether a top-level parameter belongs to the hierarchy pathway only (not the level table)."""
+  return top_level_name.startswith(HIER_PREFIX)
 
 
 class Heads(NamedTuple):
@@ -103,6 +124,13 @@ class HierarchicalBackbone(nn.Module):
   tie_embeddings: bool = False
   dtype: str = 'float32'
   hier_stop_gradient: bool = False  # the hierarchy head reads detached backbone features
+  # The hierarchy pathway (docs/method.md §4.7); all off = the paper's head on the final features.
+  hier_layers: int = 0  # N blocks of the backbone's kind before the hierarchy head
+  hier_repeats: int = 1  # R applications of those N blocks (weight-tied recurrence when R > 1)
+  hier_time_conditioning: bool = False  # the hierarchy pathway reads its own embedding of t
+  hier_input_embed: bool = False  # the hierarchy pathway adds its own input-state table
+  given_state: bool = False  # given cells carry the input state h_g = K+1 (tables get K+2 rows)
+  hier_readout: str = 'head'  # 'head' (the backbone's level head) | 'rounds' (_round_readout)
 
   # Parameter name of the input token table ('vocab_embed' in MDLM's DiT, 'wte' in GPT-2).
   token_embed_name: ClassVar[str] = 'vocab_embed'
@@ -122,6 +150,15 @@ class HierarchicalBackbone(nn.Module):
     """The two output heads; `token_table` is the input token table (for tied output weights)."""
     raise NotImplementedError
 
+  def block(self, name: str) -> BlockFn:
+    """One block of the backbone's kind named `name` (for the hierarchy trunk)."""
+    raise NotImplementedError
+
+  @property
+  def num_input_states(self) -> int:
+    """Rows of the level tables: K levels, h_m, and h_g when `given_state`."""
+    return self.num_levels + (2 if self.given_state else 1)
+
   @nn.compact
   def __call__(self, tokens: Array, levels: Array, t: Array,
                heads: tuple[str, ...] = HEADS, token_levels: Array | None = None,
@@ -140,10 +177,10 @@ class HierarchicalBackbone(nn.Module):
     token_table = layers.Embed(self.vocab_size, self.hidden_size, ('vocab', 'embed'),
                                self.embedding_init, name=self.token_embed_name)
     x = token_table(tokens)
-    if k > 1:  # (K+1) × H table, last row = h_m (paper section 4.3.2)
+    if k > 1:  # (K+1) × H table, row K = h_m (paper section 4.3.2); row K+1 = h_g if given_state
       # Zero-init: the network starts as its MDLM twin and learns to use the levels (dit.py).
-      x = x + layers.Embed(k + 1, self.hidden_size, ('levels', 'embed'), layers.zeros_init,
-                           name='level_embed')(levels)
+      x = x + layers.Embed(self.num_input_states, self.hidden_size, ('levels', 'embed'),
+                           layers.zeros_init, name='level_embed')(levels)
     rope = None
     if self.position_embedding == 'rotary':  # applied to q, k inside the trunk's attention
       rope = layers.rotary_cos_sin(l, self.hidden_size // self.num_heads)
@@ -158,15 +195,64 @@ class HierarchicalBackbone(nn.Module):
         # L_hier and L_cons then train the head only (and pass 1 needs no backward through the
         # backbone); the backbone learns from the token loss alone.
         hx, hc = jax.lax.stop_gradient(x), jax.lax.stop_gradient(c)
-      out['hier'] = head.hier(hx, hc)
+      hx, hc, per_round = self._hier_trunk(hx, hc, levels, t, rope, train)
+      out['hier'] = (self._round_readout(per_round) if self.hier_readout == 'rounds'
+                     else head.hier(hx, hc))
     if 'token' in heads:
       if self.single_pass and k > 1:
         # Single pass: the token head is told each position's own level; the hierarchy head
         # sees the plain hidden state (docs/method.md §4).
-        x = x + layers.Embed(k + 1, self.hidden_size, ('levels', 'embed'), self.embedding_init,
-                             name='token_level_embed')(token_levels)
+        x = x + layers.Embed(self.num_input_states, self.hidden_size, ('levels', 'embed'),
+                             self.embedding_init, name='token_level_embed')(token_levels)
       out['token'] = head.token(x, c)
     return out
+
+  def _hier_trunk(self, hx: Array, hc: Array | None, levels: Array, t: Array,
+                  rope: tuple[Array, Array] | None, train: bool
+                  ) -> tuple[Array, Array | None, list[Array]]:
+    """The hierarchy pathway between the backbone features and the level head (all optional).
+
+    hx [B, L, H], hc [B, C] | None -> (hx, hc, [hx after each of the R repeats]). Every part starts as the identity (zero-init
+    tables and projections, adaLN-zero / residual blocks), so switching one on keeps the head's
+    initial output; its parameters are named 'hier_*' (`is_hierarchy_param`).
+    """
+    if self.hier_input_embed:  # the pathway's own view of the input states (given / masked / level)
+      hx = hx + layers.Embed(self.num_input_states, self.hidden_size, ('levels', 'embed'),
+                             layers.zeros_init, name='hier_level_embed')(levels)
+    if self.hier_time_conditioning:  # zero-init projection of its own time embedding, added
+      ct = nn.silu(layers.TimestepEmbedder(self.cond_dim, name='hier_time_embed')(t))
+      hx = hx + layers.Dense((self.hidden_size,), ('cond', 'embed'), kernel_init=layers.zeros_init,
+                             bias_init=layers.zeros_init, dtype=self.compute_dtype,
+                             out_dtype=jnp.float32, name='hier_time_proj')(ct)[:, None, :]
+    blocks = [self.block(f'{HIER_PREFIX}blocks_{i}') for i in range(self.hier_layers)]
+    per_round = []
+    for _ in range(self.hier_repeats if blocks else 0):
+      for block in blocks:
+        hx = block(hx, hc, rope, train)
+      per_round.append(hx)
+    return hx, hc, per_round
+
+  def _round_readout(self, per_round: list[Array]) -> Array:
+    """`hier_readout='rounds'`: level log-probabilities [B, L, K] by stick-breaking over rounds.
+
+    Repeat r = 1..K-1 of the trunk reads a hazard p_r = σ(s_r), s_r = Linear(LN(hx_r)) (one
+    readout shared by the rounds): the probability that the position is decided in round r if it
+    was not before. Level K-r (higher = earlier) has probability p_r Π_{j<r} (1 − p_j) and level 0
+    the rest, Π_{j<K} (1 − p_j). The log-probabilities are valid logits for the head's log-softmax
+    and prior correction. This mirrors a labeller whose levels are rounds of propagation (Sudoku,
+    docs/method.md §6): the level loss reaches each round's readout directly. The readout bias
+    starts at −2 (hazard 0.12 per round, near the Sudoku labeller's ~0.13).
+    """
+    norm = layers.LayerNorm(name=f'{HIER_PREFIX}round_norm')
+    readout = layers.Dense((1,), ('embed', None), kernel_init=layers.zeros_init,
+                           bias_init=nn.initializers.constant(-2.0), dtype=self.compute_dtype,
+                           out_dtype=jnp.float32, name=f'{HIER_PREFIX}round_readout')
+    s = jnp.concatenate([readout(norm(h)) for h in per_round], axis=-1)  # [B, L, K-1]
+    log_p, log_q = jax.nn.log_sigmoid(s), jax.nn.log_sigmoid(-s)
+    survive = jnp.cumsum(log_q, axis=-1) - log_q  # Σ_{j<r} log(1 − p_j)
+    decided = log_p + survive  # round r -> level K - r
+    level0 = jnp.sum(log_q, axis=-1, keepdims=True)
+    return jnp.concatenate([level0, decided[..., ::-1]], axis=-1)  # levels 0, 1, .., K-1
 
   def _positions(self, length: int) -> Array:
     """The absolute position embedding 'position' -> float32 [length, H]."""

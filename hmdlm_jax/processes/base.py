@@ -10,7 +10,9 @@ cluster tokens, mask tokens), S per-position states of the enumeration, K hierar
 
 The network (`apply_fn`, docs/design.md) sees a noisy state as two int32 arrays [B, L]: `tokens`
 (ids in 0..V-1, noise states included) and `levels` (HMDLM's level input 0..K, K = h_m; zeros for
-processes without levels). `NoisyState` is that pair.
+processes without levels). `NoisyState` is that pair. With `model.given_state` the network also
+knows the given positions: they enter as level K+1 = h_g (`with_given_state`, applied at the call
+only, so states, losses and sampler outputs keep the data's levels).
 """
 
 from __future__ import annotations
@@ -101,6 +103,26 @@ def unpack(batch: Batch) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array]:
   chex.assert_equal_shape((tokens, levels, given, loss_mask))
   chex.assert_type((tokens, levels), int)
   return tokens, levels, given, loss_mask
+
+
+def with_given_state(apply_fn: ApplyFn, given: jax.Array, num_levels: int) -> ApplyFn:
+  """apply_fn whose `levels` (and `token_levels`) read h_g = K+1 at the given positions.
+
+  given: bool [B, L] (clues, prompts); the wrapper calls `apply_fn` with the same arguments
+  otherwise. The network must have been built with `model.given_state` (level tables of K+2 rows).
+  """
+  given = jnp.asarray(given, bool)
+  h_g = num_levels + 1
+
+  def wrapped(tokens: jax.Array, levels: jax.Array, t: jax.Array, *, heads: tuple[str, ...],
+              token_levels: jax.Array | None = None) -> Mapping[str, jax.Array]:
+    chex.assert_equal_shape((given, levels))
+    levels = jnp.where(given, jnp.asarray(h_g, levels.dtype), levels)
+    if token_levels is not None:
+      token_levels = jnp.where(given, jnp.asarray(h_g, token_levels.dtype), token_levels)
+    return apply_fn(tokens, levels, t, heads=heads, token_levels=token_levels)
+
+  return wrapped
 
 
 def sample_times(key: jax.Array, batch_size: int, *, t_min: float = 1e-3,

@@ -15,7 +15,13 @@ only: `bound_from_state` shows one uniformly chosen masked position's level and 
 (two_pass, unbiased) or feeds every position's own level at once (single_pass, exact).
 
 A position is either revealed (x0, h0) or masked (MASK, h_m) with h_m = K: ONE Bernoulli per
-position decides both (eq. 5). Given positions (clues, prompts) are never masked.
+position decides both (eq. 5). Given positions (clues, prompts) are never masked; with
+`model.given_state` the network sees them as h_g = K+1 (`base.with_given_state`, every call here).
+
+Hierarchy objective (`loss.hier_objective`, docs/method.md §5.1): 'bound' trains the level head with
+β_hier L_hier + β_cons L_cons; 'cross_entropy' with β_hier × the mean −log g^i[h0^i] over the masked
+loss positions of the batch (same minimiser g = the posterior of the level; no λ' weight, so no
+1/(t − δ_k) tail). L_hier and L_cons are reported either way and the bound never changes.
 """
 
 from __future__ import annotations
@@ -124,6 +130,24 @@ def _check(schedule: Schedule, cfg: LossConfig) -> None:
                      f'{cfg.num_levels}.')
 
 
+def _network(apply_fn: ApplyFn, given: jax.Array, cfg: LossConfig) -> ApplyFn:
+  """The network as the loss calls it: given positions read h_g = K+1 with model.given_state."""
+  if cfg.given_state and cfg.num_levels > 1:
+    return base.with_given_state(apply_fn, given, cfg.num_levels)
+  return apply_fn
+
+
+def level_cross_entropy(level_logp: jax.Array, levels: jax.Array, sel: jax.Array) -> jax.Array:
+  """Mean −log g^i[h0^i] over the selected positions of the batch: [] (0 if none is selected).
+
+  level_logp [B, L, K] log g; levels [B, L] gold h0; sel [B, L] bool (masked loss positions).
+  """
+  chex.assert_rank((level_logp, levels, sel), (3, 2, 2))
+  nll = -jnp.take_along_axis(level_logp, levels[..., None], axis=-1)[..., 0]
+  n = jnp.maximum(sel.sum(), 1).astype(jnp.float32)
+  return jnp.where(sel, nll, 0.0).sum().astype(jnp.float32) / n
+
+
 def _pass1(apply_fn: ApplyFn, xt: jax.Array, ht: jax.Array, t: jax.Array, schedule: Schedule,
            cfg: LossConfig) -> jax.Array:
   """log g [B, L, K] from pass 1 on (x_t, h_t); K = 1: zeros [B, L, 1], no network call."""
@@ -150,11 +174,13 @@ def diffusion_loss(apply_fn: ApplyFn, batch: Mapping[str, Any], key: jax.Array,
   Returns:
     (loss scalar float32, metrics dict of float32 scalars): 'loss', 'lm', 'hier', 'cons',
     'nelbo' (= lm + hier + cons), 'token_nll' (unweighted -log f per masked loss token),
-    'level_acc' (argmax g == h0 on masked loss tokens), 'mask_rate', 'num_loss_tokens', 'finite'.
+    'level_ce' (mean -log g[h0] per masked loss token), 'level_acc' (argmax g == h0 on masked
+    loss tokens), 'mask_rate', 'num_loss_tokens', 'finite'.
     NaN/Inf propagate into 'loss' on purpose (never averaged away).
   """
   _check(schedule, cfg)
   tokens, levels, given, loss_mask = base.unpack(batch)
+  apply_fn = _network(apply_fn, given, cfg)
   k_t, k_mask, k_rev = jax.random.split(key, 3)
   t = base.sample_times(k_t, tokens.shape[0], t_min=cfg.t_min, antithetic=cfg.antithetic)
   xt, ht, masked = corrupt(k_mask, tokens, levels, given, t, schedule, mask_id=cfg.mask_id)
@@ -174,13 +200,17 @@ def diffusion_loss(apply_fn: ApplyFn, batch: Mapping[str, Any], key: jax.Array,
   tok_nll = parameterization.token_nll(token_logits, tokens, mask_id=cfg.mask_id)
   terms = loss_terms(tok_nll, level_logp, levels, masked, loss_mask, hazard)
   lm, hier, cons = (base.token_weighted_mean(terms[k], loss_mask) for k in ('lm', 'hier', 'cons'))
-  loss = lm + cfg.beta_hier * hier + cfg.beta_cons * cons
   sel = masked & loss_mask
+  level_ce = level_cross_entropy(level_logp, levels, sel)
+  if cfg.hier_objective == 'cross_entropy':
+    loss = lm + cfg.beta_hier * level_ce
+  else:
+    loss = lm + cfg.beta_hier * hier + cfg.beta_cons * cons
   n_sel = jnp.maximum(sel.sum(), 1).astype(jnp.float32)
   n_loss = loss_mask.sum().astype(jnp.float32)
   level_ok = jnp.argmax(level_logp, axis=-1) == levels
   metrics = dict(
-      loss=loss, lm=lm, hier=hier, cons=cons, nelbo=lm + hier + cons,
+      loss=loss, lm=lm, hier=hier, cons=cons, nelbo=lm + hier + cons, level_ce=level_ce,
       token_nll=jnp.where(sel, tok_nll, 0.0).sum().astype(jnp.float32) / n_sel,
       level_acc=(level_ok & sel).sum().astype(jnp.float32) / n_sel,
       mask_rate=sel.sum().astype(jnp.float32) / jnp.maximum(n_loss, 1.0),
@@ -208,8 +238,9 @@ def bound_from_state(apply_fn: ApplyFn, batch: Mapping[str, Any], xt: jax.Array,
     'num_tokens' (loss positions N_b).
   """
   _check(schedule, cfg)
-  tokens, levels, _, loss_mask = base.unpack(batch)
+  tokens, levels, given, loss_mask = base.unpack(batch)
   chex.assert_equal_shape((tokens, xt, ht, masked))
+  apply_fn = _network(apply_fn, given, cfg)
   hazard = schedule.hazard(t)
   sel = masked & loss_mask
   if cfg.num_levels == 1:
@@ -236,18 +267,24 @@ def bound_from_state(apply_fn: ApplyFn, batch: Mapping[str, Any], xt: jax.Array,
   return terms
 
 
-def appendix_e_from_state(apply_fn: ApplyFn, batch: Mapping[str, Any], xt: jax.Array,
-                          ht: jax.Array, masked: jax.Array, t: jax.Array, schedule: Schedule,
-                          cfg: LossConfig) -> jax.Array:
-  """Appendix E's perplexity estimate (eq. 108-109) at a given corruption, per example: [B].
+def level_blind_from_state(apply_fn: ApplyFn, batch: Mapping[str, Any], xt: jax.Array,
+                           ht: jax.Array, masked: jax.Array, t: jax.Array, schedule: Schedule,
+                           cfg: LossConfig) -> dict[str, jax.Array]:
+  """The token term with no level information at masked positions, per example (dict of [B]).
 
-  Σ_{masked loss i} r_i(t) · (-log f^i[x0^i]) / N_b with r_i = Σ_k g^i_k λ'_k(t) (pass 1 on
-  (x_t, h_t)) and pass 2 on (x_t, h_t): no level information. An estimate, not a bound
-  (docs/method.md §8). For K = 1, r_i = λ'_0(t) and this is MDLM's NELBO.
+  Pass 2 on (x_t, h_t) (single_pass: token_levels = h_t, h_m at masked positions), i.e. every
+  masked position's level hidden, then two weightings of the same -log f^i[x0^i]:
+  * 'appendix_e': Appendix E's estimate (eq. 108-109), weight r_i = Σ_k g^i_k λ'_k(t) (pass 1 on
+    (x_t, h_t)). An estimate, not a bound (docs/method.md §8.4). K = 1: MDLM's NELBO.
+  * 'lm_hidden_level' (K > 1 only): the gold weight λ'_{h0^i}(t), i.e. the bound's L_LM with the
+    level hidden. The hierarchy can pay (docs/method.md §8.4) only where the bound's L_LM, which
+    shows each position its own level, is below this term by more than L_hier + L_cons.
+  Both are Σ_{masked loss i} weight_i · nll_i / N_b.
   """
   _check(schedule, cfg)
-  tokens, _, _, loss_mask = base.unpack(batch)
+  tokens, levels, given, loss_mask = base.unpack(batch)
   chex.assert_equal_shape((tokens, xt, ht, masked))
+  apply_fn = _network(apply_fn, given, cfg)
   hazard = schedule.hazard(t)  # [B, K]
   level_logp = _pass1(apply_fn, xt, ht, t, schedule, cfg).astype(hazard.dtype)
   r = (jnp.exp(level_logp) * hazard[:, None, :]).sum(-1)  # [B, L]
@@ -257,7 +294,22 @@ def appendix_e_from_state(apply_fn: ApplyFn, batch: Mapping[str, Any], xt: jax.A
   sel = masked & loss_mask
   nll = jnp.where(sel, parameterization.token_nll(token_logits, tokens, mask_id=cfg.mask_id), 0.0)
   n = jnp.maximum(loss_mask.sum(-1), 1).astype(hazard.dtype)
-  return (r * nll).sum(-1) / n
+  out = {'appendix_e': (r * nll).sum(-1) / n}
+  if cfg.num_levels > 1:
+    out['lm_hidden_level'] = (_per_position(hazard, levels) * nll).sum(-1) / n
+  return out
+
+
+def appendix_e_from_state(apply_fn: ApplyFn, batch: Mapping[str, Any], xt: jax.Array,
+                          ht: jax.Array, masked: jax.Array, t: jax.Array, schedule: Schedule,
+                          cfg: LossConfig) -> jax.Array:
+  """Appendix E's perplexity estimate (eq. 108-109) at a given corruption, per example: [B].
+
+  Σ_{masked loss i} r_i(t) · (-log f^i[x0^i]) / N_b with r_i = Σ_k g^i_k λ'_k(t) (pass 1 on
+  (x_t, h_t)) and pass 2 on (x_t, h_t): no level information. An estimate, not a bound
+  (docs/method.md §8). For K = 1, r_i = λ'_0(t) and this is MDLM's NELBO.
+  """
+  return level_blind_from_state(apply_fn, batch, xt, ht, masked, t, schedule, cfg)['appendix_e']
 
 
 @dataclasses.dataclass(frozen=True)
@@ -293,7 +345,7 @@ class HMDLM(base.Process):
 
   @property
   def estimate_names(self) -> tuple[str, ...]:
-    return ('appendix_e',)
+    return ('appendix_e', 'lm_hidden_level') if self.num_levels > 1 else ('appendix_e',)
 
   @property
   def kinks(self) -> tuple[float, ...]:
@@ -358,8 +410,8 @@ class HMDLM(base.Process):
   def estimates_from_state(self, apply_fn: ApplyFn, batch: base.Batch, state: base.NoisyState,
                            t: jax.Array) -> dict[str, jax.Array]:
     masked = state.levels == self.num_levels
-    return {'appendix_e': appendix_e_from_state(apply_fn, batch, state.tokens, state.levels,
-                                                masked, t, self.schedule, self.cfg)}
+    return level_blind_from_state(apply_fn, batch, state.tokens, state.levels, masked, t,
+                                  self.schedule, self.cfg)
 
   def check_sampling(self, cfg: SampleConfig) -> None:
     schedules.check_ordering(self.schedule, cfg.num_steps, self.check_ordering)

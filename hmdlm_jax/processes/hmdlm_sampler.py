@@ -62,7 +62,9 @@ Confidence ordering (Sudoku, typically T = L = 81; MDLM/MGDM-style top-k decodin
   token (greedy) or a draw from f^i at temperature τ. Confidence + greedy is fully deterministic.
 
 Given positions (infilling prompts, Sudoku clues) start revealed with their tokens and levels and
-are never resampled; their `reveal_step` is T + 1.
+are never resampled; their `reveal_step` is T + 1. With `given_state` (model.given_state) the
+network sees them as h_g = K+1 (`base.with_given_state` on reveal_step == T + 1); the state and
+the output keep their levels.
 
 Cache (MDLM's idea, `use_cache`). With `use_cache=False` every pass is called at every step
 (nfe = 2T two-pass/single-pass, T for K == 1). With `use_cache=True`
@@ -249,6 +251,8 @@ def init(apply_fn: ApplyFn, schedule: Schedule, cfg: SampleConfig, *, batch_size
   _check_int('seq_len', seq_len, minimum=1)
   x0, h0, given = _validate_given(given_tokens, given_levels, given_mask, batch_size, seq_len, cfg)
   reveal0 = jnp.where(given, cfg.num_steps + 1, 0).astype(jnp.int32)
+  if cfg.given_state and cfg.num_levels > 1:
+    apply_fn = base.with_given_state(apply_fn, given, cfg.num_levels)
   # The token cache (fused calls only) needs the vocabulary size: read it off an abstract call.
   heads = _Heads(apply_fn, cfg, (batch_size, seq_len))
   vocab = jax.eval_shape(lambda: heads.both(x0, h0, jnp.zeros((batch_size,), jnp.float32))
@@ -267,6 +271,8 @@ def reverse_step(apply_fn: ApplyFn, schedule: Schedule, cfg: SampleConfig, key: 
   batch_size, seq_len = x.shape
   num_steps, num_levels = cfg.num_steps, cfg.num_levels
   hier, fused = num_levels > 1, _fused(cfg)
+  if cfg.given_state and hier:
+    apply_fn = base.with_given_state(apply_fn, reveal == num_steps + 1, num_levels)
   heads = _Heads(apply_fn, cfg, (batch_size, seq_len))
   k_level, k_token = jax.random.split(jax.random.fold_in(key, n))
   t = n.astype(jnp.float32) / num_steps

@@ -1,0 +1,171 @@
+"""Can a hierarchy pathway learn the Sudoku labeller? Train it alone and measure (issue 11).
+
+The Sudoku levels are a deterministic function of the givens (rounds of naked / hidden singles,
+`data.sudoku.hierarchy_levels`), so predicting the level of a masked cell is a multi-round
+constraint-propagation problem on the clues. This probe trains ONLY the level prediction of a
+configs/sudoku.py model (with `--set` overrides) by cross-entropy on the levels of the masked
+cells of freshly augmented training puzzles at t ~ U(t_min, 1), and reports the held-out level
+accuracy on generated test puzzles against the prior (the majority level among the same cells):
+
+  nice -n 10 python scripts/probe_levels.py --steps 600 --set model.given_state=True \
+      --set model.hier_layers=2 --set model.hier_repeats=4 --out /tmp/probe.json
+
+`--train backbone` trains every parameter on the level loss (the backbone is the trunk);
+`--train hier` trains only the hierarchy pathway ('hier_*' parameters, the backbone frozen at its
+initialisation, which is the identity for the DiT's adaLN-zero blocks: the pathway then reads the
+input embedding; use with model.hier_input_embed so it sees its own level/given table).
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import json
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from configs import sudoku as sudoku_config
+from hmdlm_jax import config as config_lib
+from hmdlm_jax import models
+from hmdlm_jax import optim
+from hmdlm_jax.data import sudoku
+from hmdlm_jax.processes import base
+from hmdlm_jax.processes import hmdlm
+from hmdlm_jax.processes import parameterization
+from hmdlm_jax.processes import schedules
+
+EVAL_TIMES = (0.25, 0.5, 0.75, 1.0)
+
+
+def _override(config, items):
+  for item in items:
+    key, value = item.split('=', 1)
+    section, field = key.split('.')
+    try:
+      value = ast.literal_eval(value)
+    except (ValueError, SyntaxError):
+      pass
+    config[section][field] = value
+  return config
+
+
+def _batch(quiz: np.ndarray, solution: np.ndarray) -> dict[str, np.ndarray]:
+  given = quiz > 0
+  return {'tokens': sudoku.to_tokens(solution), 'levels': sudoku.hierarchy_levels(quiz),
+          'given': given, 'loss_mask': ~given}
+
+
+def main() -> None:
+  ap = argparse.ArgumentParser(description=__doc__.split('\n')[0])
+  ap.add_argument('--steps', type=int, default=600)
+  ap.add_argument('--batch', type=int, default=64)
+  ap.add_argument('--lr', type=float, default=1e-3)
+  ap.add_argument('--train', choices=('backbone', 'hier'), default='backbone')
+  ap.add_argument('--test_puzzles', type=int, default=500)
+  ap.add_argument('--seed', type=int, default=0)
+  ap.add_argument('--set', action='append', default=[], help='config override a.b=value')
+  ap.add_argument('--out', default='')
+  args = ap.parse_args()
+
+  config = config_lib.resolve(_override(sudoku_config.get_config(), args.set))
+  cfg_m = config_lib.ModelConfig.from_section(config.model)
+  loss_cfg = config_lib.LossConfig.from_config(config)
+  schedule = schedules.schedule_from_config(config.schedule, cfg_m.num_levels)
+  model = models.build_model(cfg_m)
+  params = models.init_params(model, jax.random.key(args.seed), 81)
+  num_params = models.count_params({k: v for k, v in params.items()
+                                    if args.train == 'backbone' or k.startswith('hier_')})
+
+  d = config.data
+  tr_q, tr_s = sudoku.read_csv(sudoku.generated_csv(d.gen_seed, d.num_train_puzzles, 'train',
+                                                    cache_dir=d.cache_dir, progress=False))
+  te_q, te_s = sudoku.read_csv(sudoku.generated_csv(d.gen_seed, args.test_puzzles, 'test',
+                                                    cache_dir=d.cache_dir, progress=False))
+  test = _batch(te_q, te_s)
+
+  sched = optax.join_schedules([optax.linear_schedule(0.0, args.lr, 100),
+                                optax.cosine_decay_schedule(args.lr, max(args.steps - 100, 1))],
+                               [100])
+  tx = optax.chain(optax.clip_by_global_norm(1.0), optax.adamw(sched, weight_decay=0.0))
+  trainable = lambda p: {k: v for k, v in p.items() if args.train == 'backbone' or
+                         k.startswith('hier_')}
+  opt_state = tx.init(trainable(params))
+
+  def level_logp(p, batch, t, key):
+    tokens, levels, given, loss_mask = base.unpack(batch)
+    xt, ht, masked = hmdlm.corrupt(key, tokens, levels, given, t, schedule,
+                                   mask_id=loss_cfg.mask_id)
+    apply_fn = models.make_apply_fn(model, p, train=False)
+    if loss_cfg.given_state:
+      apply_fn = base.with_given_state(apply_fn, given, loss_cfg.num_levels)
+    logits = apply_fn(xt, ht, t, heads=('hier',))['hier']
+    logp = parameterization.level_log_probs(logits, t, schedule,
+                                            prior_corrected=loss_cfg.prior_corrected)
+    return logp, masked & loss_mask
+
+  @jax.jit
+  def step(p, opt_state, batch, key):
+    k_t, k_m = jax.random.split(key)
+
+    def loss_fn(sub):
+      logp, sel = level_logp({**p, **sub}, batch, base.sample_times(k_t, args.batch), k_m)
+      return hmdlm.level_cross_entropy(logp, batch['levels'], sel)
+
+    sub = trainable(p)
+    loss, grads = jax.value_and_grad(loss_fn)(sub)
+    updates, opt_state = tx.update(grads, opt_state, sub)
+    return {**p, **optax.apply_updates(sub, updates)}, opt_state, loss, optax.global_norm(grads)
+
+  @jax.jit
+  def predict(p, batch, t, key):
+    logp, sel = level_logp(p, batch, t, key)
+    return jnp.argmax(logp, -1), sel
+
+  def evaluate(p) -> dict[str, float]:
+    out = {}
+    key = jax.random.key(1234)
+    n = len(te_q)
+    for i, t0 in enumerate(EVAL_TIMES + ('random',)):
+      if t0 == 'random':
+        t = np.asarray(base.sample_times(jax.random.fold_in(key, 99), n))
+      else:
+        t = np.full((n,), t0, np.float32)
+      pred, sel = jax.device_get(predict(p, test, jnp.asarray(t), jax.random.fold_in(key, i)))
+      gold = test['levels'][sel]
+      counts = np.bincount(gold, minlength=cfg_m.num_levels)
+      out[f'acc_t{t0}'] = float((pred[sel] == gold).mean())
+      out[f'prior_t{t0}'] = float(counts.max() / counts.sum())
+      if t0 == 1.0:  # every blank masked: accuracy per gold level
+        out['acc_per_level_t1'] = [float((pred[sel][gold == k] == k).mean())
+                                   for k in range(cfg_m.num_levels)]
+    return out
+
+  rng = np.random.default_rng(args.seed)
+  start = time.time()
+  log = []
+  for s in range(1, args.steps + 1):
+    idx = rng.integers(0, len(tr_q), args.batch)
+    pairs = [sudoku.augment(tr_q[i], tr_s[i], rng) for i in idx]
+    batch = _batch(np.stack([a for a, _ in pairs]), np.stack([b for _, b in pairs]))
+    params, opt_state, loss, gnorm = step(params, opt_state, batch,
+                                          jax.random.fold_in(jax.random.key(args.seed), s))
+    if s % 100 == 0 or s == args.steps:
+      rec = {'step': s, 'loss': float(loss), 'grad_norm': float(gnorm),
+             'seconds': round(time.time() - start, 1)}
+      if s % 300 == 0 or s == args.steps:
+        rec.update(evaluate(params))
+      log.append(rec)
+      print(json.dumps(rec), flush=True)
+  result = {'overrides': args.set, 'train': args.train, 'steps': args.steps, 'batch': args.batch,
+            'lr': args.lr, 'trained_params': num_params, 'final': log[-1], 'log': log}
+  if args.out:
+    with open(args.out, 'w') as f:
+      json.dump(result, f, indent=1)
+
+
+if __name__ == '__main__':
+  main()
