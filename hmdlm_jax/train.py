@@ -21,9 +21,8 @@ Precision: parameters, optimiser state and EMA are float32; `model.dtype` sets t
 the network (bfloat16 on accelerators), and the losses are computed in float32 (processes/).
 
 Outputs in DIR: metrics.jsonl + TensorBoard tb/ (hmdlm_jax/metrics.py); config.json/.yaml;
-train_summary.json; checkpoints/ (hmdlm_jax/checkpoint.py); eval_<step>.json (the flat scalars of
-each evaluation, also in metrics.jsonl with split='eval'; evaluate.evaluate_during_training writes
-its full report to eval_train_<step>.json).
+train_summary.json; checkpoints/ (hmdlm_jax/checkpoint.py); the scalars of each evaluation in
+metrics.jsonl with split='eval' (the evaluation hook writes its report, evaluation/run.py).
 """
 
 from __future__ import annotations
@@ -393,7 +392,7 @@ EvalFn = Callable[[ml_collections.ConfigDict, TrainState, int, str], Mapping[str
 
 def run_evaluation(config: ml_collections.ConfigDict, state: TrainState, step: int, workdir: str,
                    writer: metrics_lib.MetricsWriter, hook: EvalFn | None) -> dict[str, Any]:
-  """Calls the evaluation hook; writes DIR/eval_<step>.json and split='eval' metrics."""
+  """Calls the evaluation hook and logs its scalars (+ eval_time_s) with split='eval'."""
   if hook is None:
     return {}
   logging.info('Evaluating at step %d ...', step)
@@ -402,12 +401,6 @@ def run_evaluation(config: ml_collections.ConfigDict, state: TrainState, step: i
   result = dict(result)
   scalars = _scalar_items(result)
   scalars['eval_time_s'] = time.perf_counter() - t0
-  if jax.process_index() == 0:
-    path = os.path.join(workdir, f'eval_{step}.json')
-    if not os.path.exists(path):
-      with open(path, 'w', encoding='utf-8') as f:
-        json.dump({'step': step, **{k: metrics_lib._json_value(v) for k, v in scalars.items()}},
-                  f, indent=2)
   writer.write(step, 'eval', scalars)
   logging.info('eval step %d: %s', step, ', '.join(f'{k}={v:.4g}' for k, v in scalars.items()))
   return scalars
