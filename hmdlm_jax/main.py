@@ -32,6 +32,7 @@ from hmdlm_jax import config as config_lib
 from hmdlm_jax import sharding
 from hmdlm_jax import tasks
 from hmdlm_jax import train
+from hmdlm_jax import workdir as workdir_lib
 from hmdlm_jax.evaluation import run as eval_run
 
 DEFAULT_CONFIG = os.path.join(os.path.dirname(os.path.abspath(configs.__file__)), 'sudoku.py')
@@ -71,7 +72,7 @@ def run(mode: str, config: Any, workdir: str, *, step: int | None = None,
   config = config_lib.resolve(config)
   task = tasks.get(config)
   sharding.maybe_initialize_distributed(config.distributed)
-  train.write_config(config, workdir, 'config' if mode == 'train' else f'config_{mode}')
+  workdir_lib.write_config(config, workdir, 'config' if mode == 'train' else f'config_{mode}')
   if mode == 'train':
     train_iter = task.dataset(config, 'train', seed=int(config.seed),
                               process_index=jax.process_index(),
