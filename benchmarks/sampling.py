@@ -45,6 +45,7 @@ from hmdlm_jax import models
 from hmdlm_jax.processes import hmdlm_sampler
 from hmdlm_jax.processes import schedules
 from hmdlm_jax.data import sudoku as sudoku_data
+from hmdlm_jax.data import sudoku_generator
 
 TASKS = ('text', 'sudoku')
 
@@ -131,7 +132,7 @@ def sudoku_benchmarks(shape: str, modes: list[str], batches: list[int], repeats:
     config = ts.shape_config(shape, mode, 'float32', batch_size=1)
     k = int(config.model.num_levels)
     for b in batches:
-      quiz, solution, _ = sudoku_data.generate_puzzles(np.random.default_rng(0), b, attempts=1)
+      quiz, solution, _ = sudoku_generator.generate_puzzles(np.random.default_rng(0), b, attempts=1)
       given = quiz > 0
       levels = sudoku_data.hierarchy_levels(quiz) if k > 1 else np.zeros(quiz.shape, np.int32)
       cfg_steps = int(config.sample.num_steps)

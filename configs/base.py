@@ -81,7 +81,7 @@ def get_base_config() -> ml_collections.ConfigDict:
   # (and evaluated) either way.
   l.hier_objective = 'bound'
 
-  # Data; `kind` selects the pipeline from the registry in hmdlm_jax/data.
+  # Data; `kind` selects the task (hmdlm_jax/tasks): its pipeline, evaluation and sample mode.
   c.data = d = ml_collections.ConfigDict()
   d.kind = 'sudoku'
   d.batch_size = 64  # global batch
@@ -173,7 +173,7 @@ def get_base_config() -> ml_collections.ConfigDict:
   c.init = ini = ml_collections.ConfigDict()
   ini.mdlm_checkpoint = ''
 
-  # Evaluation; `kind` selects the evaluator ('sudoku' | 'perplexity').
+  # Evaluation; `kind` must be the task's: 'sudoku' (Sudoku) | 'perplexity' (text kinds).
   c.eval = e = ml_collections.ConfigDict()
   e.kind = 'sudoku'
   e.num_examples = 500

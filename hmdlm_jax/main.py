@@ -29,10 +29,11 @@ from ml_collections import config_flags
 
 import configs
 from hmdlm_jax import config as config_lib
-from hmdlm_jax import evaluate
 from hmdlm_jax import sharding
+from hmdlm_jax import tasks
 from hmdlm_jax import train
-from hmdlm_jax.data import pipeline
+from hmdlm_jax import workdir as workdir_lib
+from hmdlm_jax.evaluation import run as eval_run
 
 DEFAULT_CONFIG = os.path.join(os.path.dirname(os.path.abspath(configs.__file__)), 'sudoku.py')
 DEFAULT_WORKDIR = '/tmp/hmdlm_sudoku'
@@ -65,23 +66,23 @@ def run(mode: str, config: Any, workdir: str, *, step: int | None = None,
     step: eval/sample: checkpoint step (None = latest).
     puzzles, puzzle_file, out: sample mode (see the flags).
   Returns:
-    train: train.train_and_evaluate's dict; eval: evaluate.run_eval's report; sample: records.
+    train: train.train_and_evaluate's dict; eval: evaluation.run.run_eval's report; sample:
+    the records.
   """
   config = config_lib.resolve(config)
+  task = tasks.get(config)
   sharding.maybe_initialize_distributed(config.distributed)
-  train.write_config(config, workdir, 'config' if mode == 'train' else f'config_{mode}')
+  workdir_lib.write_config(config, workdir, 'config' if mode == 'train' else f'config_{mode}')
   if mode == 'train':
-    train_iter = pipeline.get_dataset(config, 'train', seed=int(config.seed),
-                                      process_index=jax.process_index(),
-                                      process_count=jax.process_count())
+    train_iter = task.dataset(config, 'train', seed=int(config.seed),
+                              process_index=jax.process_index(),
+                              process_count=jax.process_count())
     return train.train_and_evaluate(config, workdir, train_iter=iter(train_iter),
-                                    eval_fn=evaluate.evaluate_during_training)
+                                    eval_fn=eval_run.TrainingEvaluator(config, task))
   if mode == 'eval':
-    return evaluate.run_eval(config, workdir, step=step)
+    return eval_run.run_eval(config, workdir, step=step)
   if mode == 'sample':
-    if not puzzles and not puzzle_file and config.data.kind == 'sudoku':
-      raise ValueError('--mode=sample with a Sudoku config needs --puzzles or --puzzle_file.')
-    return evaluate.run_sample(config, workdir, puzzles=puzzles, puzzle_file=puzzle_file,
+    return eval_run.run_sample(config, workdir, puzzles=puzzles, puzzle_file=puzzle_file,
                                out=out, step=step)
   raise ValueError(f'--mode={mode!r} is not one of {MODES}.')
 

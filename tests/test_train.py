@@ -18,6 +18,7 @@ import pytest
 
 from tests.conftest import REF_STEPS, main_cmd, read_jsonl, run_cmd, train_losses
 
+from hmdlm_jax import accumulate
 from hmdlm_jax import config as config_lib
 from hmdlm_jax import metrics as metrics_lib
 from hmdlm_jax import models
@@ -193,7 +194,7 @@ def test_prepare_batch_levels():
 
 def test_microbatches_are_strided():
   x = jnp.arange(12).reshape(6, 2)
-  mb = train._microbatches({'x': x}, 3)['x']  # pylint: disable=protected-access
+  mb = accumulate._microbatches({'x': x}, 3)['x']  # pylint: disable=protected-access
   assert mb.shape == (3, 2, 2)
   np.testing.assert_array_equal(mb[0], x[0::3])
   np.testing.assert_array_equal(mb[2], x[2::3])
@@ -219,16 +220,16 @@ def test_gradient_accumulation_equals_full_batch():
   params = {'w': jnp.float32(0.3), 'b': jnp.float32(0.1)}
   key = jax.random.PRNGKey(0)
   one = jnp.float32(1.0)
-  full = train.accumulate_value_and_grad(_toy_grad_fn(), params, batch, key, 1, one)
+  full = accumulate.value_and_grad(_toy_grad_fn(), params, batch, key, 1, one)
   for accum in (2, 4):
-    loss, aux, grads = jax.jit(train.accumulate_value_and_grad, static_argnums=(0, 4))(
+    loss, aux, grads = jax.jit(accumulate.value_and_grad, static_argnums=(0, 4))(
         _toy_grad_fn(), params, batch, key, accum, one)
     np.testing.assert_allclose(float(loss), float(full[0]), rtol=1e-6)
     for k in params:
       np.testing.assert_allclose(float(grads[k]), float(full[2][k]), rtol=1e-5)
     assert float(aux['num_loss_tokens']) == float(np.asarray(batch['loss_mask']).sum())
   # NaN anywhere makes the whole result non-finite (the step's guard then skips it).
-  loss, aux, grads = train.accumulate_value_and_grad(_toy_grad_fn(), params, batch, key, 2,
+  loss, aux, grads = accumulate.value_and_grad(_toy_grad_fn(), params, batch, key, 2,
                                                      jnp.float32(jnp.nan))
   assert np.isnan(float(loss)) and np.isnan(float(grads['w'])) and float(aux['finite']) == 0.0
 

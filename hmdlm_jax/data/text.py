@@ -1,4 +1,4 @@
-"""Text rows and hierarchy labels for the language tasks (SPEC 6), plus the offline 'text' kind.
+"""Text rows and hierarchy labels of the language tasks (docs/method.md §6); the 'text' kind.
 
 Every language pipeline (this 'text' kind, 'lm1b', 'wikihow') runs the same Grain chain
 (`batched_dataset`; split semantics of hmdlm_jax/data/pipeline.py):
@@ -16,7 +16,7 @@ truncated (`data.overlong='truncate'`: the content is cut, the closing [SEP]/EOS
 `truncation=True` does for LM1B) or dropped (`'drop'`: the paper's WikiHow filtering).
 
 `AssignLevels` (a Grain map) applies the hierarchy rule named by `config.data.hierarchy` and emits
-the batch contract of docs/design.md (+ the registry's `weight`):
+the batch contract of docs/design.md (+ the row's `weight`):
   tokens [L] int32, levels [L] int32, given [L] bool, loss_mask [L] bool, weight [] float32.
 - 'frequency' (K=2): a token occurring at most τ (`data.tau`) times among the real (non-padding)
   positions of its own row -> level 1, else level 0. [CLS]/[SEP]/BOS/EOS and, for WikiHow, the
@@ -24,8 +24,8 @@ the batch contract of docs/design.md (+ the registry's `weight`):
 - 'position' (K=2, WikiHow only): summary -> 1, body -> 0; the given prompt (title) -> 1, the top
   level, as Sudoku givens carry the top level; padding 0.
 - 'none' (K=1, the MDLM twin): every position level 0.
-Padding is corrupted like any position but never carries loss (loss_mask False, given False, SPEC
-6); the prompt is given (never corrupted) and carries no loss.
+Padding is corrupted like any position but never carries loss (loss_mask False, given False,
+docs/method.md §6); the prompt is given (never corrupted) and carries no loss.
 
 The offline 'text' kind reads what the user points to: `data.train_path` / `data.test_path`, each a
 plain-text file, a folder of `.txt` / `.jsonl` files (sorted, non-recursive), or a JSON-lines file
@@ -65,7 +65,9 @@ BATCH_KEYS = ('tokens', 'levels', 'given', 'loss_mask', 'weight')
 
 
 def frequency_levels(tokens: np.ndarray, real: np.ndarray, tau: int) -> np.ndarray:
-  """Frequency rule (SPEC 6): level 1 iff the token occurs <= τ times among its row's real tokens.
+  """Frequency rule (docs/method.md §6): level 1 iff the token occurs <= τ times in its row.
+
+  Only the row's real (non-padding) tokens are counted.
 
   Args:
     tokens: int [..., L].
@@ -90,7 +92,7 @@ def frequency_levels(tokens: np.ndarray, real: np.ndarray, tau: int) -> np.ndarr
 
 
 def position_levels(segments: np.ndarray) -> np.ndarray:
-  """Position rule (SPEC 6, WikiHow-P): summary (and the given title) -> 1, body/padding -> 0.
+  """Position rule (docs/method.md §6, WikiHow-P): summary and given title -> 1, else 0.
 
   Args:
     segments: int [..., L] of SEG_* values.
@@ -262,13 +264,7 @@ def _finalize_train(ds: grain.MapDataset, config: Any, batch: int) -> grain.Iter
   instead of leaving holes; options as `pipeline.finalize` (data.read_threads,
   data.prefetch_batches, data.num_workers).
   """
-  d = config.data
-  workers = int(d.get('num_workers', 0))
-  threads = int(d.get('read_threads', 1))
-  buffer = int(d.get('prefetch_batches', 4))
-  if workers < 0 or threads < 0 or buffer < 0:
-    raise ValueError(f'data.num_workers, data.read_threads, data.prefetch_batches must be >= 0, '
-                     f'got {workers}, {threads}, {buffer}')
+  workers, threads, buffer = pipeline.loader_options(config)
   it = ds.to_iter_dataset(grain.ReadOptions(num_threads=threads,
                                             prefetch_buffer_size=buffer * batch))
   it = it.batch(batch, drop_remainder=True)
@@ -430,31 +426,3 @@ def make_text_dataset(config: Any, split: str, *, seed: int, process_index: int,
                       config.data.get('overlong', 'truncate'))
   return batched_dataset(records, encode, config, split, seed=seed, process_index=process_index,
                          process_count=process_count)
-
-
-# ----------------------------------------------------------------------------- registry
-# pipeline._LAZY_MODULES imports this module for all three kinds; LM1B and WikiHow are imported
-# on use so that the plain-text kind needs neither TFDS nor the WikiHow readers.
-
-
-@pipeline.register('text')
-def text_dataset(config: Any, split: str, *, seed: int, process_index: int,
-                 process_count: int) -> grain.IterDataset:
-  return make_text_dataset(config, split, seed=seed, process_index=process_index,
-                           process_count=process_count)
-
-
-@pipeline.register('lm1b')
-def lm1b_dataset(config: Any, split: str, *, seed: int, process_index: int,
-                 process_count: int) -> grain.IterDataset:
-  from hmdlm_jax.data import lm1b  # pylint: disable=g-import-not-at-top
-  return lm1b.make_lm1b_dataset(config, split, seed=seed, process_index=process_index,
-                                process_count=process_count)
-
-
-@pipeline.register('wikihow')
-def wikihow_dataset(config: Any, split: str, *, seed: int, process_index: int,
-                    process_count: int) -> grain.IterDataset:
-  from hmdlm_jax.data import wikihow  # pylint: disable=g-import-not-at-top
-  return wikihow.make_wikihow_dataset(config, split, seed=seed, process_index=process_index,
-                                      process_count=process_count)
