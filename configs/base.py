@@ -50,6 +50,7 @@ def get_base_config() -> ml_collections.ConfigDict:
   # 'head': the backbone's level head on the pathway's output; 'rounds': one hazard readout per
   # repeat, levels by stick-breaking (needs hier_repeats = num_levels - 1; models/hierarchy.py).
   m.hier_readout = 'head'
+  m.hier_width = 0  # width of the trunk's blocks (0 = hidden_size); narrower = cheaper pass 1
   # Given cells (Sudoku clues, prompts) carry their own input state h_g = K+1 instead of their
   # level: the level tables get a (K+2)-th row (docs/design.md). False: givens show their level.
   m.given_state = False
@@ -181,6 +182,13 @@ def get_base_config() -> ml_collections.ConfigDict:
   e.time_seed = 1234
   e.num_t_samples = 1
   e.decodings = ('greedy', 'stochastic')  # Sudoku: decodings evaluated
+  # Sudoku, K > 1 (tasks/sudoku_hierarchy.py): level accuracy of the head against the prior, and
+  # the same checkpoint decoded (greedy, first seed) in each of these modes: 'head_ignored',
+  # 'head_order', 'head_context', and the reference modes 'labeller_order', 'labeller_context'
+  # (levels computed by the labeller from the givens instead of the head). Off by default: it adds
+  # one evaluation pass and one decoding per mode to every Sudoku evaluation.
+  e.hierarchy_diagnostics = False
+  e.hierarchy_decodings = ('head_ignored', 'head_order', 'labeller_order')
   e.num_samples = 0  # text: unconditional samples for generative metrics (0 = none)
   e.gen_ppl_model = 'gpt2-large'  # AR scorer of generative perplexity (local cache only)
   e.mauve_featurizer = 'gpt2-large'

@@ -102,6 +102,7 @@ class ModelConfig:
   hier_input_embed: bool = False
   given_state: bool = False
   hier_readout: str = 'head'
+  hier_width: int = 0
 
   @classmethod
   def from_config(cls, config: ml_collections.ConfigDict) -> ModelConfig:
@@ -133,6 +134,10 @@ class ModelConfig:
       _check_bool(f'model.{name}', values[name])
     _check_int('model.hier_layers', values['hier_layers'], minimum=0)
     _check_int('model.hier_repeats', values['hier_repeats'], minimum=1)
+    _check_int('model.hier_width', values['hier_width'], minimum=0)
+    if values['hier_width'] and values['hier_width'] % values['num_heads']:
+      raise ValueError(f"model.hier_width={values['hier_width']} must be divisible by "
+                       f"model.num_heads={values['num_heads']} (0 = hidden_size).")
     if values['hier_repeats'] > 1 and values['hier_layers'] == 0:
       raise ValueError(f"model.hier_repeats={values['hier_repeats']} repeats the hierarchy trunk, "
                        'which has no blocks: set model.hier_layers >= 1 (or hier_repeats=1).')

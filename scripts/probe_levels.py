@@ -33,6 +33,8 @@ from hmdlm_jax import config as config_lib
 from hmdlm_jax import models
 from hmdlm_jax import optim
 from hmdlm_jax.data import sudoku
+from hmdlm_jax.data import sudoku_csv
+from hmdlm_jax.data import sudoku_generator
 from hmdlm_jax.processes import base
 from hmdlm_jax.processes import hmdlm
 from hmdlm_jax.processes import parameterization
@@ -81,10 +83,13 @@ def main() -> None:
                                     if args.train == 'backbone' or k.startswith('hier_')})
 
   d = config.data
-  tr_q, tr_s = sudoku.read_csv(sudoku.generated_csv(d.gen_seed, d.num_train_puzzles, 'train',
-                                                    cache_dir=d.cache_dir, progress=False))
-  te_q, te_s = sudoku.read_csv(sudoku.generated_csv(d.gen_seed, args.test_puzzles, 'test',
-                                                    cache_dir=d.cache_dir, progress=False))
+  def read(count, split):
+    path = sudoku_generator.generated_csv(d.gen_seed, count, split, cache_dir=d.cache_dir,
+                                          progress=False)
+    return sudoku_csv.read_puzzles(path, need_solution=True)
+
+  tr_q, tr_s = read(d.num_train_puzzles, 'train')
+  te_q, te_s = read(args.test_puzzles, 'test')
   test = _batch(te_q, te_s)
 
   sched = optax.join_schedules([optax.linear_schedule(0.0, args.lr, 100),

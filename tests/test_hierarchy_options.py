@@ -67,7 +67,8 @@ def _hier(model, params, tokens, levels, t):
   return np.asarray(model.apply({'params': params}, tokens, levels, t, heads=('hier',))['hier'])
 
 
-ALL_ON = dict(hier_layers=2, hier_repeats=2, hier_time_conditioning=True, hier_input_embed=True)
+ALL_ON = dict(hier_layers=2, hier_repeats=2, hier_time_conditioning=True, hier_input_embed=True,
+              hier_width=8)
 
 
 @pytest.mark.parametrize('backbone,options', [
@@ -82,7 +83,8 @@ def test_pathway_adds_only_hier_params_and_starts_as_identity(backbone, options)
   assert extra and all(optim.hierarchy.is_hierarchy_param(n) for n in extra), extra
   assert {'hier_time_embed', 'hier_time_proj', 'hier_level_embed'} <= extra
   if options.get('hier_layers'):
-    assert {'hier_blocks_0', 'hier_blocks_1'} <= extra
+    assert {'hier_blocks_0', 'hier_blocks_1', 'hier_in_proj', 'hier_out_proj'} <= extra
+    assert on_abs['hier_blocks_0']['mlp_0']['kernel'].shape == (8, 16)  # width 8, MLP 32·8/16
     assert 'hier_blocks_2' not in extra  # R = 2 repeats the SAME two blocks
   # Shared parameters random; the pathway at its real init (zero tables / gates / projections).
   shared = _perturbed(models.init_params(off, jax.random.key(0), L), 1)

@@ -11,6 +11,7 @@ import dataclasses
 from typing import Callable, Iterable
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 from hmdlm_jax.config import SampleConfig
@@ -19,22 +20,50 @@ from hmdlm_jax.evaluation import compiled
 from hmdlm_jax.processes import base as process_base
 
 
+def with_fixed_levels(apply_fn: compiled.ApplyFn, levels: jax.Array,
+                      num_levels: int) -> compiled.ApplyFn:
+  """apply_fn whose hierarchy head returns the given levels [B, L] (log one-hot logits).
+
+  A reference decoding, not the learned head: e.g. Sudoku levels computed by the labeller from the
+  givens alone (docs/method.md §10). Non-level logits are -1e4 (finite: the prior correction then
+  never leaves a row without mass).
+  """
+  levels = jnp.asarray(levels)
+
+  def wrapped(tokens, lv, t, *, heads, token_levels=None):
+    out = dict(apply_fn(tokens, lv, t, heads=heads, token_levels=token_levels))
+    if 'hier' in heads:
+      onehot = levels[..., None] == jnp.arange(num_levels)
+      out['hier'] = jnp.where(onehot, 0.0, -1e4).astype(jnp.float32)
+    return out
+
+  return wrapped
+
+
 def sampler(apply_fn: compiled.ApplyFn, process: process_base.Process, cfg: SampleConfig, *,
-            batch_size: int, seq_len: int) -> Callable[..., process_base.SampleOutput]:
+            batch_size: int, seq_len: int,
+            fixed_levels: bool = False) -> Callable[..., process_base.SampleOutput]:
   """Jitted `(key[, given_tokens, given_levels, given_mask]) -> SampleOutput` for [B, L] rows.
 
-  The process validates the settings first (`check_sampling`).
+  The process validates the settings first (`check_sampling`). With `fixed_levels` the program
+  takes one more argument, levels int32 [B, L], which replace the hierarchy head's output
+  (`with_fixed_levels`).
   """
   process.check_sampling(cfg)
 
   def make(a: compiled.ApplyFn) -> Callable[..., process_base.SampleOutput]:
-    def run(key, given_tokens=None, given_levels=None, given_mask=None):
-      return process.sample(a, key, cfg, batch_size=batch_size, seq_len=seq_len,
+    def run(key, given_tokens=None, given_levels=None, given_mask=None, levels=None):
+      if fixed_levels:
+        a_run = with_fixed_levels(a, levels, cfg.num_levels)
+      else:
+        a_run = a
+      return process.sample(a_run, key, cfg, batch_size=batch_size, seq_len=seq_len,
                             given_tokens=given_tokens, given_levels=given_levels,
                             given_mask=given_mask)
     return run
 
-  return compiled.jit_apply(apply_fn, make, ('sample', process, cfg, batch_size, seq_len))
+  return compiled.jit_apply(apply_fn, make, ('sample', process, cfg, batch_size, seq_len,
+                                             fixed_levels))
 
 
 def given_inputs(batch: batches_lib.Batch, process: process_base.Process, cfg: SampleConfig

@@ -48,7 +48,7 @@ def build_model(cfg_model: Any) -> nn.Module:
       hier_stop_gradient=cfg.hier_stop_gradient, hier_layers=cfg.hier_layers,
       hier_repeats=cfg.hier_repeats, hier_time_conditioning=cfg.hier_time_conditioning,
       hier_input_embed=cfg.hier_input_embed, given_state=cfg.given_state,
-      hier_readout=cfg.hier_readout)
+      hier_readout=cfg.hier_readout, hier_width=cfg.hier_width)
 
 
 def heads_salt(heads: tuple[str, ...]) -> int:

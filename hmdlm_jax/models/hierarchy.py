@@ -8,6 +8,7 @@
   hx += W_hin[levels]                              if hier_input_embed (own input-state table)
   hx += Linear(SiLU(embedding of t))               if hier_time_conditioning (zero-init Linear)
   hx = (hier_blocks_0 .. hier_blocks_{N-1})^R (hx) hierarchy trunk: N = hier_layers, R = hier_repeats
+                                                   (at width hier_width between two projections)
   'hier'  = hier_head(hx, hc)  or, hier_readout='rounds', stick-breaking over the R = K-1 repeats
   'token' = token_head(x (+ W_tok_lvl[token_levels] if single pass and K > 1), c)
 
@@ -131,6 +132,7 @@ class HierarchicalBackbone(nn.Module):
   hier_input_embed: bool = False  # the hierarchy pathway adds its own input-state table
   given_state: bool = False  # given cells carry the input state h_g = K+1 (tables get K+2 rows)
   hier_readout: str = 'head'  # 'head' (the backbone's level head) | 'rounds' (_round_readout)
+  hier_width: int = 0  # width of the trunk's blocks (0 = hidden_size); projections in and out
 
   # Parameter name of the input token table ('vocab_embed' in MDLM's DiT, 'wte' in GPT-2).
   token_embed_name: ClassVar[str] = 'vocab_embed'
@@ -150,8 +152,9 @@ class HierarchicalBackbone(nn.Module):
     """The two output heads; `token_table` is the input token table (for tied output weights)."""
     raise NotImplementedError
 
-  def block(self, name: str) -> BlockFn:
-    """One block of the backbone's kind named `name` (for the hierarchy trunk)."""
+  def block(self, name: str, mlp_dim: int) -> BlockFn:
+    """One block of the backbone's kind named `name` (for the hierarchy trunk); its width is its
+    input's, its MLP width `mlp_dim`."""
     raise NotImplementedError
 
   @property
@@ -224,13 +227,27 @@ class HierarchicalBackbone(nn.Module):
       hx = hx + layers.Dense((self.hidden_size,), ('cond', 'embed'), kernel_init=layers.zeros_init,
                              bias_init=layers.zeros_init, dtype=self.compute_dtype,
                              out_dtype=jnp.float32, name='hier_time_proj')(ct)[:, None, :]
-    blocks = [self.block(f'{HIER_PREFIX}blocks_{i}') for i in range(self.hier_layers)]
+    width = self.hier_width or self.hidden_size
+    if not self.hier_layers:
+      return hx, hc, []
+    mlp_dim = self.mlp_dim * width // self.hidden_size
+    blocks = [self.block(f'{HIER_PREFIX}blocks_{i}', mlp_dim) for i in range(self.hier_layers)]
+    z = hx
+    if width != self.hidden_size:  # a narrower (cheaper) trunk between two projections
+      z = layers.Dense((width,), ('embed', None), dtype=self.compute_dtype, out_dtype=jnp.float32,
+                       name=f'{HIER_PREFIX}in_proj')(hx)
+      if rope is not None:
+        rope = layers.rotary_cos_sin(hx.shape[1], width // self.num_heads)
     per_round = []
-    for _ in range(self.hier_repeats if blocks else 0):
+    for _ in range(self.hier_repeats):
       for block in blocks:
-        hx = block(hx, hc, rope, train)
-      per_round.append(hx)
-    return hx, hc, per_round
+        z = block(z, hc, rope, train)
+      per_round.append(z)
+    if width != self.hidden_size:  # residual, zero-init: the identity at init
+      z = hx + layers.Dense((self.hidden_size,), (None, 'embed'), kernel_init=layers.zeros_init,
+                            bias_init=layers.zeros_init, dtype=self.compute_dtype,
+                            out_dtype=jnp.float32, name=f'{HIER_PREFIX}out_proj')(z)
+    return z, hc, per_round
 
   def _round_readout(self, per_round: list[Array]) -> Array:
     """`hier_readout='rounds'`: level log-probabilities [B, L, K] by stick-breaking over rounds.

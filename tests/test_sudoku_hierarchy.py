@@ -1,0 +1,71 @@
+"""Hierarchy diagnostics of the Sudoku evaluation (hmdlm_jax/tasks/sudoku_hierarchy.py).
+
+Fixed denoisers give exact references: a head that knows the labeller's levels scores 1 at every
+t; a constant head answers level 0 everywhere, so its accuracy at t = 1 (every blank masked) is
+the share of level-0 blanks, counted in numpy. Decoding with the labeller's levels replaces the
+head: the drawn levels then agree with the labeller's on every blank, which they do not with a
+constant head.
+"""
+
+from __future__ import annotations
+
+import jax
+import numpy as np
+import pytest
+
+from hmdlm_jax import config as config_lib
+from hmdlm_jax.data import sudoku as sudoku_data
+from hmdlm_jax.data import sudoku_pipeline
+from hmdlm_jax.tasks import sudoku as sudoku_task
+from hmdlm_jax.tasks import sudoku_hierarchy
+from tests.eval_helpers import SUDOKU_SCHEDULE, lookup_model, make_process, puzzle_set
+from tests.eval_helpers import uniform_model
+
+CFG = config_lib.SampleConfig(num_steps=12, num_levels=6, mask_id=sudoku_data.MASK_ID,
+                              prior_corrected=False, time_conditioning=False,
+                              ordering='confidence')
+
+
+def _data(n=8, seed=2):
+  quiz, sol = puzzle_set(n, seed=seed)
+  batch = {k: v for k, v in sudoku_pipeline.sudoku_batch(quiz, sol).items() if k != 'weight'}
+  return quiz, sol, [batch]
+
+
+def test_level_accuracy_exact_for_known_heads():
+  quiz, sol, batches = _data()
+  proc = make_process(SUDOKU_SCHEDULE, CFG)
+  perfect = sudoku_hierarchy.level_accuracy(lookup_model(quiz, sol, 6), proc, batches,
+                                            t_min=1e-3)
+  assert set(perfect) == {'t=random', 't=1.0', 't=0.75', 't=0.5'}
+  for r in perfect.values():
+    assert r['accuracy'] == 1.0 and r['cells'] > 0
+    assert all(a is None or a == 1.0 for a in r['per_level'])
+  levels = sudoku_data.hierarchy_levels(quiz)[quiz == 0]
+  counts = np.bincount(levels, minlength=6)
+  const = sudoku_hierarchy.level_accuracy(uniform_model(6), proc, batches, t_min=1e-3)['t=1.0']
+  assert const['cells'] == len(levels)  # t = 1: every blank is masked (ε = 1e-3: almost surely)
+  assert const['accuracy'] == pytest.approx(counts[0] / len(levels))
+  assert const['prior'] == pytest.approx(counts.max() / len(levels))
+  assert const['per_level'][0] == 1.0
+  assert all(a in (None, 0.0) for a in const['per_level'][1:])
+
+
+def test_labeller_levels_replace_the_head_in_decoding():
+  _, _, batches = _data()
+  proc = make_process(SUDOKU_SCHEDULE, CFG)
+  cfg, labeller = sudoku_hierarchy.mode_config(CFG, 'labeller_order')
+  assert labeller and cfg.hierarchy_weight == 1.0 and cfg.level_context == 'none' and cfg.greedy
+  kw = dict(seeds=(0,), decodings=('greedy',), progress=False)
+  with_labeller = sudoku_task.evaluate_sudoku(uniform_model(6), jax.random.PRNGKey(0), proc, cfg,
+                                              batches, labeller_levels=True, **kw)
+  with_head = sudoku_task.evaluate_sudoku(uniform_model(6), jax.random.PRNGKey(0), proc, cfg,
+                                          batches, **kw)
+  assert with_labeller['greedy']['mean']['level_disagreement'] == 0.0
+  assert with_head['greedy']['mean']['level_disagreement'] > 0.3
+  diag = {'level_accuracy': {}, 'decodings': {'labeller_order': with_labeller,
+                                              'head_ignored': with_head}}
+  lines = sudoku_hierarchy.summary_lines(diag)
+  assert 'reference' in lines[0] and 'reference' not in lines[1]
+  with pytest.raises(ValueError, match='eval.hierarchy_decodings'):
+    sudoku_hierarchy.check_modes(('head_ignored', 'oracle'))
