@@ -1,0 +1,133 @@
+"""Process start-up settings: keep XLA:CPU's large buffers resident (issue 14, item 3).
+
+Why: XLA:CPU allocates every buffer of a step (parameters, optimiser state, activations, the
+[B, L, V] logits) with the C library's malloc. glibc serves any request above its mmap threshold
+(dynamic, at most 32 MiB on 64-bit) with a fresh mmap and returns it to the kernel on free(), so
+every step maps, zero-fills (one minor page fault per 4 KiB page) and unmaps the same gigabytes
+again. Measured with benchmarks/side_by_side.py (tiny shape, bare step): 0.97 million minor faults
+and 2.7 s of system time per 4.4 s step; a quarter to a third of the step's CPU time in the kernel.
+
+The fix keeps freed memory in the process:
+  * glibc (no install): malloc tunables `mmap_max=0` (never mmap: big chunks come from the brk heap
+    and go back to its free lists), `trim_threshold=64 GiB` (never give the top of the heap back),
+    `arena_max=1` (one heap: a big chunk freed by one thread is reusable by all; the per-thread
+    arenas' own heaps are capped at 64 MiB and would mmap again). The 32 MiB cap concerns
+    `mmap_threshold` only (mallopt and GLIBC_TUNABLES alike reject larger values), which is why
+    the threshold is not the knob used here. They are set either in this process with mallopt()
+    (`configure_allocator()`, effective for later allocations: call it first thing, before JAX
+    starts its threads) or for a new process with GLIBC_TUNABLES (`allocator_env('glibc')`).
+  * tcmalloc (Debian's libtcmalloc-minimal4, LD_PRELOAD): keeps freed spans, no tuning needed.
+    Needs a re-exec (`reexec_with_allocator`), since LD_PRELOAD acts at process start only.
+
+Cost: the process keeps its high-water mark (peak RSS rises, 4.9 -> 7.8 GB at the tiny shape),
+which is the point. None of this changes a single computed value: the allocator decides where
+buffers live, never what is computed in them. On non-Linux systems, or a C library other than
+glibc, every function here is a no-op.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import os
+import platform
+import sys
+from typing import Sequence
+
+MARKER = 'HMDLM_JAX_ALLOCATOR'  # set in a re-executed process (and by the benchmarks' children)
+# glibc mallopt() parameter numbers (malloc.h).
+_M_TRIM_THRESHOLD, _M_MMAP_MAX, _M_ARENA_MAX = -1, -4, -8
+TRIM_THRESHOLD = 64 << 30  # 64 GiB: never trim
+GLIBC_TUNABLES = (f'glibc.malloc.mmap_max=0:glibc.malloc.trim_threshold={TRIM_THRESHOLD}:'
+                  'glibc.malloc.arena_max=1')
+TCMALLOC_PATHS = ('/usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4',
+                  '/usr/lib/aarch64-linux-gnu/libtcmalloc_minimal.so.4',
+                  '/usr/lib64/libtcmalloc_minimal.so.4', '/usr/lib/libtcmalloc_minimal.so.4')
+KINDS = ('glibc', 'tcmalloc', 'auto')
+
+
+def _is_glibc_linux() -> bool:
+  return sys.platform.startswith('linux') and platform.libc_ver()[0] == 'glibc'
+
+
+def tcmalloc_path() -> str | None:
+  """The tcmalloc shared library, if installed (apt-get install libtcmalloc-minimal4)."""
+  found = next((p for p in TCMALLOC_PATHS if os.path.exists(p)), None)
+  return found or ctypes.util.find_library('tcmalloc_minimal')
+
+
+def allocator_env(kind: str = 'glibc') -> dict[str, str]:
+  """Environment variables that apply the allocator settings to a NEW process.
+
+  'glibc': GLIBC_TUNABLES (merged after any tunables already in the environment);
+  'tcmalloc': LD_PRELOAD of tcmalloc ({} when it is not installed); 'auto': tcmalloc when
+  installed, else glibc. {} on non-Linux or non-glibc systems.
+  """
+  if kind not in KINDS:
+    raise ValueError(f'allocator kind {kind!r}: allowed {KINDS}')
+  if not _is_glibc_linux():
+    return {}
+  if kind in ('tcmalloc', 'auto'):
+    path = tcmalloc_path()
+    if path:
+      pre = os.environ.get('LD_PRELOAD', '')
+      return {'LD_PRELOAD': path if not pre else f'{path}:{pre}'}
+    if kind == 'tcmalloc':
+      return {}
+  old = os.environ.get('GLIBC_TUNABLES', '')
+  kept = [t for t in old.split(':') if t and not t.startswith(
+      ('glibc.malloc.mmap_max=', 'glibc.malloc.trim_threshold=', 'glibc.malloc.arena_max='))]
+  return {'GLIBC_TUNABLES': ':'.join(kept + [GLIBC_TUNABLES])}
+
+
+def configure_allocator() -> dict[str, int]:
+  """Applies the glibc settings to THIS process with mallopt(); returns {parameter: value} set.
+
+  Call it before JAX (or anything that starts threads) allocates: allocations made afterwards
+  stay in the process; arenas created before it by other threads keep their own heaps. Returns {}
+  (and does nothing) off glibc/Linux or when the environment already carries the settings
+  (GLIBC_TUNABLES or a preloaded tcmalloc).
+  """
+  if not _is_glibc_linux():
+    return {}
+  if 'tcmalloc' in os.environ.get('LD_PRELOAD', '') or \
+      'glibc.malloc.mmap_max=0' in os.environ.get('GLIBC_TUNABLES', ''):
+    return {}
+  try:
+    libc = ctypes.CDLL(None)
+    mallopt = libc.mallopt
+  except (OSError, AttributeError):
+    return {}
+  mallopt.argtypes, mallopt.restype = (ctypes.c_int, ctypes.c_int), ctypes.c_int
+  done = {}
+  # mallopt takes an int; glibc converts it to size_t, so -1 means SIZE_MAX ("never trim").
+  # (2**31 - 1 would be too small: the temporaries freed at the end of a step exceed 2 GiB.)
+  trim = -1
+  for name, param, value in (('M_MMAP_MAX', _M_MMAP_MAX, 0), ('M_ARENA_MAX', _M_ARENA_MAX, 1),
+                             ('M_TRIM_THRESHOLD', _M_TRIM_THRESHOLD, trim)):
+    if mallopt(param, value) == 1:
+      done[name] = value
+  return done
+
+
+def reexec_with_allocator(kind: str = 'auto', argv: Sequence[str] | None = None) -> None:
+  """Re-executes this Python command once with `allocator_env(kind)` (needed for LD_PRELOAD).
+
+  Does nothing when the marker variable is set (already re-executed, or a parent chose the
+  allocator), when there is nothing to set, or off glibc/Linux. Otherwise does not return.
+  """
+  if os.environ.get(MARKER) or not _is_glibc_linux():
+    return
+  env = allocator_env(kind)
+  if not env:
+    return
+  os.environ.update(env)
+  os.environ[MARKER] = kind
+  args = list(sys.argv if argv is None else argv)
+  if args and args[0] in ('-m', '-c'):  # not expected from sys.argv, kept for completeness
+    args = args[1:]
+  orig = getattr(sys, 'orig_argv', None)  # Python >= 3.10: the interpreter's own argv
+  cmd = list(orig) if orig and argv is None else [sys.executable] + args
+  sys.stdout.flush()
+  sys.stderr.flush()
+  os.execv(sys.executable, cmd)
