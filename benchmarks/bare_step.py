@@ -21,6 +21,9 @@ import), so that it stays a fixed yardstick while the package changes:
   ema         EMA of the parameters (decay 0.9999) kept in the state
   nan_guard   the project's guard: loss / grad-norm / update-norm finiteness, and
               where(ok, new, old) over params, EMA (if any) and optimiser state
+  guard_cond  the same guard as ONE lax.cond around the whole update (optimizer, EMA): the
+              skipped branch returns the old state, nothing is selected element-wise, and the
+              finiteness test reads the loss and the gradient norm only
   donate      state donated to the jitted step (in-place updates)
   dropout     dropout 0.1 on the two residual branches of every block (MDLM's placement)
   fused_nll   NLL = logsumexp(logits + MASK bias) - gold logit (the project's token_nll)
@@ -71,6 +74,7 @@ class Features:
   clip: bool = False
   ema: bool = False
   nan_guard: bool = False
+  guard_cond: bool = False
   donate: bool = False
   dropout: float = 0.0
   fused_nll: bool = False
@@ -278,6 +282,18 @@ def make(d: Dims, f: Features, seed: int = 0
            ) -> tuple[dict[str, Any], jax.Array]:
     params, opt = state['params'], state['opt']
     loss, grads = jax.value_and_grad(mdlm_loss)(params, batch['tokens'], key, d, f)
+    if f.guard_cond:
+      ok = jnp.isfinite(loss) & jnp.isfinite(optax.global_norm(grads))
+
+      def apply(st: dict[str, Any]) -> dict[str, Any]:
+        updates, new_opt = tx.update(grads, st['opt'], st['params'])
+        out = {'params': optax.apply_updates(st['params'], updates), 'opt': new_opt}
+        if f.ema:
+          out['ema'] = jax.tree.map(lambda e, q: 0.9999 * e + (1 - 0.9999) * q, st['ema'],
+                                    out['params'])
+        return out
+
+      return jax.lax.cond(ok, apply, lambda st: st, state), loss
     updates, new_opt = tx.update(grads, opt, params)
     new_params = optax.apply_updates(params, updates)
     new = {'params': new_params, 'opt': new_opt}

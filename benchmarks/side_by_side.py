@@ -6,7 +6,9 @@ r"""Side by side: the project's training step and reference steps, timed in one 
       --reference_tree=mdlm:/path/to/kuleshov-group/mdlm            # + their steps (torch for mdlm)
   python -m benchmarks.side_by_side --shape=small --runners=bare,bare:clip,bare:ema,bare:all \
       --baseline=bare                                                 # the bisection (item 2)
-  python -m benchmarks.side_by_side --shape=tiny --runners=ours_mdlm --allocator=both
+  python -m benchmarks.side_by_side --shape=tiny --runners=ours_mdlm,bare \
+      --allocator=default,glibc,tcmalloc                              # allocator study (item 3)
+  python -m benchmarks.side_by_side --shape=small --runners=ours_mdlm,ours_mdlm@tcmalloc,bare
 
 Runners (`--runners`, comma-separated; a runner may carry options after ':' joined by '+'):
   ours_mdlm, ours_hmdlm   the project's real step (`hmdlm_jax.train.make_train_step`: diffusion
@@ -280,7 +282,8 @@ def summarise(records: list[dict[str, Any]], labels: list[str], baseline: str | 
   by: dict[str, list[dict[str, Any]]] = {lb: [] for lb in labels}
   for r in records:
     by[r['label']].append(r)
-  refs = [lb for lb in labels if lb.split(':')[0].split('@')[0] in REFERENCES]
+  refs = [lb for lb in labels if lb.split(':')[0].split('@')[0] in REFERENCES
+          and ':' not in lb]  # plain references only (not bisection variants)
   rounds = sorted({r['round'] for r in records})
   out: dict[str, Any] = {}
   for lb in labels:
@@ -371,8 +374,14 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
   if any(al not in ALLOCATORS for al in allocs):
     p.error(f'--allocator={a.allocator!r}: allowed {ALLOCATORS}')
   both = len(allocs) > 1
-  plan = [(r, al) for r in runners for al in allocs]
-  labels = [_label(r, al, both) for r, al in plan]
+  plan, labels = [], []
+  for r in runners:  # 'runner@allocator' pins one runner's allocator
+    r, _, pinned = r.partition('@')
+    for al in ([pinned] if pinned else allocs):
+      if al not in ALLOCATORS:
+        p.error(f'allocator {al!r}: allowed {ALLOCATORS}')
+      plan.append((r, al))
+      labels.append(_label(r, al, both or bool(pinned)))
   baseline = a.baseline or None
   if baseline and baseline not in labels:
     baseline = None

@@ -12,6 +12,13 @@ N="${1:?usage: $0 NUM_DEVICES [main.py flags...]}"
 shift
 cd "$(dirname "$0")/.."
 PYTHON="${PYTHON:-python}"
+# Keep XLA's large host buffers resident instead of mmap/munmap + page faults every step
+# (hmdlm_jax/runtime.py, benchmarks/README.md "Kernel time"):
+# glibc malloc tunables by default; HMDLM_ALLOCATOR=tcmalloc preloads tcmalloc when installed
+# (apt-get install libtcmalloc-minimal4); HMDLM_ALLOCATOR=none: off.
+if [[ "${HMDLM_ALLOCATOR:-glibc}" != none ]]; then
+  eval "$("${PYTHON}" -m hmdlm_jax.runtime "${HMDLM_ALLOCATOR:-glibc}")"
+fi
 export XLA_FLAGS="--xla_force_host_platform_device_count=${N} ${XLA_FLAGS:-}"
 export JAX_PLATFORMS="${JAX_PLATFORMS:-cpu}"
 exec "${PYTHON}" -m hmdlm_jax.main "$@"
