@@ -33,6 +33,8 @@ import), so that it stays a fixed yardstick while the package changes:
               '2d': [H, 3H] and [H, H] plain matmuls (MDLM's / md4's)
   rotary      'half' (rotate-half by concatenation, the project's) | 'none' | 'complex'
               (the same rotation as a [.., d/2, 2] pairwise product, md4/llama style)
+  head_bias   the token head's [V] bias (MDLM's and the project's; md4's head has none: its
+              gradient is a reduction over B·L of the [B, L, V] logits gradient)
   fill_lookup embedding lookup with mode='fill' (NaN for out-of-range ids, the project's) instead of
               the default clamped gather
 
@@ -82,6 +84,7 @@ class Features:
   layout: str = '2d'
   rotary: str = 'half'
   fill_lookup: bool = False
+  head_bias: bool = True
 
   @classmethod
   def parse(cls, spec: str) -> 'Features':
@@ -236,7 +239,8 @@ def forward(p: dict[str, Any], xt: jax.Array, d: Dims, f: Features,
   mod = c @ p['final_ada_w'] + p['final_ada_b']
   sh, sc = (a[:, None, :] for a in jnp.split(mod, 2, -1))
   z = _ln(x, p['final_ln']) * (1 + sc) + sh
-  return z @ p['head_w'] + p['head_b']
+  logits = z @ p['head_w']
+  return logits + p['head_b'] if f.head_bias else logits
 
 
 def mdlm_loss(p: dict[str, Any], tokens: jax.Array, key: jax.Array, d: Dims,

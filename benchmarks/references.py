@@ -259,6 +259,13 @@ def _mdlm(name: str, d: Any, tree: str, warmup: int, steps: int,
   def loss_fn(x0: Any, mask: Any) -> Any:
     return diff._loss(x0, mask).loss  # pylint: disable=protected-access
 
+  if name == 'mdlm_compile':
+    # models/dit.py defines `modulate` twice; TorchScript bound `modulate_fused` to the first
+    # (x·(1 + scale) + shift, what eager runs), but dynamo inlines the scripted function and
+    # looks the name up at trace time, finding the second (which unsqueezes again: a wrong
+    # [B, B, L, H] broadcast). Point the name at the definition eager mode uses.
+    models.dit.modulate = lambda x, shift, scale: x * (1 + scale) + shift
+    stubs.append('models.dit.modulate (torch.compile name clash)')
   fn = torch.compile(loss_fn) if name == 'mdlm_compile' else loss_fn
 
   def one() -> Any:

@@ -77,6 +77,7 @@ def test_summary_ratios_are_per_round():
   for rd, (ours, ref) in enumerate(((200.0, 100.0), (150.0, 100.0))):
     for lb, tps in (('ours_mdlm', ours), ('bare', ref), ('md4', ref / 2)):
       recs.append({'label': lb, 'round': rd, 'tokens_per_s': tps, 'median_step_s': 1.0,
+                   'tokens_per_step': tps,
                    'user_s_per_step': 1.0, 'sys_s_per_step': 0.1, 'minflt_per_step': 10,
                    'majflt_per_step': 0, 'peak_rss_bytes': 2**20, 'compile_s': 1.0})
   s = side_by_side.summarise(recs, ['ours_mdlm', 'bare', 'md4'], 'bare')
