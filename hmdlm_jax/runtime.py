@@ -2,27 +2,33 @@
 
 Why: XLA:CPU allocates every buffer of a step (parameters, optimiser state, activations, the
 [B, L, V] logits) with the C library's malloc. glibc serves any request above its mmap threshold
-(dynamic, at most 32 MiB on 64-bit) with a fresh mmap and returns it to the kernel on free(), so
-every step maps, zero-fills (one minor page fault per 4 KiB page) and unmaps the same gigabytes
-again. Measured with benchmarks/side_by_side.py (tiny shape, bare step): 0.97 million minor faults
-and 2.7 s of system time per 4.4 s step; a quarter to a third of the step's CPU time in the kernel.
+(dynamic, at most 32 MiB on 64-bit) with a fresh mmap and unmaps it on free(), so every step
+maps, zero-fills (one minor page fault per 4 KiB page) and unmaps the same gigabytes again.
+Measured with benchmarks/side_by_side.py on this 2-core VM: the real MDLM step makes 0.58 M
+(tiny) / 0.59 M (small) minor faults per step and spends 19% (tiny) of its CPU time in the
+kernel; the plain-JAX bare step 0.96 M faults, 24%.
 
-The fix keeps freed memory in the process:
-  * glibc (no install): malloc tunables `mmap_max=0` (never mmap: big chunks come from the brk heap
-    and go back to its free lists), `trim_threshold=64 GiB` (never give the top of the heap back),
-    `arena_max=1` (one heap: a big chunk freed by one thread is reusable by all; the per-thread
-    arenas' own heaps are capped at 64 MiB and would mmap again). The 32 MiB cap concerns
-    `mmap_threshold` only (mallopt and GLIBC_TUNABLES alike reject larger values), which is why
-    the threshold is not the knob used here. They are set either in this process with mallopt()
-    (`configure_allocator()`, effective for later allocations: call it first thing, before JAX
-    starts its threads) or for a new process with GLIBC_TUNABLES (`allocator_env('glibc')`).
-  * tcmalloc (Debian's libtcmalloc-minimal4, LD_PRELOAD): keeps freed spans, no tuning needed.
-    Needs a re-exec (`reexec_with_allocator`), since LD_PRELOAD acts at process start only.
+What keeps them resident (benchmarks/README.md, "Kernel time"):
+  * tcmalloc (Debian's libtcmalloc-minimal4) by LD_PRELOAD with TCMALLOC_RELEASE_RATE=0 (never
+    give free spans back): 0 faults and 0.03 s system time per step at both shapes (small: 0.03 s
+    of 18 s CPU). The measured choice. LD_PRELOAD acts at process start only, hence
+    `reexec_with_allocator()` (re-executes the same command once) or the launch scripts'
+    `eval "$(python -m hmdlm_jax.runtime)"`.
+  * glibc without installing anything: tunables `mmap_max=0` (big chunks from the brk heap),
+    `trim_threshold` (never shrink the heap), `arena_max=1` (one heap for all threads). The 32 MiB
+    cap concerns `mmap_threshold` only (mallopt and GLIBC_TUNABLES reject more alike), which is
+    why the threshold is not the knob used. Measured: only partial and pattern-dependent (tiny:
+    faults halved by GLIBC_TUNABLES; mallopt() in the process removed all faults of the real step
+    at tiny but not at small; the heap fragments and grows, peak RSS up to 2x). A fallback where
+    tcmalloc cannot be installed.
 
-Cost: the process keeps its high-water mark (peak RSS rises, 4.9 -> 7.8 GB at the tiny shape),
-which is the point. None of this changes a single computed value: the allocator decides where
-buffers live, never what is computed in them. On non-Linux systems, or a C library other than
-glibc, every function here is a no-op.
+None of this changes a single computed value: the allocator decides where buffers live, never
+what is computed in them. On non-Linux systems, or a C library other than glibc, every function
+here is a no-op.
+
+Use (the entry point, first thing, before JAX is imported):
+    runtime.reexec_with_allocator('auto')   # tcmalloc if installed (else glibc tunables): exec
+    runtime.configure_allocator()           # glibc mallopt() fallback; no-op under tcmalloc
 """
 
 from __future__ import annotations
@@ -71,7 +77,9 @@ def allocator_env(kind: str = 'glibc') -> dict[str, str]:
     path = tcmalloc_path()
     if path:
       pre = os.environ.get('LD_PRELOAD', '')
-      return {'LD_PRELOAD': path if not pre else f'{path}:{pre}'}
+      # RELEASE_RATE=0: never hand free spans back to the kernel (the default rate 1 madvises
+      # them away gradually, and the next step faults them in again).
+      return {'LD_PRELOAD': path if not pre else f'{path}:{pre}', 'TCMALLOC_RELEASE_RATE': '0'}
     if kind == 'tcmalloc':
       return {}
   old = os.environ.get('GLIBC_TUNABLES', '')

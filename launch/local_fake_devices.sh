@@ -14,10 +14,10 @@ cd "$(dirname "$0")/.."
 PYTHON="${PYTHON:-python}"
 # Keep XLA's large host buffers resident instead of mmap/munmap + page faults every step
 # (hmdlm_jax/runtime.py, benchmarks/README.md "Kernel time"):
-# glibc malloc tunables by default; HMDLM_ALLOCATOR=tcmalloc preloads tcmalloc when installed
-# (apt-get install libtcmalloc-minimal4); HMDLM_ALLOCATOR=none: off.
-if [[ "${HMDLM_ALLOCATOR:-glibc}" != none ]]; then
-  eval "$("${PYTHON}" -m hmdlm_jax.runtime "${HMDLM_ALLOCATOR:-glibc}")"
+# tcmalloc (LD_PRELOAD, TCMALLOC_RELEASE_RATE=0) when installed (apt-get install
+# libtcmalloc-minimal4), else glibc malloc tunables; HMDLM_ALLOCATOR=glibc|tcmalloc|none.
+if [[ "${HMDLM_ALLOCATOR:-auto}" != none ]]; then
+  eval "$("${PYTHON}" -m hmdlm_jax.runtime "${HMDLM_ALLOCATOR:-auto}")"
 fi
 export XLA_FLAGS="--xla_force_host_platform_device_count=${N} ${XLA_FLAGS:-}"
 export JAX_PLATFORMS="${JAX_PLATFORMS:-cpu}"
