@@ -1,7 +1,7 @@
 r"""The pod-scale path, proven by compilation: AOT-compile the LM1B train steps on fake CPU meshes.
 
   python -m benchmarks.aot                       # default plan (see PLAN), < 10 min on 2 cores
-  python -m benchmarks.aot --devices=8 --meshes=data,fsdp --modes=mdlm
+  python -m benchmarks.aot --devices=64 --meshes=data,fsdp_tp4 --modes=mdlm,hmdlm
 
 For every (device count N, mesh, mode) a fresh process with
 XLA_FLAGS=--xla_force_host_platform_device_count=N lowers and compiles (never runs) the project's
@@ -53,8 +53,11 @@ MESHES: dict[str, Any] = {
     'data_fsdp8': lambda n: (n // 8, 8, 1),
     'fsdp_tp4': lambda n: (1, n // 4, 4),
 }
-PLAN = ((8, ('data', 'fsdp', 'fsdp_tp4')), (16, ('data',)), (64, ('data', 'fsdp')),
-        (256, ('data', 'fsdp')))
+# (devices, meshes, modes): both modes where the memory question is asked (8 devices: does the
+# README's 8×A100 configuration fit?), MDLM elsewhere (HMDLM adds the same collectives on a
+# 0.2M-parameter hierarchy head). `--modes` / `--devices` / `--meshes` run any other cell.
+PLAN = ((8, ('data', 'fsdp'), ('mdlm', 'hmdlm')), (16, ('data',), ('mdlm',)),
+        (64, ('data', 'fsdp'), ('mdlm',)), (256, ('data', 'fsdp'), ('mdlm',)))
 MODES = ('mdlm', 'hmdlm')
 # Published peak dense bf16 FLOP/s, HBM bytes/s, per-device interconnect bytes/s (one direction
 # of the ring), HBM capacity. Sources in benchmarks/README.md ("AOT").
@@ -274,7 +277,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
   p = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
   p.add_argument('--devices', default=None, help='comma-separated device counts (default PLAN)')
   p.add_argument('--meshes', default=None, help=f'comma-separated subset of {sorted(MESHES)}')
-  p.add_argument('--modes', default='mdlm,hmdlm')
+  p.add_argument('--modes', default=None, help='comma-separated (default: PLAN\'s)')
   p.add_argument('--timeout_s', type=float, default=600)
   p.add_argument('--json', default=os.path.join(_REPO, 'benchmarks', 'results', 'aot.json'))
   p.add_argument('--child', default=None, help=argparse.SUPPRESS)
@@ -285,15 +288,16 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     return {}
   if a.devices:
     meshes = tuple(a.meshes.split(',')) if a.meshes else ('data', 'fsdp')
-    plan = [(int(n), meshes) for n in a.devices.split(',')]
+    plan = [(int(n), meshes, tuple((a.modes or 'mdlm,hmdlm').split(',')))
+            for n in a.devices.split(',')]
   else:
-    plan = [(n, tuple(m for m in ms if not a.meshes or m in a.meshes.split(',')))
-            for n, ms in PLAN]
+    plan = [(n, tuple(m for m in ms if not a.meshes or m in a.meshes.split(',')),
+             tuple(a.modes.split(',')) if a.modes else modes) for n, ms, modes in PLAN]
   t0 = time.perf_counter()
   records = []
-  for n, meshes in plan:
+  for n, meshes, modes in plan:
     for mesh in meshes:
-      for mode in a.modes.split(','):
+      for mode in modes:
         rec = spawn(n, mode, mesh, a.timeout_s)
         if 'error' not in rec:
           rec['roofline'] = {k: roofline(rec, hw) for k, hw in HARDWARE.items()}
