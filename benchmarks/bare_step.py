@@ -33,6 +33,8 @@ import), so that it stays a fixed yardstick while the package changes:
               '2d': [H, 3H] and [H, H] plain matmuls (MDLM's / md4's)
   rotary      'half' (rotate-half by concatenation, the project's) | 'none' | 'complex'
               (the same rotation as a [.., d/2, 2] pairwise product, md4/llama style)
+  ln          'two_pass' (mean, then mean((x - mean)²): the project's and MDLM's) | 'fast'
+              (var = mean(x²) - mean², flax.linen.LayerNorm's default, what md4 runs)
   head_bias   the token head's [V] bias (MDLM's and the project's; md4's head has none: its
               gradient is a reduction over B·L of the [B, L, V] logits gradient)
   fill_lookup embedding lookup with mode='fill' (NaN for out-of-range ids, the project's) instead of
@@ -85,6 +87,7 @@ class Features:
   rotary: str = 'half'
   fill_lookup: bool = False
   head_bias: bool = True
+  ln: str = 'two_pass'
 
   @classmethod
   def parse(cls, spec: str) -> 'Features':
@@ -147,9 +150,12 @@ def init_params(key: jax.Array, d: Dims, layout: str) -> dict[str, Any]:
 # ----------------------------------------------------------------------------- network
 
 
-def _ln(x: jax.Array, w: jax.Array) -> jax.Array:
+def _ln(x: jax.Array, w: jax.Array, kind: str = 'two_pass') -> jax.Array:
   mu = x.mean(-1, keepdims=True)
-  var = jnp.square(x - mu).mean(-1, keepdims=True)
+  if kind == 'fast':
+    var = jnp.maximum(jnp.square(x).mean(-1, keepdims=True) - jnp.square(mu), 0.0)
+  else:
+    var = jnp.square(x - mu).mean(-1, keepdims=True)
   return (x - mu) * jax.lax.rsqrt(var + LN_EPS) * w
 
 
@@ -216,7 +222,7 @@ def forward(p: dict[str, Any], xt: jax.Array, d: Dims, f: Features,
   for i, blk in enumerate(p['blocks']):
     mod = c @ blk['ada_w'] + blk['ada_b']
     sh1, sc1, g1, sh2, sc2, g2 = (a[:, None, :] for a in jnp.split(mod, 6, -1))
-    y = _ln(x, blk['ln1']) * (1 + sc1) + sh1
+    y = _ln(x, blk['ln1'], f.ln) * (1 + sc1) + sh1
     if f.layout == '4d':
       qkv = jnp.einsum('blh,htnd->bltnd', y, blk['qkv'])
     else:
@@ -232,13 +238,13 @@ def forward(p: dict[str, Any], xt: jax.Array, d: Dims, f: Features,
     if key is not None:
       ka, kb = jax.random.split(jax.random.fold_in(key, i))
     x = x + g1 * _dropout(a, f.dropout, ka)
-    y = _ln(x, blk['ln2']) * (1 + sc2) + sh2
+    y = _ln(x, blk['ln2'], f.ln) * (1 + sc2) + sh2
     y = jax.nn.gelu(y @ blk['mlp0_w'] + blk['mlp0_b'], approximate=True)
     y = y @ blk['mlp2_w'] + blk['mlp2_b']
     x = x + g2 * _dropout(y, f.dropout, kb)
   mod = c @ p['final_ada_w'] + p['final_ada_b']
   sh, sc = (a[:, None, :] for a in jnp.split(mod, 2, -1))
-  z = _ln(x, p['final_ln']) * (1 + sc) + sh
+  z = _ln(x, p['final_ln'], f.ln) * (1 + sc) + sh
   logits = z @ p['head_w']
   return logits + p['head_b'] if f.head_bias else logits
 
