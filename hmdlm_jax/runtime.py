@@ -37,6 +37,8 @@ import ctypes
 import ctypes.util
 import os
 import platform
+import runpy
+import shlex
 import sys
 from typing import Sequence
 
@@ -143,7 +145,6 @@ def reexec_with_allocator(kind: str = 'auto', argv: Sequence[str] | None = None)
 
 def shell_exports(kind: str = 'auto') -> str:
   """`export NAME=VALUE` lines of `allocator_env(kind)` plus the marker (for launch scripts)."""
-  import shlex  # pylint: disable=g-import-not-at-top
   env = allocator_env(kind)
   if not env:
     return ''
@@ -153,7 +154,6 @@ def shell_exports(kind: str = 'auto') -> str:
 
 def run_module_with_allocator(module: str, args: Sequence[str]) -> None:
   """configure_allocator(), then runs `python -m module args` in this process."""
-  import runpy  # pylint: disable=g-import-not-at-top
   configure_allocator()
   os.environ.setdefault(MARKER, 'mallopt')
   sys.argv = [module] + list(args)

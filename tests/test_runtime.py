@@ -56,3 +56,16 @@ def test_shell_exports_are_evaluable(monkeypatch):
   out = subprocess.run(['bash', '-c', text + '\necho "$GLIBC_TUNABLES|$HMDLM_JAX_ALLOCATOR"'],
                        capture_output=True, text=True, timeout=30, check=True).stdout.strip()
   assert out == f'{runtime.GLIBC_TUNABLES}|glibc'
+
+
+def test_reexec_applies_the_environment_once():
+  code = ('from hmdlm_jax import runtime; import os; runtime.reexec_with_allocator("glibc");'
+          'print(os.environ.get("HMDLM_JAX_ALLOCATOR"), os.environ.get("GLIBC_TUNABLES", ""))')
+  env = {k: v for k, v in os.environ.items()
+         if k not in ('LD_PRELOAD', 'GLIBC_TUNABLES', runtime.MARKER)}
+  out = subprocess.run([sys.executable, '-c', code], cwd=REPO, env=env, capture_output=True,
+                       text=True, timeout=60, check=True).stdout.strip()
+  if runtime._is_glibc_linux():  # pylint: disable=protected-access
+    assert out == f'glibc {runtime.GLIBC_TUNABLES}'
+  else:
+    assert out.startswith('None')
