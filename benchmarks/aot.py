@@ -143,7 +143,8 @@ def _compile_adapter(mode: str, mesh_shape: tuple[int, int, int]) -> tuple[Any, 
   """
   import jax  # pylint: disable=g-import-not-at-top
   import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
-  from hmdlm_jax import models, schedules, train  # pylint: disable=g-import-not-at-top
+  from hmdlm_jax import config as config_lib  # pylint: disable=g-import-not-at-top
+  from hmdlm_jax import models, processes, train  # pylint: disable=g-import-not-at-top
   from hmdlm_jax import sharding as shd  # pylint: disable=g-import-not-at-top
   if mode == 'mdlm':
     from configs import lm1b_mdlm as cfg_mod  # pylint: disable=g-import-not-at-top
@@ -152,11 +153,11 @@ def _compile_adapter(mode: str, mesh_shape: tuple[int, int, int]) -> tuple[Any, 
   config = cfg_mod.get_config()
   config.data.batch_size = GLOBAL_BATCH
   config.mesh.data, config.mesh.fsdp, config.mesh.tensor = mesh_shape
-  config = train.resolve_config(config)
+  config = config_lib.resolve(config)
   train.validate_config(config)
   mesh = shd.make_mesh(config.mesh)
   model = models.build_model(config.model)
-  schedule = schedules.schedule_from_config(config.schedule, int(config.model.num_levels))
+  process = processes.build(config)
   abstract, shardings = train.state_shardings(config, model, mesh)
   b, l = GLOBAL_BATCH, int(config.model.seq_len)
   bsh = shd.batch_sharding(mesh)
@@ -166,8 +167,8 @@ def _compile_adapter(mode: str, mesh_shape: tuple[int, int, int]) -> tuple[Any, 
            'loss_mask': jax.ShapeDtypeStruct((b, l), jnp.bool_, sharding=bsh)}
   faults = jax.ShapeDtypeStruct((train.MAX_FAULT_STEPS,), jnp.int32,
                                 sharding=shd.replicated(mesh))
-  step = train.make_train_step(config, model, schedule, mesh, shardings)
-  with train._mesh_context(mesh):  # pylint: disable=protected-access
+  step = train.make_train_step(config, model, process, mesh, shardings)
+  with shd.mesh_context(mesh):
     lowered = step.jitted.lower(abstract, batch, faults)
   return lowered.compile(), config
 

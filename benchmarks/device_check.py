@@ -34,7 +34,6 @@ if _REPO not in sys.path:
   sys.path.insert(0, _REPO)
 
 import jax  # pylint: disable=g-import-not-at-top
-import jax.numpy as jnp
 import numpy as np
 
 # Published dense bf16 peak FLOP/s per device (NVIDIA data sheets; Cloud TPU docs).
@@ -88,18 +87,19 @@ def _step_adapter(config: Any, batch_size: int, accum: int) -> tuple[Callable[[]
   batch of the pipeline contract, state carried between calls.
   """
   from benchmarks import train_step as ts  # pylint: disable=g-import-not-at-top
-  from hmdlm_jax import models, schedules, train  # pylint: disable=g-import-not-at-top
+  from hmdlm_jax import config as config_lib  # pylint: disable=g-import-not-at-top
+  from hmdlm_jax import models, processes, train  # pylint: disable=g-import-not-at-top
   from hmdlm_jax import sharding as shd  # pylint: disable=g-import-not-at-top
   config.data.batch_size = batch_size
   config.train.grad_accum = accum
-  config = train.resolve_config(config)
+  config = config_lib.resolve(config)
   train.validate_config(config)
   mesh = shd.make_mesh(config.mesh)
   model = models.build_model(config.model)
-  schedule = schedules.schedule_from_config(config.schedule, int(config.model.num_levels))
+  process = processes.build(config)
   state, shardings = train.create_train_state(config, mesh, model)
   batch = shd.make_global_batch(ts.synthetic_batch(config), mesh)
-  step = train.make_train_step(config, model, schedule, mesh, shardings)
+  step = train.make_train_step(config, model, process, mesh, shardings)
   holder = {'state': state}
 
   def one() -> Any:
@@ -146,23 +146,23 @@ def train_item(name: str, dry: bool, steps: int, dtype: str | None = None) -> di
 
 def sampling_item(dry: bool, repeats: int) -> dict[str, Any]:
   """Algorithm 2 throughput (ancestral ordering, K = 2): the package's public sampler."""
-  from hmdlm_jax import models, sampling, schedules, train  # pylint: disable=g-import-not-at-top
-  config = train.resolve_config(_config('sampling_alg2', dry, None))
+  from hmdlm_jax import config as config_lib  # pylint: disable=g-import-not-at-top
+  from hmdlm_jax import models, processes  # pylint: disable=g-import-not-at-top
+  config = config_lib.resolve(_config('sampling_alg2', dry, None))
   m = config.model
   t_steps, batch = (8, 2) if dry else (128, 64)
   model = models.build_model(m)
   params = models.init_params(model, jax.random.PRNGKey(0), int(m.seq_len))
-  schedule = schedules.schedule_from_config(config.schedule, int(m.num_levels))
-  cfg = sampling.SampleConfig(num_steps=t_steps, num_levels=int(m.num_levels),
-                              mask_id=models.resolve_mask_id(m), ordering='ancestral',
-                              prior_corrected=bool(m.prior_corrected_head),
-                              variant=str(m.variant))
+  process = processes.build(config)
+  cfg = config_lib.SampleConfig(num_steps=t_steps, num_levels=int(m.num_levels),
+                                mask_id=int(m.mask_id), ordering='ancestral',
+                                prior_corrected=bool(m.prior_corrected_head),
+                                variant=str(m.variant))
 
   @jax.jit
   def run(params: Any, key: jax.Array) -> Any:
     apply_fn = models.make_apply_fn(model, params, train=False)
-    return sampling.sample(apply_fn, key, schedule, cfg, batch_size=batch,
-                           seq_len=int(m.seq_len))
+    return process.sample(apply_fn, key, cfg, batch_size=batch, seq_len=int(m.seq_len))
 
   t0 = time.perf_counter()
   out = jax.block_until_ready(run(params, jax.random.PRNGKey(1)))

@@ -140,7 +140,8 @@ def _ours_adapter(shape: str, mode: str, overrides: dict[str, str]) -> tuple[Any
   import jax  # pylint: disable=g-import-not-at-top
   import numpy as np  # pylint: disable=g-import-not-at-top
   from benchmarks import train_step as ts  # pylint: disable=g-import-not-at-top
-  from hmdlm_jax import models, schedules, train  # pylint: disable=g-import-not-at-top
+  from hmdlm_jax import config as config_lib  # pylint: disable=g-import-not-at-top
+  from hmdlm_jax import models, processes, train  # pylint: disable=g-import-not-at-top
   from hmdlm_jax import sharding as shd  # pylint: disable=g-import-not-at-top
   config = ts.shape_config(shape, mode, 'float32', batch_size=SHAPES[shape][6])
   for key, val in overrides.items():
@@ -149,16 +150,16 @@ def _ours_adapter(shape: str, mode: str, overrides: dict[str, str]) -> tuple[Any
     with config.unlocked():
       config[sec][field] = type(cur)(float(val)) if isinstance(cur, (int, float)) and not \
           isinstance(cur, bool) else (val.lower() == 'true' if isinstance(cur, bool) else val)
-  config = train.resolve_config(config)
+  config = config_lib.resolve(config)
   mesh = shd.make_mesh(config.mesh)
   model = models.build_model(config.model)
-  schedule = schedules.schedule_from_config(config.schedule, int(config.model.num_levels))
+  process = processes.build(config)
   state, shardings = train.create_train_state(config, mesh, model)
   batch = shd.make_global_batch(ts.synthetic_batch(config), mesh)
   batch = {k: batch[k] for k in train.BATCH_KEYS}
   faults = jax.device_put(np.full((train.MAX_FAULT_STEPS,), -1, np.int32), shd.replicated(mesh))
-  step = train.make_train_step(config, model, schedule, mesh, shardings)
-  with train._mesh_context(mesh):  # pylint: disable=protected-access
+  step = train.make_train_step(config, model, process, mesh, shardings)
+  with shd.mesh_context(mesh):
     compiled = step.jitted.lower(state, batch, faults).compile()
   return (lambda s: compiled(s, batch, faults)), state, int(config.data.batch_size) * int(
       config.model.seq_len)
