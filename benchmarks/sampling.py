@@ -56,7 +56,7 @@ def _sampler(config: Any, ordering: str, num_steps: int, batch_size: int, greedy
   params = models.init_params(model, jax.random.PRNGKey(0), int(m.seq_len))
   process = processes.build(config)
   cfg = config_lib.SampleConfig(
-      num_steps=num_steps, num_levels=int(m.num_levels), 
+      num_steps=num_steps, num_levels=int(m.num_levels),
       mask_id=config_lib.ModelConfig.from_section(m).mask_id,
       temperature=1.0, greedy=greedy, ordering=ordering, use_cache=bool(config.sample.use_cache),
       prior_corrected=bool(m.prior_corrected_head), variant=str(m.variant),
