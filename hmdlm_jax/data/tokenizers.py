@@ -93,11 +93,16 @@ class TextTokenizer:
 
   def encode(self, text: str) -> list[int]:
     """Token ids of `text` without special tokens, without truncation or padding."""
-    ids = list(self.hf(text, add_special_tokens=False, truncation=False)['input_ids'])
+    return self.encode_batch([text])[0]
+
+  def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
+    """`encode` of every text, in one call of the tokenizer (its fast batch path)."""
+    out = [list(ids) for ids in
+           self.hf(list(texts), add_special_tokens=False, truncation=False)['input_ids']]
     if self.mask_token == 'tokenizer':
-      unk = self.hf.unk_token_id
-      ids = [unk if i == self.mask_id else i for i in ids]
-    return ids
+      unk, mask = self.hf.unk_token_id, self.mask_id
+      out = [[unk if i == mask else i for i in ids] for ids in out]
+    return out
 
   def cut(self, ids: Sequence[int]) -> list[int]:
     """The content of one generated row: drop a leading BOS, stop at the first EOS (SPEC 6).

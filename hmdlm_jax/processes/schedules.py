@@ -264,11 +264,14 @@ def check_ordering(schedule: Schedule, num_steps: int, mode: str = 'error') -> l
   viol = ordering_violations(schedule, num_steps)
   if viol:
     shown = '; '.join(f'n={v.step}: λ_{v.k}={v.lam_k:.6g} > λ_{v.k_prime}={v.lam_k_prime:.6g}'
-                      for v in viol[:10])
-    more = f' (and {len(viol) - 10} more)' if len(viol) > 10 else ''
+                      for v in viol[:3])
+    steps = len({v.step for v in viol})
     msg = (f'schedule {schedule.kind} {schedule.params} violates the reveal ordering of Appendix D '
-           f'at {len(viol)} of {num_steps} steps (t_n = n/{num_steps}): {shown}{more}. '
-           'Set schedule.check_ordering to "warn" or "off" to proceed anyway.')
+           f'(a lower level revealed with a higher probability than a higher one) at {steps} of '
+           f'the {num_steps} steps of the sampling grid (t_n = n/{num_steps}, sample.num_steps), '
+           f'{len(viol)} (step, level pair) violations, e.g. {shown}. Make the schedule '
+           'non-decreasing in the level, or set schedule.check_ordering to "warn" or "off" to '
+           'proceed anyway.')
     if mode == 'error':
       raise ValueError(msg)
     warnings.warn(msg, stacklevel=2)
