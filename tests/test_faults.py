@@ -29,6 +29,7 @@ import tempfile
 import time
 from typing import Any
 
+import jax
 import numpy as np
 import pytest
 
@@ -173,6 +174,8 @@ def _define_probes(d: dict[str, str], cache: str, world_cache: str) -> None:
   # 10. Puzzles, outputs of earlier runs, the wrong flags for the mode.
   _probe('unsolvable_puzzle', ('puzzle 1 on the command line has no solution',),
          t + [f'--workdir={run}', '--mode=sample', f'--puzzles={UNSOLVABLE}'], [run])
+  _probe('binary_puzzle_file', (f'{d["binary"]}: not UTF-8 text',),
+         t + [f'--workdir={run}', '--mode=sample', f'--puzzle_file={d["binary"]}'], [run])
   _probe('sample_again', ('samples_100.jsonl exists', '--overwrite'),
          t + [f'--workdir={d["sampled"]}', '--mode=sample', f'--puzzles={PUZZLE}'],
          [d['sampled']])
@@ -443,6 +446,9 @@ def _kill_at_random(cmd: list[str], jax_cache: str, workdir: str, seed: int) -> 
     if proc.poll() is None:
       proc.kill()
       proc.communicate()
+  if during_save:
+    left = [n for n in _tmp_steps(workdir) if n.startswith(f'{target}.')]
+    where += ' (a partial save was left behind)' if left else ' (the save had completed)'
   return where
 
 
@@ -460,22 +466,14 @@ def test_sigkill_then_resume_is_bit_identical(reference_run, tmp_path, puzzle_ca
   got = train_losses(workdir)  # the last line of each step
   assert sorted(got) == list(range(1, REF_STEPS + 1)), (where, sorted(set(ref) - set(got)))
   assert got == ref, where  # bit-identical floats (JSON round-trips float32 exactly)
-  a = load_checkpoint_state(reference_run['workdir'], REF_STEPS)
-  b = load_checkpoint_state(workdir, REF_STEPS)
-  for x, y in zip(*(sorted(_flat(s).items()) for s in (a, b))):
-    assert x[0] == y[0] and np.asarray(x[1]).tobytes() == np.asarray(y[1]).tobytes(), where
+  a, tree_a = jax.tree.flatten(load_checkpoint_state(reference_run['workdir'], REF_STEPS))
+  b, tree_b = jax.tree.flatten(load_checkpoint_state(workdir, REF_STEPS))
+  assert tree_a == tree_b, where
+  for x, y in zip(a, b):  # params, EMA, optimiser state, step, key, counters: bit for bit
+    x, y = np.asarray(x), np.asarray(y)
+    assert x.dtype == y.dtype and x.tobytes() == y.tobytes(), where
   if first_config is not None:  # a resume keeps the first run's record
     assert dir_hash(os.path.join(workdir, 'config.json')) == first_config
   modes = [r['mode'] for r in read_jsonl(os.path.join(workdir, workdir_lib.RUNS_FILE))]
   assert modes in (['train'], ['train', 'train']), (where, modes)
   print(f'trial {seed}: killed {where}; resumed bit-identically', file=sys.stderr)
-
-
-def _flat(tree: Any, prefix: str = '') -> dict[str, Any]:
-  if isinstance(tree, dict):
-    out = {}
-    for k, v in tree.items():
-      out.update(_flat(v, f'{prefix}{k}/'))
-    return out
-  return {prefix: tree}
-
