@@ -1,4 +1,4 @@
-"""LM1B through TensorFlow Datasets' array_record format (SPEC 6, 9), read without TensorFlow.
+"""LM1B through TensorFlow Datasets' array_record format (docs/method.md §6, §9), read without TensorFlow.
 
 Reading: `tfds.data_source('lm1b', data_dir=config.data.tfds_data_dir, download=False)` gives a
 random-access source of {'text': bytes} records (array_record files; tensorflow-datasets 4.9.10

@@ -1,4 +1,4 @@
-"""Tokenizers for the language tasks (SPEC 6): loading, special ids and the MASK convention.
+"""Tokenizers for the language tasks (docs/method.md §6): loading, special ids and the MASK convention.
 
 `load_tokenizer(name_or_path)` returns a `TextTokenizer`: a Hugging Face tokenizer plus the ids the
 input pipeline needs. Accepted names:
@@ -22,7 +22,7 @@ len = 50257, so mask_id = 50257 and vocab_size = 50258: exactly the rows of MDLM
 `vocab_size = 30522`, which gives MDLM's exact 139,292,986 parameters); text that spells the mask
 token literally is then encoded as `[UNK]` so that no real token can collide with MASK.
 
-Row layout (SPEC 6): BERT style `[CLS] ... [SEP] [PAD]...`; GPT-2 style `BOS ... EOS` with
+Row layout (docs/method.md §6): BERT style `[CLS] ... [SEP] [PAD]...`; GPT-2 style `BOS ... EOS` with
 BOS = EOS = `<|endoftext|>` (MDLM's BOS/EOS convention for GPT-2) and padding with the tokenizer's
 pad token if it has one, else with EOS. Padding is marked explicitly by the pipeline (never inferred from the id),
 so padding with EOS is unambiguous.
@@ -105,7 +105,7 @@ class TextTokenizer:
     return out
 
   def cut(self, ids: Sequence[int]) -> list[int]:
-    """The content of one generated row: drop a leading BOS, stop at the first EOS (SPEC 6).
+    """The content of one generated row: drop a leading BOS, stop at the first EOS (docs/method.md §6).
 
     For BERT rows this is "cut at the first [SEP]". MASK ids (still-masked positions) are kept so
     that `decode` can flag them.

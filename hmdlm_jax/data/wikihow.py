@@ -1,4 +1,4 @@
-"""WikiHow (Koupaee & Wang 2018) for HMDLM fine-tuning (SPEC 6; paper section 5.1.2, Appendix C).
+"""WikiHow (Koupaee & Wang 2018) for HMDLM fine-tuning (docs/method.md §6; paper section 5.1.2, Appendix C).
 
 Sources (config.data.train_path / test_path, or one path + data.test_fraction):
 - the public `wikihowAll.csv` (columns `headline` = summary, `title`, `text` = body; read with the

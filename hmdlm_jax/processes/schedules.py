@@ -1,4 +1,4 @@
-"""Per-level masking schedules α_k(t) of HMDLM (SPEC 2, paper eq. 6, Appendices B, D, E).
+"""Per-level masking schedules α_k(t) of HMDLM (docs/method.md §2, paper eq. 6, Appendices B, D, E).
 
 `α_k(t)` is the probability that a level-k position is still revealed at time t ∈ [0, 1]; higher
 levels are masked more slowly. Two families, vectorised over the K levels:
@@ -173,7 +173,7 @@ class Schedule:
 
 
 def schedule_from_config(cfg_schedule: Any, num_levels: int) -> Schedule:
-  """Builds and validates a `Schedule` from the config's `schedule` section (SPEC 2).
+  """Builds and validates a `Schedule` from the config's `schedule` section (docs/method.md §2).
 
   Args:
     cfg_schedule: object with fields kind, offsets, exponents, eps (configs/base.py).
@@ -209,7 +209,7 @@ def schedule_from_config(cfg_schedule: Any, num_levels: int) -> Schedule:
                        'decrease in t.')
   if any(b < a_ for a_, b in zip(params, params[1:])):
     warnings.warn(f'schedule.{field}={params} is not non-decreasing in the level: higher levels '
-                  'should be masked more slowly (SPEC 1-2, Appendix D).', stacklevel=2)
+                  'should be masked more slowly (docs/method.md §1-2, Appendix D).', stacklevel=2)
   return sched
 
 
