@@ -4,7 +4,7 @@ r"""Sampler throughput: sequences/s and network evaluations, text (Algorithm 2 /
       --batches=1,64 [--max_run_s=300] [--json=OUT.json]
   python -m benchmarks.sampling --task=sudoku --shape=sudoku_6m --modes=mdlm,hmdlm --batches=64
 
-text: unconditional generation of [B, L] with `hmdlm_jax.sampling.sample` (ancestral ordering:
+text: unconditional generation of [B, L] with `Process.sample` (ancestral ordering:
 Algorithm 2 for HMDLM K = 2, MDLM's sampler for K = 1; the cache on, as configured by default), for
 every T in --steps and B in --batches. sudoku: confidence ordering, greedy, T = 81, on generated
 puzzles (their clues given), reported as puzzles/s.
@@ -42,8 +42,7 @@ from benchmarks import train_step as ts
 from hmdlm_jax import config as config_lib
 from hmdlm_jax.processes import base
 from hmdlm_jax import models
-from hmdlm_jax.processes import hmdlm_sampler
-from hmdlm_jax.processes import schedules
+from hmdlm_jax import processes
 from hmdlm_jax.data import sudoku as sudoku_data
 from hmdlm_jax.data import sudoku_generator
 
@@ -55,9 +54,10 @@ def _sampler(config: Any, ordering: str, num_steps: int, batch_size: int, greedy
   m = config.model
   model = models.build_model(m)
   params = models.init_params(model, jax.random.PRNGKey(0), int(m.seq_len))
-  schedule = schedules.schedule_from_config(config.schedule, int(m.num_levels))
+  process = processes.build(config)
   cfg = config_lib.SampleConfig(
-      num_steps=num_steps, num_levels=int(m.num_levels), mask_id=config_lib.ModelConfig.from_section(m).mask_id,
+      num_steps=num_steps, num_levels=int(m.num_levels),
+      mask_id=config_lib.ModelConfig.from_section(m).mask_id,
       temperature=1.0, greedy=greedy, ordering=ordering, use_cache=bool(config.sample.use_cache),
       prior_corrected=bool(m.prior_corrected_head), variant=str(m.variant),
       time_conditioning=bool(m.time_conditioning))
@@ -66,9 +66,9 @@ def _sampler(config: Any, ordering: str, num_steps: int, batch_size: int, greedy
   def run(params: Any, key: jax.Array, given_tokens: Any = None, given_levels: Any = None,
           given_mask: Any = None) -> base.SampleOutput:
     apply_fn = models.make_apply_fn(model, params, train=False)
-    return hmdlm_sampler.sample(apply_fn, key, schedule, cfg, batch_size=batch_size,
-                           seq_len=int(m.seq_len), given_tokens=given_tokens,
-                           given_levels=given_levels, given_mask=given_mask)
+    return process.sample(apply_fn, key, cfg, batch_size=batch_size, seq_len=int(m.seq_len),
+                          given_tokens=given_tokens, given_levels=given_levels,
+                          given_mask=given_mask)
 
   return run, params, cfg
 

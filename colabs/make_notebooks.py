@@ -193,7 +193,7 @@ quizzes, _, _ = sudoku_generator.generate_dataset(0, 64, 'test', progress=False)
 PUZZLE = ''.join(map(str, quizzes[np.argmax((quizzes > 0).sum(-1))]))
 # Example 1 of the paper's Appendix F (sudoku-hard: almost every cell needs search, level 0):
 # PUZZLE = '506070800400000016000000000002000003070050400000900020960000500030002007000100000'
-records = main.run('sample', config, str(RUN_DIR), puzzles=[PUZZLE])
+records = main.run('sample', config, str(RUN_DIR), puzzles=[PUZZLE], overwrite=True)  # rerun: replace
 rec = records[0]
 num_solutions, solution = sudoku_data.count_solutions(sudoku_csv.parse_puzzle(PUZZLE))
 assert num_solutions == 1, 'the puzzle should have exactly one solution'
@@ -487,7 +487,7 @@ else:
 if not has_checkpoint(text_run):
   print('no checkpoint in', text_run, '-> training one')
   main.run('train', text_cfg, str(text_run))
-records = main.run('sample', text_cfg, str(text_run))'''),
+records = main.run('sample', text_cfg, str(text_run), overwrite=True)  # a rerun replaces its samples'''),
     ('code', '''\
 from hmdlm_jax.data import tokenizers
 
@@ -522,7 +522,7 @@ sentences_file.write_text('\\n'.join(SENTENCES) + '\\n')
 ppl_cfg = text_cfg.copy_and_resolve_references()
 ppl_cfg.data.test_path = str(sentences_file)
 ppl_cfg.data.test_fraction = 0.0
-report = main.run('eval', ppl_cfg, str(text_run))
+report = main.run('eval', ppl_cfg, str(text_run), overwrite=True)  # a rerun replaces eval_<step>.json
 (WORKDIR / 'sentences_perplexity.json').write_text(json.dumps(report['results'], indent=1))
 p = report['results']['perplexity']
 print(f"bound {p['bound_nats_per_token']:.3f} nats/token -> PPL {p['ppl']:.1f} over {p['num_tokens']} tokens")'''),

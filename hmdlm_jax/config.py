@@ -384,6 +384,30 @@ def _check_optim(config: ml_collections.ConfigDict) -> None:
   _check_bool('optim.ema_warmup', o.ema_warmup)
 
 
+def _check_eval_sample_data(config: ml_collections.ConfigDict) -> None:
+  """The fields of evaluation, sampling and data loading that every task reads."""
+  seed = config.seed
+  if not _is_int(seed) or not 0 <= seed < 2**32:
+    raise ValueError(f'seed must be an integer in [0, 2**32), got {seed!r}.')
+  e, sm, d = config.eval, config.sample, config.data
+  for field, value, lo in (('eval.num_examples', e.num_examples, 0),
+                           ('eval.time_seed', e.time_seed, 0),
+                           ('eval.num_t_samples', e.num_t_samples, 1),
+                           ('eval.num_samples', e.num_samples, 0),
+                           ('sample.num_samples', sm.num_samples, 1),
+                           ('data.eval_batch_size', d.eval_batch_size, 1),
+                           ('data.num_workers', d.num_workers, 0),
+                           ('data.read_threads', d.read_threads, 1),
+                           ('data.prefetch_batches', d.prefetch_batches, 0)):
+    _check_int(field, value, minimum=lo)
+  for field, value in (('eval.use_ema', e.use_ema), ('sample.pictures', sm.pictures)):
+    _check_bool(field, value)
+  seeds = (sm.seeds,) if _is_int(sm.seeds) else tuple(sm.seeds)
+  if not seeds or not all(_is_int(x) and x >= 0 for x in seeds):
+    raise ValueError(f'sample.seeds must be a non-empty tuple of integers >= 0, got '
+                     f'{sm.seeds!r}; write it --config.sample.seeds=(0,1).')
+
+
 def _check_init(config: ml_collections.ConfigDict) -> None:
   """A warm start that cannot work is reported now, not after the model is initialised."""
   path = config.init.mdlm_checkpoint
@@ -418,6 +442,7 @@ def resolve(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
   _check_process(config)
   _check_train(config)
   _check_optim(config)
+  _check_eval_sample_data(config)
   _check_init(config)
   ModelConfig.from_section(config.model)  # the views validate their sections
   LossConfig._view(config)  # pylint: disable=protected-access

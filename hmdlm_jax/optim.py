@@ -1,4 +1,4 @@
-"""Optimiser (docs/method.md §9): AdamW, warm-up then constant or cosine, clipping, EMA.
+"""Optimiser (docs/method.md §9): AdamW, linear warm-up then constant or cosine, clipping, EMA.
 
 Clipping: one global-norm clip over all parameters (`optim.grad_clip`), or, with
 `optim.hier_grad_clip > 0`, one clip per group: the hierarchy-only parameters ('hier_*',

@@ -11,8 +11,11 @@ advances (the batch is consumed and the per-step key is fold_in(rng, step), so t
 the random stream go on exactly as without the bad step), `bad_steps` (consecutive) and
 `skipped_steps` (total) count it. `step` therefore counts batches consumed, and the optimiser's
 own count (which drives the lr schedule) counts applied updates. After `train.max_bad_steps`
-consecutive bad steps the loop saves a checkpoint (its parameters are those of the last good
-update) and raises NonFiniteLossError.
+consecutive bad steps the loop logs the step already dispatched after the last bad one, saves a
+checkpoint of it (so every update the checkpoint holds has its line in metrics.jsonl; its
+parameters are those of the last good update unless that step was good) and raises
+NonFiniteLossError. Likewise a checkpoint or an evaluation at step n waits for step n's metrics
+line, so a run killed at any point resumes with no step missing from metrics.jsonl.
 
 Fault injection for tests: `train.debug_nan_steps` lists (0-based) steps whose loss is multiplied
 by NaN; it is passed to the step as a fixed-size array, so it never changes the compiled program.
@@ -20,7 +23,8 @@ by NaN; it is passed to the step as a fixed-size array, so it never changes the 
 Precision: parameters, optimiser state and EMA are float32; `model.dtype` sets the compute dtype of
 the network (bfloat16 on accelerators), and the losses are computed in float32 (processes/).
 
-Outputs in DIR: metrics.jsonl + TensorBoard tb/ (hmdlm_jax/metrics.py); config.json/.yaml;
+Outputs in DIR: metrics.jsonl + TensorBoard tb/ (hmdlm_jax/metrics.py); config.json/.yaml and
+runs.jsonl (written by main.py before this starts; hmdlm_jax/workdir.py);
 train_summary.json; checkpoints/ (hmdlm_jax/checkpoint.py); the scalars of each evaluation in
 metrics.jsonl with split='eval' (the evaluation hook writes its report, evaluation/run.py).
 """
@@ -208,8 +212,8 @@ def make_train_step(config: ml_collections.ConfigDict, model: nn.Module,
 
   batch: dict tokens, levels [B, L] int32; given, loss_mask [B, L] bool — global arrays sharded by
   `sharding.batch_sharding(mesh)`. metrics: dict of float32 scalars (replicated): the loss terms of
-  `process.loss` plus grad_norm (before clipping), hier_grad_norm (its share on the 'hier_*'
-  parameters, optim.group_norms; 0 without them), lr, update_ok, bad_steps, skipped_steps.
+  `process.loss` plus grad_norm (before clipping), hier_grad_norm (with optim.hier_grad_clip > 0:
+  its share on the 'hier_*' parameters, optim.group_norms), lr, update_ok, bad_steps, skipped_steps.
 
   With train.grad_accum = A > 1 the batch is split into A strided micro-batches inside the step
   (`lax.scan`); each micro-batch's gradient is weighted by its share of loss tokens, which makes the
@@ -266,9 +270,10 @@ def make_train_step(config: ml_collections.ConfigDict, model: nn.Module,
         rng=state.rng, bad_steps=bad, skipped_steps=skipped)
     out = {k: jnp.asarray(v, jnp.float32) for k, v in aux.items()}
     out.update(loss=loss.astype(jnp.float32), grad_norm=grad_norm.astype(jnp.float32),
-               hier_grad_norm=optim.group_norms(grads)['hier'],
                lr=optim.current_lr(new_opt), update_ok=ok.astype(jnp.float32),
                bad_steps=bad.astype(jnp.float32), skipped_steps=skipped.astype(jnp.float32))
+    if float(optim_cfg.hier_grad_clip) > 0:  # logged only then: the default log is unchanged
+      out['hier_grad_norm'] = optim.group_norms(grads)['hier']
     return new_state, out
 
   rep = shd.replicated(mesh)
@@ -406,7 +411,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *, train
       ckpt.save(at, state, train_iter, {'config': workdir_lib.config_to_dict(config)})
       last_saved = at
 
-  def on_host(done_step: int, m: dict[str, jax.Array]) -> None:
+  def on_host(done_step: int, m: dict[str, jax.Array], *, force_log: bool = False) -> None:
     """Host side of step `done_step` (its metrics), run after the next step was dispatched."""
     nonlocal last_train
     bad = int(jax.device_get(m['bad_steps']))
@@ -415,13 +420,13 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *, train
       logging.warning('Step %d: non-finite loss/gradients (loss=%s, grad_norm=%s): update '
                       'skipped (%d consecutive, %d in total).', done_step, host['loss'],
                       host['grad_norm'], bad, int(host['skipped_steps']))
-    if done_step % log_every == 0 or done_step == num_steps or bad >= max_bad:
+    if done_step % log_every == 0 or done_step == num_steps or bad >= max_bad or force_log:
       host = metrics_lib.to_scalars(m)
       host.update(rate.update(done_step))
       writer.write(done_step, 'train', host)
       bar.postfix(loss=host['loss'], tok_s=host['tokens_per_s'])
       last_train = host
-    if bad >= max_bad:
+    if bad >= max_bad and not force_log:
       raise NonFiniteLossError(done_step)
 
   pending: tuple[int, dict[str, jax.Array]] | None = None
@@ -434,15 +439,18 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *, train
         state, m = train_step(state, batch)
         step += 1
         bar.update()
-        if pending is not None:
-          on_host(*pending)
-        pending = (step, m)
+        previous, pending = pending, (step, m)
+        if previous is not None:
+          on_host(*previous)
         sync_point = (not multi) or step % log_every == 0
-        if step % ckpt_every == 0 and step < num_steps:
-          save(step)
-        if eval_every and step % eval_every == 0 and step < num_steps:
+        ckpt_now = step % ckpt_every == 0 and step < num_steps
+        eval_now = eval_every and step % eval_every == 0 and step < num_steps
+        if ckpt_now or eval_now:  # never save or evaluate a step whose metrics are not written
           on_host(*pending)
           pending = None
+        if ckpt_now:
+          save(step)
+        if eval_now:
           eval_result = run_evaluation(config, state, step, workdir, writer, eval_fn)
         if sync_point:
           if _agree(stop_signal.received is not None):
@@ -455,6 +463,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *, train
         on_host(*pending)
         pending = None
   except NonFiniteLossError as e:
+    if pending is not None and pending[0] != e.args[0]:  # the step dispatched after the bad one
+      on_host(*pending, force_log=True)  # logged, as it is in the checkpoint saved now
     save(step)
     ckpt.close()
     bar.close()

@@ -94,13 +94,16 @@ def test_entry_points_from_a_checkpoint(tmp_path, capsys):
     assert f'[{q[0]}]' in out or q[0] == 0
     assert rec['solved'] is None  # no solution given on the command line
   assert os.path.exists(os.path.join(workdir, 'pictures', 'sudoku_reveal_0.png'))
-  # The same puzzles from a quiz,solution CSV, to another output file: 'solved' is filled in.
+  # The same puzzles from a quiz,solution CSV, to another output directory: 'solved' is filled in.
   quiz_sol = puzzle_set(4)
   csv_path = tmp_path / 'puzzles.csv'
   csv_path.write_text('quiz,solution\n' + ''.join(
       ''.join(map(str, q)) + ',' + ''.join(map(str, a)) + '\n' for q, a in zip(*quiz_sol)))
-  out_path = str(tmp_path / 'solved.jsonl')
-  from_file = eval_run.run_sample(config, workdir, puzzle_file=str(csv_path), out=out_path)
+  with pytest.raises(ValueError, match='samples_7.jsonl exists .* --overwrite'):
+    eval_run.run_sample(config, workdir, puzzle_file=str(csv_path))  # never replaced silently
+  out_path = str(tmp_path / 'solved' / 'samples_7.jsonl')
+  from_file = eval_run.run_sample(config, workdir, puzzle_file=str(csv_path),
+                                  out_dir=str(tmp_path / 'solved'))
   assert os.path.exists(out_path) and [r['prediction'] for r in from_file] == [
       r['prediction'] for r in records]  # same key, same puzzles -> same grids
   for rec, a in zip(from_file, quiz_sol[1]):

@@ -92,8 +92,13 @@ def read_puzzles(path: str, *, need_solution: bool = False
     lines with a solution and some without, a solution with a blank or that is not a valid grid,
     or a quiz digit that disagrees with its solution.
   """
-  with open(path, encoding='utf-8') as f:
-    lines = f.read().splitlines()
+  try:
+    with open(path, encoding='utf-8') as f:
+      lines = f.read().splitlines()
+  except UnicodeDecodeError as e:
+    raise ValueError(f'{path}: not UTF-8 text (byte {e.object[e.start:e.start + 1]!r} at offset '
+                     f'{e.start:,}); a puzzle file holds one 81-character puzzle per line, or '
+                     'quiz,solution lines') from None
   quizzes, solutions, linenos = [], [], []
   for lineno, line in enumerate(lines, start=1):
     s = line.strip()

@@ -47,6 +47,7 @@ import grain
 import numpy as np
 
 from hmdlm_jax.data import pipeline
+from hmdlm_jax.data import text_encode
 from hmdlm_jax.data import tokenizers as tokenizers_lib
 
 # Segment of each row position (an internal field between EncodeRows and AssignLevels).
@@ -160,7 +161,8 @@ class EncodeRows(grain.transforms.Map):
   """Grain map: one raw record -> {'tokens' [L], 'segments' [L]} or None (dropped overlong row).
 
   `to_pieces(record)` returns [(text, SEG_*), ...] in row order; each piece is tokenised on its own
-  (pieces should end with a separator such as '\\n' so that this equals joint tokenisation).
+  (pieces should end with a separator such as '\\n' so that this equals joint tokenisation). A
+  piece may also be token ids already (an int array: the 'text' kind encodes its corpus once).
   """
 
   def __init__(self, tok: tokenizers_lib.TextTokenizer,
@@ -175,7 +177,8 @@ class EncodeRows(grain.transforms.Map):
     self._overlong = overlong
 
   def map(self, record: Any) -> dict[str, np.ndarray] | None:
-    pieces = [(self._tok.encode(text), seg) for text, seg in self._to_pieces(record)]
+    pieces = [(self._tok.encode(p) if isinstance(p, str) else p, seg)
+              for p, seg in self._to_pieces(record)]
     row = build_row(self._tok, pieces, self.seq_len, overlong=self._overlong)
     if row is None:
       return None
@@ -228,6 +231,25 @@ def data_seq_len(config: Any) -> int:
   if not isinstance(seq_len, int) or seq_len < 3:
     raise ValueError(f'config.data.seq_len={seq_len!r} must be an int >= 3 (BOS, token, EOS).')
   return seq_len
+
+
+def text_tokenizer(config: Any, *, allowed_rules: Sequence[str]) -> tokenizers_lib.TextTokenizer:
+  """The checks every text kind makes first (`check_text_config`, the tokenizer against
+  model.vocab_size / mask_id); returns the tokenizer."""
+  check_text_config(config, allowed_rules=allowed_rules)
+  tok = tokenizers_lib.tokenizer_from_config(config.data)
+  tokenizers_lib.check_vocab(config.model, tok)
+  return tok
+
+
+def check_local_paths(config: Any) -> None:
+  """data.train_path (required) and data.test_path (optional) exist; raises ValueError."""
+  d = config.data
+  if not d.train_path:
+    raise ValueError(f'config.data.train_path is empty; data.kind={d.kind!r} reads local files.')
+  for field in ('train_path', 'test_path'):
+    if d[field] and not pathlib.Path(d[field]).expanduser().exists():
+      raise ValueError(f'config.data.{field}={d[field]!r}: no such file or folder.')
 
 
 def check_text_config(config: Any, *, allowed_rules: Sequence[str]) -> None:
@@ -334,13 +356,19 @@ def _paragraphs(lines: Sequence[str]) -> list[str]:
   return out
 
 
-def read_text_file(path: str | pathlib.Path, unit: str = 'line') -> list[str]:
+def read_text_file(path: str | pathlib.Path, unit: str = 'line', *,
+                   field: str = 'data.train_path') -> list[str]:
   """Examples of one file: JSON-lines (`.jsonl`/`.json`, objects with a string 'text') or text."""
   path = pathlib.Path(path)
   if unit not in TEXT_UNITS:
     raise ValueError(f'config.data.text_unit={unit!r}; allowed: {list(TEXT_UNITS)}.')
-  with open(path, encoding='utf-8') as f:
-    lines = f.read().splitlines()
+  try:
+    with open(path, encoding='utf-8') as f:
+      lines = f.read().splitlines()
+  except UnicodeDecodeError as e:
+    raise ValueError(f'config.{field}: {path} is not UTF-8 text (byte '
+                     f'{e.object[e.start:e.start + 1]!r} at offset {e.start:,}); give UTF-8 '
+                     'plain text, .jsonl or .json files (convert with iconv -t utf-8).') from None
   if path.suffix in ('.jsonl', '.json'):
     out = []
     for n, line in enumerate(lines, start=1):
@@ -361,6 +389,12 @@ def read_text_file(path: str | pathlib.Path, unit: str = 'line') -> list[str]:
 
 def read_text_source(path: str, unit: str = 'line', *, field: str = 'data.train_path') -> list[str]:
   """Examples of a file or of a folder's `.txt`/`.jsonl`/`.json` files (sorted by name)."""
+  return [x for _, xs in read_text_files(path, unit, field=field) for x in xs]
+
+
+def read_text_files(path: str, unit: str = 'line', *, field: str = 'data.train_path'
+                    ) -> list[tuple[pathlib.Path, list[str]]]:
+  """`read_text_source`, file by file: [(file, its examples), ...]."""
   p = pathlib.Path(path).expanduser()
   if p.is_dir():
     suffixes = ('.txt', '.jsonl', '.json')
@@ -371,7 +405,7 @@ def read_text_source(path: str, unit: str = 'line', *, field: str = 'data.train_
     files = [p]
   else:
     raise ValueError(f'config.{field}={path!r}: no such file or folder.')
-  return [x for f in files for x in read_text_file(f, unit)]
+  return [(f, read_text_file(f, unit, field=field)) for f in files]
 
 
 def in_test_split(key: str, fraction: float) -> bool:
@@ -410,19 +444,35 @@ def split_records(config: Any, split: str, read: Callable[[str, str], list[Any]]
   return split_examples(read(d.train_path, 'data.train_path'), split, fraction, key)
 
 
-def text_pieces(text: str) -> list[tuple[str, int]]:
-  return [(text, SEG_BODY)]
+def ids_pieces(ids: np.ndarray) -> list[tuple[np.ndarray, int]]:
+  """The one body piece of an already tokenised 'text' example."""
+  return [(ids, SEG_BODY)]
+
+
+def check_text_kind(config: Any) -> tokenizers_lib.TextTokenizer:
+  """What the offline 'text' kind checks before reading its files; returns the tokenizer."""
+  tok = text_tokenizer(config, allowed_rules=('frequency', 'none'))
+  check_local_paths(config)
+  return tok
 
 
 def make_text_dataset(config: Any, split: str, *, seed: int, process_index: int,
                       process_count: int) -> grain.IterDataset:
-  """The offline 'text' kind: local files -> frequency (or 'none') labelled rows -> batches."""
-  check_text_config(config, allowed_rules=('frequency', 'none'))
-  tok = tokenizers_lib.tokenizer_from_config(config.data)
-  tokenizers_lib.check_vocab(config.model, tok)
+  """The offline 'text' kind: local files -> frequency (or 'none') labelled rows -> batches.
+
+  The split's examples are tokenised once, up front, with a report per file of what
+  data.overlong cuts (hmdlm_jax/data/text_encode.py).
+  """
+  tok = check_text_kind(config)
   unit = config.data.get('text_unit', 'line')
-  records = split_records(config, split, lambda p, f: read_text_source(p, unit, field=f), str)
-  encode = EncodeRows(tok, text_pieces, data_seq_len(config),
-                      config.data.get('overlong', 'truncate'))
+  seq_len, overlong = data_seq_len(config), config.data.get('overlong', 'truncate')
+
+  def read(path: str, field: str) -> list[tuple[str, str]]:
+    return [(f'config.{field}: {f}', x) for f, xs in read_text_files(path, unit, field=field)
+            for x in xs]
+
+  examples = split_records(config, split, read, lambda e: e[1])
+  records = text_encode.encode_examples(tok, examples, seq_len, overlong, split=split)
+  encode = EncodeRows(tok, ids_pieces, seq_len, overlong)
   return batched_dataset(records, encode, config, split, seed=seed, process_index=process_index,
                          process_count=process_count)

@@ -17,6 +17,19 @@ import numpy as np
 from hmdlm_jax import metrics as metrics_lib
 
 
+PICTURES_DIR = 'pictures'  # reveal-order pictures of --mode=sample
+
+
+def eval_file(step: int) -> str:
+  """Name of the evaluation report of checkpoint `step` (evaluation/run.py's schema)."""
+  return f'eval_{int(step)}.json'
+
+
+def samples_file(step: int) -> str:
+  """Name of the samples (JSON lines, every token's reveal step) of checkpoint `step`."""
+  return f'samples_{int(step)}.jsonl'
+
+
 def ratio(num: float, den: float) -> float | None:
   """num / den, or None when den is 0 (nothing to measure)."""
   return float(num) / float(den) if den > 0 else None

@@ -15,9 +15,13 @@ Both print the task's summary and write DIR/eval_<step>.json with one schema (`w
   scalars       the finite numbers of `results`, flat ('greedy/mean/cell_accuracy': float); the
                 training loop also logs them to metrics.jsonl / TensorBoard (split 'eval')
 
-`run_sample(config, workdir, puzzles=, puzzle_file=, out=)` prints the task's samples (Sudoku
-grids, texts), saves them with every token's reveal step to DIR/samples_<step>.jsonl and, with
-config.sample.pictures, their reveal-order pictures to DIR/pictures.
+`run_sample(config, workdir, puzzles=, puzzle_file=)` prints the task's samples (Sudoku grids,
+texts), saves them with every token's reveal step to OUT/samples_<step>.jsonl and, with
+config.sample.pictures, their reveal-order pictures to OUT/pictures.
+
+Eval and sample runs write only into their output directory OUT (`out_dir`, default DIR; nothing
+else is written into DIR), and refuse to replace an output of an earlier run (`task.outputs`)
+unless `overwrite` (hmdlm_jax/workdir.py).
 """
 
 from __future__ import annotations
@@ -35,6 +39,7 @@ from hmdlm_jax import models
 from hmdlm_jax import processes
 from hmdlm_jax import tasks
 from hmdlm_jax import train
+from hmdlm_jax import workdir as workdir_lib
 from hmdlm_jax.evaluation import compiled
 from hmdlm_jax.evaluation import reports
 from hmdlm_jax.tasks import base as tasks_base
@@ -55,11 +60,11 @@ def _context(config: ml_collections.ConfigDict, network: compiled.Network, param
 def write_report(config: ml_collections.ConfigDict, workdir: str, step: int,
                  results: Mapping[str, Any], *, num_examples: int | None,
                  seconds: float) -> tuple[dict[str, Any], str]:
-  """(report, path) of DIR/eval_<step>.json in the schema of the module docstring."""
+  """(report, path) of `workdir`/eval_<step>.json in the schema of the module docstring."""
   report = {'step': int(step), 'kind': config.eval.kind, 'use_ema': bool(config.eval.use_ema),
             'num_examples': num_examples, 'seconds': seconds, 'results': dict(results),
             'scalars': reports.flatten_metrics(results)}
-  path = os.path.join(workdir, f'eval_{int(step)}.json')
+  path = os.path.join(workdir, reports.eval_file(step))
   reports.write_json(path, report)
   return report, path
 
@@ -73,25 +78,29 @@ def _print_summary(config: ml_collections.ConfigDict, task: tasks_base.Task,
     print(line, flush=True)
 
 
-def _restore(config: ml_collections.ConfigDict, workdir: str, step: int | None
-             ) -> tuple[Any, int]:
-  """(evaluation params, step) of checkpoint `step` (None: the latest) of DIR."""
+def _restore(config: ml_collections.ConfigDict, task: tasks_base.Task, mode: str, workdir: str,
+             step: int | None, out_dir: str, overwrite: bool) -> tuple[Any, int]:
+  """(evaluation params, step) of checkpoint `step` (None: the latest) of DIR, once the run's
+  outputs are known not to replace an earlier run's (unless `overwrite`)."""
   state, step = train.restore_for_eval(config, workdir, step)
+  workdir_lib.check_outputs(out_dir, task.outputs(config, mode, step), overwrite)
   return eval_params(config, state), step
 
 
 def run_eval(config: ml_collections.ConfigDict, workdir: str, step: int | None = None, *,
+             out_dir: str | None = None, overwrite: bool = False,
              progress: bool = True) -> dict[str, Any]:
   """Evaluates checkpoint `step` (default: the latest) of DIR; returns the eval_<step>.json
-  report and prints the task's summary."""
+  report (written to `out_dir`, default DIR) and prints the task's summary."""
   config = config_lib.resolve(config)
   task = tasks.get(config)
-  params, step = _restore(config, workdir, step)
+  out_dir = out_dir or workdir
+  params, step = _restore(config, task, 'eval', workdir, step, out_dir, overwrite)
   network = compiled.flax_network(models.build_model(config.model))
-  ctx = _context(config, network, params, step, workdir, progress=progress)
+  ctx = _context(config, network, params, step, out_dir, progress=progress)
   start = time.perf_counter()
   results = task.evaluate(ctx, None, True)
-  report, path = write_report(config, workdir, step, results, num_examples=None,
+  report, path = write_report(config, out_dir, step, results, num_examples=None,
                               seconds=time.perf_counter() - start)
   _print_summary(config, task, results, f'Evaluation of step {step}', path)
   return report
@@ -125,28 +134,30 @@ class TrainingEvaluator:
 
 
 def run_sample(config: ml_collections.ConfigDict, workdir: str,
-               puzzles: Sequence[str] | None = None, puzzle_file: str | None = None,
-               out: str | None = None, *, step: int | None = None) -> tasks_base.Records:
+               puzzles: Sequence[str] | None = None, puzzle_file: str | None = None, *,
+               step: int | None = None, out_dir: str | None = None,
+               overwrite: bool = False) -> tasks_base.Records:
   """Samples from checkpoint `step` (default: the latest) of DIR; prints and saves them.
 
   Sudoku: solves `puzzles` (81-character strings, '.' or '0' = blank) and/or the puzzles of
   `puzzle_file` (one per line, or the `quiz,solution` CSV). Text: `config.sample.num_samples`
   samples (WikiHow: conditioned on test titles). Every record holds the tokens' reveal steps.
-  Default output: DIR/samples_<step>.jsonl.
+  Output: `out_dir` (default DIR)/samples_<step>.jsonl and pictures/.
   """
   config = config_lib.resolve(config)
   task = tasks.get(config)
   inputs = task.prepare_sample(config, puzzles, puzzle_file)  # bad input fails before restoring
-  params, step = _restore(config, workdir, step)
+  out_dir = out_dir or workdir
+  params, step = _restore(config, task, 'sample', workdir, step, out_dir, overwrite)
   network = compiled.flax_network(models.build_model(config.model))
-  records, text = task.sample(_context(config, network, params, step, workdir, progress=False),
+  records, text = task.sample(_context(config, network, params, step, out_dir, progress=False),
                               inputs)
-  path = out or os.path.join(workdir, f'samples_{step}.jsonl')
+  path = os.path.join(out_dir, reports.samples_file(step))
   reports.write_jsonl(path, records)
   print(text)
   print(f'{len(records)} samples of step {step} -> {path}', file=sys.stderr)
   if config.sample.pictures:
-    pictures = task.pictures(config, workdir, records)
-    print(f'reveal-order pictures -> {os.path.join(workdir, "pictures")} ({pictures})',
+    pictures = task.pictures(config, out_dir, records)
+    print(f'reveal-order pictures -> {os.path.join(out_dir, reports.PICTURES_DIR)} ({pictures})',
           file=sys.stderr)
   return records

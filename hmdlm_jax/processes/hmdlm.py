@@ -174,7 +174,8 @@ def diffusion_loss(apply_fn: ApplyFn, batch: Mapping[str, Any], key: jax.Array,
   Returns:
     (loss scalar float32, metrics dict of float32 scalars): 'loss', 'lm', 'hier', 'cons',
     'nelbo' (= lm + hier + cons), 'token_nll' (unweighted -log f per masked loss token),
-    'level_ce' (mean -log g[h0] per masked loss token), 'level_acc' (argmax g == h0 on masked
+    'level_ce' (mean -log g[h0] per masked loss token; only with hier_objective='cross_entropy'),
+    'level_acc' (argmax g == h0 on masked
     loss tokens), 'mask_rate', 'num_loss_tokens', 'finite'.
     NaN/Inf propagate into 'loss' on purpose (never averaged away).
   """
@@ -210,12 +211,14 @@ def diffusion_loss(apply_fn: ApplyFn, batch: Mapping[str, Any], key: jax.Array,
   n_loss = loss_mask.sum().astype(jnp.float32)
   level_ok = jnp.argmax(level_logp, axis=-1) == levels
   metrics = dict(
-      loss=loss, lm=lm, hier=hier, cons=cons, nelbo=lm + hier + cons, level_ce=level_ce,
+      loss=loss, lm=lm, hier=hier, cons=cons, nelbo=lm + hier + cons,
       token_nll=jnp.where(sel, tok_nll, 0.0).sum().astype(jnp.float32) / n_sel,
       level_acc=(level_ok & sel).sum().astype(jnp.float32) / n_sel,
       mask_rate=sel.sum().astype(jnp.float32) / jnp.maximum(n_loss, 1.0),
       num_loss_tokens=n_loss,
   )
+  if cfg.hier_objective == 'cross_entropy':  # reported only then: the default log is unchanged
+    metrics['level_ce'] = level_ce
   metrics['finite'] = jnp.all(jnp.isfinite(jnp.stack([loss, lm, hier, cons]))).astype(jnp.float32)
   return loss.astype(jnp.float32), {k: v.astype(jnp.float32) for k, v in metrics.items()}
 

@@ -18,9 +18,10 @@ from hmdlm_jax.tasks import text
 
 TASKS: dict[str, base.Task] = {
     'sudoku': sudoku.SudokuTask(),
-    'text': text.TextTask(text_data.make_text_dataset),
-    'lm1b': text.TextTask(lm1b.make_lm1b_dataset),
-    'wikihow': text.TextTask(wikihow.make_wikihow_dataset, prompted=True),
+    'text': text.TextTask(text_data.make_text_dataset, text_data.check_text_kind),
+    'lm1b': text.TextTask(lm1b.make_lm1b_dataset, lm1b.check_lm1b_config),
+    'wikihow': text.TextTask(wikihow.make_wikihow_dataset, wikihow.check_wikihow_config,
+                             prompted=True),
 }
 
 

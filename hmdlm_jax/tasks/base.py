@@ -17,6 +17,7 @@ import ml_collections
 
 from hmdlm_jax.evaluation import batches as batches_lib
 from hmdlm_jax.evaluation import compiled
+from hmdlm_jax.evaluation import reports
 from hmdlm_jax.processes import base as process_base
 
 # The data/ builder of a task: (config, split, *, seed, process_index, process_count) -> batches.
@@ -28,7 +29,7 @@ Records = list[dict[str, Any]]
 class EvalContext:
   """What a task's evaluation and sampling read: the config, the network with its parameters
   (a `compiled.Bound`: its programs compile once per network), the process, the checkpoint step
-  and the run directory."""
+  and `workdir`, the directory its outputs go to (the run directory, or --out)."""
   config: ml_collections.ConfigDict
   apply_fn: compiled.Bound
   process: process_base.Process
@@ -68,6 +69,19 @@ class Task(abc.ABC):
       raise ValueError(f'dataset seed must lie in [0, 2**32), got {seed}')
     return self.build_dataset(config, split, seed=seed, process_index=process_index,
                               process_count=process_count)
+
+  @abc.abstractmethod
+  def validate(self, config: ml_collections.ConfigDict) -> None:
+    """Raises ValueError naming the field when the (resolved) config does not fit the task's
+    data (row length, vocabulary, levels, paths); reads no data, writes nothing."""
+
+  def outputs(self, config: ml_collections.ConfigDict, mode: str, step: int) -> tuple[str, ...]:
+    """What an eval / sample run of checkpoint `step` writes into its output directory (files
+    and folders; a later run refuses to replace them without --overwrite)."""
+    if mode == 'eval':
+      return (reports.eval_file(step),)
+    return (reports.samples_file(step),) + ((reports.PICTURES_DIR,) if config.sample.pictures
+                                             else ())
 
   def test_batches(self, config: ml_collections.ConfigDict) -> Iterable[batches_lib.Batch]:
     """The whole test split on this process (every host evaluates everything; equal results)."""

@@ -13,6 +13,7 @@ data/sudoku_csv.py), prints each grid (givens `[d]`) and saves every cell's reve
 from __future__ import annotations
 
 import dataclasses
+import os
 import time
 from typing import Any, Iterable, Mapping, Sequence
 
@@ -274,6 +275,39 @@ class SudokuTask(base.Task):
   build_dataset: base.DatasetBuilder = sudoku_pipeline.make_sudoku_dataset
   eval_kind = 'sudoku'
 
+  def validate(self, config: ml_collections.ConfigDict) -> None:
+    m, d = config.model, config.data
+    if m.seq_len != sudoku.NUM_CELLS:
+      raise ValueError(f'model.seq_len={m.seq_len}, but a Sudoku row is the grid\'s 81 cells '
+                       '(data.kind=\'sudoku\'): set --config.model.seq_len=81.')
+    if m.vocab_size != sudoku.VOCAB_SIZE or m.mask_id != sudoku.MASK_ID:
+      raise ValueError(f'model.vocab_size={m.vocab_size} / model.mask_id={m.mask_id}, but Sudoku '
+                       f'has the tokens 0..8 (digits 1..9) and MASK {sudoku.MASK_ID}: set '
+                       f'--config.model.vocab_size={sudoku.VOCAB_SIZE} and model.mask_id=-1.')
+    k = m.num_levels
+    if k != 1 and k < sudoku.NUM_LEVELS:
+      raise ValueError(f'model.num_levels={k}, but the Sudoku labeller gives levels 0..'
+                       f'{sudoku.NUM_LEVELS - 1}: use {sudoku.NUM_LEVELS} (HMDLM) or 1 (MDLM).')
+    decodings = tuple(config.eval.decodings)
+    if not decodings or any(x not in DECODINGS for x in decodings):
+      raise ValueError(f'eval.decodings={decodings!r} must be a non-empty subset of {DECODINGS}; '
+                       "write it --config.eval.decodings=\"('greedy',)\".")
+    if not isinstance(config.eval.hierarchy_diagnostics, bool):
+      raise ValueError(f'eval.hierarchy_diagnostics={config.eval.hierarchy_diagnostics!r} must be '
+                       'True or False.')
+    sudoku_hierarchy.check_modes(tuple(config.eval.hierarchy_decodings))
+    for field in ('num_train_puzzles', 'num_test_puzzles', 'gen_attempts', 'gen_processes'):
+      if not isinstance(d[field], int) or d[field] < 1:
+        raise ValueError(f'data.{field}={d[field]!r} must be an integer >= 1.')
+    if not 17 <= d.min_givens <= d.max_givens <= sudoku.NUM_CELLS:
+      raise ValueError(f'data.min_givens={d.min_givens} and data.max_givens={d.max_givens} must '
+                       'satisfy 17 <= min_givens <= max_givens <= 81.')
+    for split in sudoku.SPLITS:
+      path = d[f'{split}_path']
+      if path and not os.path.isfile(path):
+        raise ValueError(f'data.{split}_path={path!r} is not a file (a quiz,solution CSV); fix '
+                         'the path or set it to \'\' for generated puzzles.')
+
   def evaluate(self, ctx: base.EvalContext, max_examples: int | None, with_samples: bool
                ) -> dict[str, Any]:
     del with_samples  # solving IS sampling for Sudoku
@@ -283,7 +317,7 @@ class SudokuTask(base.Task):
     result = evaluate_sudoku(ctx.apply_fn, key, ctx.process, cfg, self.test_batches(config),
                              seeds=seeds, decodings=tuple(config.eval.decodings),
                              max_examples=max_examples, progress=ctx.progress)
-    if cfg.num_levels > 1 and config.eval.get('hierarchy_diagnostics', False):
+    if cfg.num_levels > 1 and config.eval.hierarchy_diagnostics:
       result['hierarchy'] = self._hierarchy(ctx, key, cfg, seeds[0], max_examples)
     return result
 
@@ -319,7 +353,14 @@ class SudokuTask(base.Task):
                        '"0" for a blank) or --puzzle_file.')
     for q, name in zip(quizzes, names):
       check_quiz(q, where=name)
-    return _Puzzles(np.stack(quizzes), sols)
+    quiz = np.stack(quizzes)
+    count, _ = sudoku.count_solutions(quiz, limit=1)
+    if not count.all():
+      bad = [n for n, c in zip(names, count) if not c]
+      raise ValueError(f'{bad[0]} has no solution (no digit repeats, but the givens contradict '
+                       f'each other); {len(bad)} of {len(names)} puzzles are unsolvable; fix or '
+                       'remove them.')
+    return _Puzzles(quiz, sols)
 
   def sample(self, ctx: base.EvalContext, inputs: _Puzzles) -> tuple[base.Records, str]:
     quiz = inputs.quiz

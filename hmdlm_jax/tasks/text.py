@@ -121,10 +121,19 @@ def _tokenizer(config: ml_collections.ConfigDict) -> tokenizers_lib.TextTokenize
 
 @dataclasses.dataclass(frozen=True)
 class TextTask(base.Task):
-  """A language task over one data/ pipeline; `prompted`: samples are conditioned on the test
-  rows' given positions (WikiHow titles)."""
+  """A language task over one data/ pipeline; `check_data(config)` is that pipeline's check
+  before it reads anything (fields, tokenizer against the model, paths); `prompted`: samples are
+  conditioned on the test rows' given positions (WikiHow titles)."""
+  check_data: Callable[[ml_collections.ConfigDict], Any]
   prompted: bool = False
   eval_kind = 'perplexity'
+
+  def validate(self, config: ml_collections.ConfigDict) -> None:
+    self.check_data(config)
+
+  def outputs(self, config: ml_collections.ConfigDict, mode: str, step: int) -> tuple[str, ...]:
+    extra = (reports.samples_file(step),) if mode == 'eval' and config.eval.num_samples else ()
+    return super().outputs(config, mode, step) + extra
 
   def _samples(self, ctx: base.EvalContext, num: int, seed: int) -> samples_lib.SampledRows:
     """`num` samples with sampling seed `seed`, in batches of data.eval_batch_size (one compile)."""
@@ -180,7 +189,7 @@ class TextTask(base.Task):
       per_seed[str(seed)] = metrics
       records.extend(dict(r, seed=seed) for r in _records(rows, texts))
     mean, std = reports.mean_std(list(per_seed.values()))
-    path = os.path.join(ctx.workdir, f'samples_{ctx.step}.jsonl')
+    path = os.path.join(ctx.workdir, reports.samples_file(ctx.step))
     reports.write_jsonl(path, records)
     return {'per_seed': per_seed, 'mean': mean, 'std': std, 'path': path,
             'gen_ppl_unavailable_reason': scorer_reason, 'mauve_unavailable_reason': mauve_reason}
