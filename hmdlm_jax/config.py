@@ -9,6 +9,8 @@ derived values computed, each in exactly one place:
   `(0,)` for K = 1, so `--config.model.num_levels=1` alone turns HMDLM into its MDLM twin
   (docs/method.md §2: K = 1 with δ = 0 is MDLM);
 * `loss.train_steps_T = 0` -> `sample.num_steps` (Algorithm 1's T_train on the sampling grid);
+* `model.num_levels = 1` -> `data.hierarchy = 'none'`: with one level every position is level 0
+  whatever the labelling rule, so the rule is moot (the text kinds check rule and K agree);
 * `process.kind = 'mdlm'` requires K = 1 (MDLM is HMDLM's K = 1 case, reachable by name).
 
 and validates every section that the code reads without touching data or devices (ValueError naming
@@ -439,6 +441,8 @@ def resolve(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
     if config.loss.train_steps_T == 0:  # Algorithm 1 on the sampling grid
       _check_int('sample.num_steps', config.sample.num_steps, minimum=1)
       config.loss.train_steps_T = config.sample.num_steps
+    if config.model.num_levels == 1:
+      config.data.hierarchy = 'none'
   _check_process(config)
   _check_train(config)
   _check_optim(config)
