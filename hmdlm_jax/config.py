@@ -14,60 +14,121 @@ derived values computed, each in exactly one place:
   the last row before them (`vocab_size - 1 - extra_vocab_rows`);
 
 and validates every section that the code reads without touching data or devices (ValueError naming
-the field and what to do). The views (`loss_config`, `sample_config`) are hashable frozen dataclasses:
-valid static arguments of `jax.jit`. Nothing here imports JAX or the rest of the package.
+the field and what to do). The views (`ModelConfig`, `LossConfig`, `SampleConfig`; the schedule's is
+`processes.schedules.Schedule`) are hashable frozen dataclasses: valid static arguments of
+`jax.jit`. Nothing here imports JAX or the rest of the package.
 """
 
 from __future__ import annotations
 
 import copy
 import dataclasses
-import math
 import os
-from typing import Any
+from typing import Any, Mapping
 
 import ml_collections
 
+from hmdlm_jax.checks import check_bool as _check_bool
+from hmdlm_jax.checks import check_int as _check_int
+from hmdlm_jax.checks import check_number as _check_number
+from hmdlm_jax.checks import is_int as _is_int
+# The HDLM view lives in its own leaf module (one section per process); re-exported here.
+from hmdlm_jax.config_hdlm import HDLMConfig
+from hmdlm_jax.config_hdlm import hdlm_cluster_rows
+
 PROCESS_KINDS = ('hmdlm', 'mdlm', 'hdlm')
-HDLM_FORCE = ('auto', 'within', 'between', 'none')
-HDLM_XI_LOSS = ('elbo', 'approx')
-HDLM_SAMPLERS = ('first_order', 'posterior')
-HDLM_FINAL_STEP = ('argmax', 'sample')
-HDLM_FALLBACK = ('id', 'error')
-HDLM_CLUSTER_DRAW = ('clean', 'perturbed')
 VARIANTS = ('two_pass', 'single_pass')
+# What hmdlm_jax/models implements (tests/test_models.py checks the registries agree).
+BACKBONES = ('dit', 'gpt2')
+POSITION_EMBEDDINGS = ('rotary', 'learned', 'sudoku', 'sudoku_rel')
+COMPUTE_DTYPES = ('float32', 'bfloat16')
+SUDOKU_CELLS = 81
 ORDERINGS = ('ancestral', 'confidence')
 LEVEL_CONTEXTS = ('candidates', 'none')
 
 
-def _is_int(v: Any) -> bool:
-  return isinstance(v, int) and not isinstance(v, bool)
-
-
-def _check_int(field: str, value: Any, *, minimum: int) -> None:
-  if not _is_int(value) or value < minimum:
-    raise ValueError(f'{field} must be an integer >= {minimum}, got {value!r}.')
-
-
-def _check_bool(field: str, value: Any) -> None:
-  if not isinstance(value, bool):
-    raise ValueError(f'{field} must be True or False, got {value!r}.')
-
-
-def _check_number(field: str, value: Any, *, lo: float, hi: float = math.inf,
-                  lo_open: bool = False, hi_open: bool = True) -> float:
-  """A finite real in the interval; the message names the field and the interval."""
-  if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-    raise ValueError(f'{field} must be a finite number, got {value!r}.')
-  ok_lo = value > lo if lo_open else value >= lo
-  ok_hi = value < hi if hi_open else value <= hi
-  if not (ok_lo and ok_hi):
-    interval = f"{'(' if lo_open else '['}{lo:g}, {hi:g}{')' if hi_open else ']'}"
-    raise ValueError(f'{field}={value!r} must lie in {interval}.')
-  return float(value)
-
-
 # ------------------------------------------------------------------------------------------ views
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelConfig:
+  """The validated `model` config section (docs/method.md §4); hashable.
+
+  Built from the section with `from_section` (models.build_model(config.model)) or from the whole
+  config with `from_config`; `mask_id` is resolved (never -1).
+  """
+  backbone: str
+  num_levels: int
+  vocab_size: int
+  mask_id: int
+  seq_len: int
+  num_layers: int
+  hidden_size: int
+  num_heads: int
+  mlp_dim: int
+  cond_dim: int
+  dropout: float
+  time_conditioning: bool
+  variant: str
+  position_embedding: str
+  tie_embeddings: bool
+  dtype: str
+  hier_stop_gradient: bool
+
+  @classmethod
+  def from_config(cls, config: ml_collections.ConfigDict) -> ModelConfig:
+    return cls.from_section(resolve(config).model)
+
+  @classmethod
+  def from_section(cls, cfg_model: Any) -> ModelConfig:
+    """Validates a `model` section; errors name the field and the allowed values."""
+    if isinstance(cfg_model, ModelConfig):
+      return cfg_model
+    get = (cfg_model.get if isinstance(cfg_model, Mapping) or hasattr(cfg_model, 'get')
+           else lambda k, d=None: getattr(cfg_model, k, d))
+    if get('backbone', None) is None and get('model', None) is not None:
+      raise ValueError('ModelConfig.from_section expects the `model` config section '
+                       '(config.model), not the whole config.')
+    values = {}
+    for f in dataclasses.fields(cls):
+      v = get(f.name, None)
+      if v is None:
+        raise ValueError(f'model.{f.name} is missing from the model config.')
+      values[f.name] = v
+    for name, lo in (('num_levels', 1), ('vocab_size', 2), ('seq_len', 1), ('num_layers', 1),
+                     ('hidden_size', 1), ('num_heads', 1), ('mlp_dim', 1), ('cond_dim', 1)):
+      _check_int(f'model.{name}', values[name], minimum=lo)
+    values['mask_id'] = _mask_id(values['vocab_size'], values['mask_id'],
+                                 get('extra_vocab_rows', None) or 0)
+    values['dropout'] = _check_number('model.dropout', values['dropout'], lo=0.0, hi=1.0)
+    for name in ('time_conditioning', 'tie_embeddings', 'hier_stop_gradient'):
+      _check_bool(f'model.{name}', values[name])
+    return cls(**values)
+
+  def __post_init__(self) -> None:
+    def bad(field: str, allowed: str) -> ValueError:
+      return ValueError(f'model.{field}={getattr(self, field)!r} is invalid: {allowed}.')
+
+    if self.backbone not in BACKBONES:
+      raise bad('backbone', f'allowed {BACKBONES}')
+    if self.hidden_size % self.num_heads:
+      raise bad('hidden_size', f'must be divisible by model.num_heads={self.num_heads}')
+    if self.variant not in VARIANTS:
+      raise bad('variant', f'allowed {VARIANTS}')
+    pe = self.position_embedding
+    if pe not in POSITION_EMBEDDINGS:
+      raise bad('position_embedding', f'allowed {POSITION_EMBEDDINGS}')
+    if pe in ('sudoku', 'sudoku_rel') and self.seq_len != SUDOKU_CELLS:
+      raise bad('seq_len', f'model.position_embedding={pe!r} needs model.seq_len == 81 '
+                '(a 9×9 grid)')
+    if pe == 'sudoku_rel' and self.backbone != 'dit':
+      raise bad('position_embedding', "'sudoku_rel' (relation attention bias) needs "
+                "model.backbone='dit'")
+    if pe == 'rotary' and (self.hidden_size // self.num_heads) % 2:
+      raise bad('num_heads', 'rotary embeddings need an even head dimension hidden_size / '
+                'num_heads')
+    if self.dtype not in COMPUTE_DTYPES:
+      raise bad('dtype', f'allowed {COMPUTE_DTYPES}')
 
 
 @dataclasses.dataclass(frozen=True)
@@ -194,111 +255,10 @@ class SampleConfig:
                level_context=sm.level_context, hierarchy_weight=float(sm.hierarchy_weight))
 
 
-@dataclasses.dataclass(frozen=True)
-class HDLMConfig:
-  """Static settings of the HDLM process (`process.hdlm.*`, docs/method.md §13.1); hashable.
 
-  Attributes:
-    num_clusters: n cluster tokens (1 = MDLM: the single cluster is identified with MASK).
-    gamma: γ > 0 of α_t = (1 - t)^γ.
-    eps: the time floor: the process runs on τ = (1 - eps) t, so α(1) = eps^γ.
-    xi: ξ in (0, 1], the probability that a token's cluster state is its own cluster.
-    clusters: path of the token -> cluster artefact (hmdlm_jax/data/clusters.py); ''
-      uses `fallback`.
-    fallback: 'id' (contiguous blocks of token ids) | 'error' when `clusters` is ''.
-    force: the parameterisation at cluster positions, resolved: 'within' (ξ = 1), 'between'
-      (ξ < 1) or 'none' (the raw token head); 'auto' resolves to within / between.
-    xi_loss: ξ < 1 training loss: 'elbo' (the exact ELBO) | 'approx' (the authors' simplified one).
-    hard_training: the word cross-entropy replaces the cluster one at MASK positions (ablation).
-    clip_weights, weight_min, weight_max: training-only clipping of w_m and w_c.
-    sampler: 'first_order' (the authors' jumps) | 'posterior' (exact per-position posterior).
-    final_step: the last reverse step: 'argmax' (the authors') | 'sample'.
-    cluster_draw: MASK -> cluster draws from 'clean' P_θ (the authors') | 'perturbed' Q_θ.
-    t_min, antithetic: t ~ U(t_min, 1), stratified across the batch (loss section).
-    mask_id, vocab_size: resolved MASK id and the table size (words + MASK + clusters).
-  """
-  num_clusters: int = 64
-  gamma: float = 1.0
-  eps: float = 1e-4
-  xi: float = 1.0
-  clusters: str = ''
-  fallback: str = 'id'
-  force: str = 'within'
-  xi_loss: str = 'elbo'
-  hard_training: bool = False
-  clip_weights: bool = False
-  weight_min: float = 0.0
-  weight_max: float = 2.0
-  sampler: str = 'first_order'
-  final_step: str = 'argmax'
-  cluster_draw: str = 'clean'
-  t_min: float = 1e-4
-  antithetic: bool = True
-  mask_id: int = 0
-  vocab_size: int = 2
-
-  def __post_init__(self) -> None:
-    f = 'process.hdlm.'
-    _check_int(f + 'num_clusters', self.num_clusters, minimum=1)
-    _check_number(f + 'gamma', self.gamma, lo=0.0, lo_open=True)
-    _check_number(f + 'eps', self.eps, lo=0.0, hi=1.0)
-    _check_number(f + 'xi', self.xi, lo=0.0, hi=1.0, lo_open=True, hi_open=False)
-    if self.num_clusters == 1 and self.xi != 1.0:
-      raise ValueError(f'process.hdlm.xi={self.xi} needs at least 2 clusters (a wrong cluster '
-                       'to go to); with num_clusters=1 set xi=1.')
-    for name, allowed in (('fallback', HDLM_FALLBACK), ('force', HDLM_FORCE[1:]),
-                          ('xi_loss', HDLM_XI_LOSS), ('sampler', HDLM_SAMPLERS),
-                          ('final_step', HDLM_FINAL_STEP), ('cluster_draw', HDLM_CLUSTER_DRAW)):
-      if getattr(self, name) not in allowed:
-        raise ValueError(f'{f}{name}={getattr(self, name)!r} is not one of {allowed}.')
-    if self.force == 'within' and self.xi < 1.0:
-      raise ValueError(f"process.hdlm.force='within' with xi={self.xi} < 1 gives a perturbed "
-                       "cluster state zero probability for its true word (infinite bound); use "
-                       "'between', 'none' or 'auto'.")
-    for name in ('hard_training', 'clip_weights', 'antithetic'):
-      _check_bool(f + name, getattr(self, name))
-    _check_number(f + 'weight_min', self.weight_min, lo=0.0)
-    _check_number(f + 'weight_max', self.weight_max, lo=self.weight_min, lo_open=True)
-    _check_number('loss.t_min', self.t_min, lo=0.0, hi=1.0)
-    rows = self.cluster_rows
-    if self.vocab_size < rows + 2:
-      raise ValueError(f'model.vocab_size={self.vocab_size} must count the words, MASK and the '
-                       f'{rows} cluster tokens of process.hdlm.num_clusters={self.num_clusters} '
-                       f'(>= {rows + 2}).')
-    if not 0 <= self.mask_id < self.vocab_size - rows:
-      raise ValueError(f'model.mask_id={self.mask_id} must lie before the {rows} cluster rows, '
-                       f'in [0, {self.vocab_size - rows}) (model.vocab_size={self.vocab_size}).')
-
-  @property
-  def cluster_rows(self) -> int:
-    """Rows of the token table that are cluster tokens (0 for one cluster: it is MASK)."""
-    return hdlm_cluster_rows(self.num_clusters)
-
-  @classmethod
-  def from_config(cls, config: ml_collections.ConfigDict) -> HDLMConfig:
-    """The view of a full experiment config (`process.hdlm`, `loss` and `model` sections)."""
-    return cls._view(resolve(config))
-
-  @classmethod
-  def _view(cls, config: ml_collections.ConfigDict) -> HDLMConfig:
-    h = config.process.hdlm
-    force = h.force
-    if force == 'auto':
-      force = 'within' if float(h.xi) == 1.0 else 'between'
-    elif force not in HDLM_FORCE:
-      raise ValueError(f'process.hdlm.force={force!r} is not one of {HDLM_FORCE}.')
-    return cls(num_clusters=h.num_clusters, gamma=h.gamma, eps=h.eps, xi=h.xi,
-               clusters=str(h.clusters), fallback=h.fallback, force=force, xi_loss=h.xi_loss,
-               hard_training=h.hard_training, clip_weights=h.clip_weights,
-               weight_min=h.weight_min, weight_max=h.weight_max, sampler=h.sampler,
-               final_step=h.final_step, cluster_draw=h.cluster_draw,
-               t_min=config.loss.t_min, antithetic=config.loss.antithetic,
-               mask_id=config.model.mask_id, vocab_size=config.model.vocab_size)
-
-
-def hdlm_cluster_rows(num_clusters: int) -> int:
-  """Cluster-token rows of an HDLM table: n, or 0 for n = 1 (the single cluster is MASK)."""
-  return 0 if num_clusters == 1 else num_clusters
+def hdlm_config(config: ml_collections.ConfigDict) -> HDLMConfig:
+  """The HDLM view (`process.hdlm`, `loss` and `model` sections) of a whole experiment config."""
+  return HDLMConfig._view(resolve(config))  # pylint: disable=protected-access
 
 
 # ---------------------------------------------------------------------------------------- resolve
@@ -312,20 +272,23 @@ def _extra_vocab_rows(config: ml_collections.ConfigDict) -> int:
   return hdlm_cluster_rows(config.process.hdlm.num_clusters)
 
 
-def _resolve_mask_id(m: ml_collections.ConfigDict, extra_rows: int) -> None:
-  _check_int('model.vocab_size', m.vocab_size, minimum=2)
+def _mask_id(vocab_size: Any, mask_id: Any, extra_rows: int = 0) -> int:
+  """model.mask_id with -1 meaning the last row before the `extra_rows` (HDLM's cluster tokens):
+  vocab_size - 1 - extra_rows (the one place this is resolved)."""
+  _check_int('model.vocab_size', vocab_size, minimum=2)
+  resolved = vocab_size - 1 - extra_rows if mask_id == -1 else mask_id
+  if not _is_int(resolved) or not 0 <= resolved < vocab_size:
+    raise ValueError(f'model.mask_id={mask_id!r} must be -1 (= vocab_size - 1 - '
+                     f'model.extra_vocab_rows) or in [0, model.vocab_size={vocab_size}).')
+  return resolved
+
+
+def _resolve_extra_rows(m: ml_collections.ConfigDict, extra_rows: int) -> None:
   given = m.get('extra_vocab_rows', 0)
   if not _is_int(given) or given not in (0, extra_rows):
     raise ValueError(f'model.extra_vocab_rows={given!r} is derived from the process '
                      f'({extra_rows} here); leave it at 0.')
   m.extra_vocab_rows = extra_rows
-  mask_id = m.mask_id
-  if mask_id == -1:
-    mask_id = m.vocab_size - 1 - extra_rows
-  if not _is_int(mask_id) or not 0 <= mask_id < m.vocab_size:
-    raise ValueError(f'model.mask_id={m.mask_id!r} must be -1 (= vocab_size - 1) or in '
-                     f'[0, model.vocab_size={m.vocab_size}).')
-  m.mask_id = mask_id
 
 
 def _resolve_offsets(config: ml_collections.ConfigDict) -> None:
@@ -388,6 +351,30 @@ def _check_optim(config: ml_collections.ConfigDict) -> None:
   _check_bool('optim.ema_warmup', o.ema_warmup)
 
 
+def _check_eval_sample_data(config: ml_collections.ConfigDict) -> None:
+  """The fields of evaluation, sampling and data loading that every task reads."""
+  seed = config.seed
+  if not _is_int(seed) or not 0 <= seed < 2**32:
+    raise ValueError(f'seed must be an integer in [0, 2**32), got {seed!r}.')
+  e, sm, d = config.eval, config.sample, config.data
+  for field, value, lo in (('eval.num_examples', e.num_examples, 0),
+                           ('eval.time_seed', e.time_seed, 0),
+                           ('eval.num_t_samples', e.num_t_samples, 1),
+                           ('eval.num_samples', e.num_samples, 0),
+                           ('sample.num_samples', sm.num_samples, 1),
+                           ('data.eval_batch_size', d.eval_batch_size, 1),
+                           ('data.num_workers', d.num_workers, 0),
+                           ('data.read_threads', d.read_threads, 1),
+                           ('data.prefetch_batches', d.prefetch_batches, 0)):
+    _check_int(field, value, minimum=lo)
+  for field, value in (('eval.use_ema', e.use_ema), ('sample.pictures', sm.pictures)):
+    _check_bool(field, value)
+  seeds = (sm.seeds,) if _is_int(sm.seeds) else tuple(sm.seeds)
+  if not seeds or not all(_is_int(x) and x >= 0 for x in seeds):
+    raise ValueError(f'sample.seeds must be a non-empty tuple of integers >= 0, got '
+                     f'{sm.seeds!r}; write it --config.sample.seeds=(0,1).')
+
+
 def _check_init(config: ml_collections.ConfigDict) -> None:
   """A warm start that cannot work is reported now, not after the model is initialised."""
   path = config.init.mdlm_checkpoint
@@ -413,14 +400,16 @@ def resolve(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
   config = copy.deepcopy(config)
   with config.unlocked():
     _check_int('model.num_levels', config.model.num_levels, minimum=1)
-    if config.process.kind not in PROCESS_KINDS:
-      raise ValueError(f'process.kind={config.process.kind!r} is not one of {PROCESS_KINDS}.')
-    _resolve_mask_id(config.model, _extra_vocab_rows(config))
+    _resolve_extra_rows(config.model, _extra_vocab_rows(config))
+    config.model.mask_id = _mask_id(config.model.vocab_size, config.model.mask_id,
+                                    config.model.extra_vocab_rows)
     _resolve_offsets(config)
   _check_process(config)
   _check_train(config)
   _check_optim(config)
+  _check_eval_sample_data(config)
   _check_init(config)
-  LossConfig._view(config)  # the views validate their sections  # pylint: disable=protected-access
+  ModelConfig.from_section(config.model)  # the views validate their sections
+  LossConfig._view(config)  # pylint: disable=protected-access
   SampleConfig._view(config)  # pylint: disable=protected-access
   return config

@@ -25,7 +25,7 @@ Then, with the SAME config and the same step budget (`--config.train.num_steps`,
 configs/text.py):
   1. HMDLM (configs/text.py) trains in WORKDIR/hmdlm (`main.run('train', ...)`), and its
      rigorous bound (+ the Appendix E estimate, labelled as such) is computed on the whole test
-     split (`evaluate.run_eval`, eval.kind='perplexity').
+     split (`evaluation.run.run_eval`, eval.kind='perplexity').
   2. Its MDLM twin (model.num_levels=1, schedule.offsets=(0,), data.hierarchy='none'; nothing else
      changes) does the same in WORKDIR/mdlm.
   3. HDLM (configs/hdlm_text.py's `to_hdlm`: process.kind='hdlm', γ = 1, ξ = 1, n clusters
@@ -36,7 +36,7 @@ configs/text.py):
      counterpart (n/a).
   4. A unigram model is fit on the train split's loss tokens and scored on the test split's loss
      tokens: the same tokenizer, rows and loss_mask positions the bound averages over
-     (`hmdlm_jax.unigram`, add-one smoothing over the model's vocabulary minus MASK).
+     (`hmdlm_jax.evaluation.unigram`, add-one smoothing over the model's vocabulary minus MASK).
 Each model is trained once per seed of `--seeds` (config.seed; data order, initialisation and
 noise), in WORKDIR/<run>/seed_<k>, seeds in the outer loop so that the runs of one seed are timed
 side by side; a finished run leaves WORKDIR/<run>/seed_<k>/result.json and is not repeated when the
@@ -258,10 +258,11 @@ def train_and_bound(config: ml_collections.ConfigDict, workdir: str) -> dict[str
   # Not hmdlm_jax.main: importing it defines its own --config flag, which collides with this
   # script's as soon as a --config.* override is given; this is main.run('train') for one host.
   from hmdlm_jax import config as config_lib  # pylint: disable=g-import-not-at-top
-  from hmdlm_jax import evaluate  # pylint: disable=g-import-not-at-top
+  from hmdlm_jax import preflight  # pylint: disable=g-import-not-at-top
+  from hmdlm_jax import workdir as workdir_lib  # pylint: disable=g-import-not-at-top
+  from hmdlm_jax.evaluation import run as eval_run  # pylint: disable=g-import-not-at-top
   from hmdlm_jax import models  # pylint: disable=g-import-not-at-top
   from hmdlm_jax import train  # pylint: disable=g-import-not-at-top
-  from hmdlm_jax.data import pipeline  # pylint: disable=g-import-not-at-top
   if os.path.isdir(os.path.join(workdir, 'checkpoints')):
     raise ValueError(f'{workdir} already holds checkpoints but no result.json: training would '
                      'resume and the wall time would be wrong. Remove it or pass a fresh '
@@ -270,15 +271,15 @@ def train_and_bound(config: ml_collections.ConfigDict, workdir: str) -> dict[str
   with config.unlocked():
     config.train.final_eval = False  # run_eval below scores the whole test split instead
   t0 = time.monotonic()
-  config = config_lib.resolve(config)
-  train.write_config(config, workdir, 'config')
-  data = pipeline.get_dataset(config, 'train', seed=int(config.seed), process_index=0,
-                              process_count=1)
+  plan = preflight.check('train', config_lib.resolve(config), workdir)
+  config, task = plan.config, plan.task
+  data = task.dataset(config, 'train', seed=int(config.seed), process_index=0, process_count=1)
+  workdir_lib.start_run(config, workdir, 'train', workdir=workdir, step=0, write_config=True)
   out = train.train_and_evaluate(config, workdir, train_iter=iter(data),
-                                 eval_fn=evaluate.evaluate_during_training)
+                                 eval_fn=eval_run.TrainingEvaluator(config, task))
   train_s = time.monotonic() - t0
   t0 = time.monotonic()
-  report = evaluate.run_eval(config, workdir, progress=False)
+  report = eval_run.run_eval(config, workdir, progress=False)
   eval_s = time.monotonic() - t0
   p = report['results']['perplexity']
   res = {
@@ -333,12 +334,12 @@ def aggregate(per_seed: dict[str, dict[str, Any]]) -> dict[str, Any]:
 
 def unigram_baseline(config: ml_collections.ConfigDict, smoothing: str) -> dict[str, Any]:
   """Unigram fit on the train split's rows, scored on the test split's, through the pipeline."""
-  from hmdlm_jax import unigram  # pylint: disable=g-import-not-at-top
-  from hmdlm_jax.data import pipeline  # pylint: disable=g-import-not-at-top
+  from hmdlm_jax import tasks  # pylint: disable=g-import-not-at-top
+  from hmdlm_jax.evaluation import unigram  # pylint: disable=g-import-not-at-top
   from hmdlm_jax.data import tokenizers  # pylint: disable=g-import-not-at-top
 
   def one_pass(c: ml_collections.ConfigDict) -> Any:  # the 'test' chain: one pass, in order
-    return pipeline.get_dataset(c, 'test', seed=int(c.seed), process_index=0, process_count=1)
+    return tasks.get(c).test_batches(c)
 
   d = config.data
   if not d.test_path:
@@ -509,7 +510,7 @@ def define_flags() -> dict[str, Any]:
           'wordpiece_vocab_size', 512, 'Train an uncased WordPiece vocabulary of this size on the '
           "train split and use it instead of the config's tokenizer (0 = keep data.tokenizer)."),
       'smoothing': flags.DEFINE_enum('smoothing', 'add-one', ['add-one', 'add-half'],
-                                     'Unigram smoothing (hmdlm_jax/unigram.py).'),
+                                     'Unigram smoothing (hmdlm_jax/evaluation/unigram.py).'),
   }
 
 

@@ -465,7 +465,7 @@ def test_config_resolves_ids_and_builds_the_process():
   assert sizes.tolist() == [13, 12, 13, 12, 13, 12, 13, 12]  # the 'id' fallback: 100 words
   one = config_lib.resolve(_hdlm_config(num_clusters=1))
   assert one.model.extra_vocab_rows == 0 and one.model.mask_id == 108
-  assert config_lib.HDLMConfig.from_config(_hdlm_config(xi=0.9)).force == 'between'
+  assert config_lib.hdlm_config(_hdlm_config(xi=0.9)).force == 'between'
 
 
 @pytest.mark.parametrize('field,value,match', [

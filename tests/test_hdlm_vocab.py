@@ -167,7 +167,7 @@ def test_process_layout_from_the_bert_artefact(mask_token):
     c.model.vocab_size, c.model.mask_id = 30523 + 64, -1
   else:
     c.model.vocab_size, c.model.mask_id = 30522 + 64, 103
-  lay = hdlm.layout_from_config(config_lib.HDLMConfig.from_config(c))
+  lay = hdlm.layout_from_config(config_lib.hdlm_config(c))
   art = clusters.load(BERT_N64)
   words = lay.cluster_of >= 0
   assert words.sum() == 30522 - (mask_token == 'tokenizer')
@@ -177,4 +177,4 @@ def test_process_layout_from_the_bert_artefact(mask_token):
   c.process.hdlm.num_clusters = 32
   c.model.vocab_size -= 32
   with pytest.raises(ValueError, match='has 64 clusters'):
-    hdlm.layout_from_config(config_lib.HDLMConfig.from_config(c))
+    hdlm.layout_from_config(config_lib.hdlm_config(c))

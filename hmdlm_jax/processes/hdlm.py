@@ -34,6 +34,7 @@ import ml_collections
 import numpy as np
 
 from hmdlm_jax.config import HDLMConfig
+from hmdlm_jax.config import hdlm_config
 from hmdlm_jax.config import SampleConfig
 from hmdlm_jax.data import clusters
 from hmdlm_jax.processes import base
@@ -204,12 +205,12 @@ class HDLM(base.Process):
                        f'rows, MASK {lay.mask_id}) does not match the config ({c.num_clusters}, '
                        f'{c.vocab_size}, {c.mask_id}).')
     if c.force == 'auto':
-      raise ValueError("HDLM: resolve process.hdlm.force='auto' first (HDLMConfig.from_config).")
+      raise ValueError("HDLM: resolve process.hdlm.force='auto' first (config.hdlm_config).")
 
   @classmethod
   def from_config(cls, config: ml_collections.ConfigDict) -> HDLM:
     """The process of an experiment config: settings, and the cluster artefact (or fallback)."""
-    cfg = HDLMConfig.from_config(config)
+    cfg = hdlm_config(config)
     return cls(cfg, layout_from_config(cfg))
 
   @property
