@@ -4,14 +4,16 @@ Every experiment is one `configs/*.py` file whose `get_config()` overrides field
 configs/base.py (which lists every field any code reads). `resolve(config)` returns a copy with the
 derived values computed, each in exactly one place:
 
-* `model.mask_id = -1` -> `model.vocab_size - 1`;
+* `model.mask_id = -1` -> `model.vocab_size - 1` (minus HDLM's cluster rows, below);
 * `schedule.offsets_max >= 0` (log-linear) -> `schedule.offsets = (offsets_max · k / (K-1))_k`,
   `(0,)` for K = 1, so `--config.model.num_levels=1` alone turns HMDLM into its MDLM twin
   (docs/method.md §2: K = 1 with δ = 0 is MDLM);
+* `model.num_levels = 1` -> `data.hierarchy = 'none'`: with one level every position is level 0
+  whatever the labelling rule, so the rule is moot (the text kinds check rule and K agree);
 * `process.kind = 'mdlm'` requires K = 1 (MDLM is HMDLM's K = 1 case, reachable by name);
 * `process.kind = 'hdlm'` (docs/method.md §13.1): `model.extra_vocab_rows` = the cluster-token rows
   (num_clusters, 0 for one cluster, which is identified with MASK), and `model.mask_id = -1` ->
-  the last row before them (`vocab_size - 1 - extra_vocab_rows`);
+  the last row before them (`vocab_size - 1 - extra_vocab_rows`).
 
 and validates every section that the code reads without touching data or devices (ValueError naming
 the field and what to do). The views (`ModelConfig`, `LossConfig`, `SampleConfig`; the schedule's is
@@ -404,6 +406,8 @@ def resolve(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
     config.model.mask_id = _mask_id(config.model.vocab_size, config.model.mask_id,
                                     config.model.extra_vocab_rows)
     _resolve_offsets(config)
+    if config.model.num_levels == 1:
+      config.data.hierarchy = 'none'
   _check_process(config)
   _check_train(config)
   _check_optim(config)
