@@ -15,9 +15,30 @@ def get_base_config() -> ml_collections.ConfigDict:
   c = ml_collections.ConfigDict()
   c.seed = 0
 
-  # The forward process (hmdlm_jax/processes): 'hmdlm' | 'mdlm' (= 'hmdlm' with num_levels=1).
+  # The forward process (hmdlm_jax/processes): 'hmdlm' | 'mdlm' (= 'hmdlm' with num_levels=1) |
+  # 'hdlm' (word -> cluster -> MASK, docs/method.md §13.1).
   c.process = p = ml_collections.ConfigDict()
   p.kind = 'hmdlm'
+  # HDLM (process.kind='hdlm'; needs model.num_levels=1). The token table is words, MASK, then
+  # the num_clusters cluster tokens as its LAST rows: model.vocab_size = words + 1 + num_clusters
+  # (one cluster is identified with MASK: vocab_size = words + 1, exactly MDLM for gamma = 1).
+  p.hdlm = h = ml_collections.ConfigDict()
+  h.num_clusters = 64  # n; the paper's best are 64-128 for GPT-2's 50k tokens
+  h.gamma = 1.0  # α_t = (1 - t)^γ (γ = 1: the paper's OWT runs)
+  h.eps = 1e-4  # time floor: the process runs on τ = (1 - eps) t, so α(1) = eps^γ
+  h.xi = 1.0  # stochastic perturbation: own cluster w.p. ξ, each other w.p. (1-ξ)/(n-1)
+  h.clusters = ''  # token -> cluster .npz (python -m hmdlm_jax.data.clusters); '' = fallback
+  h.fallback = 'id'  # without `clusters`: 'id' (contiguous id blocks) | 'error'
+  h.force = 'auto'  # cluster positions: 'auto' (within for ξ = 1, between for ξ < 1) | 'within'
+  #                   | 'between' | 'none'
+  h.xi_loss = 'elbo'  # ξ < 1 training loss: 'elbo' (exact) | 'approx' (the authors' simplified)
+  h.hard_training = False  # ablation: word CE instead of cluster CE at MASK positions
+  h.clip_weights = False  # training only: clip w_m, w_c to [weight_min, weight_max]
+  h.weight_min = 0.0  # (γ = 1 with weight_max = 2: both weights are always 2)
+  h.weight_max = 2.0
+  h.sampler = 'first_order'  # 'first_order' (the authors' jumps) | 'posterior' (exact posterior)
+  h.final_step = 'argmax'  # last reverse step: 'argmax' (the authors') | 'sample'
+  h.cluster_draw = 'clean'  # MASK -> cluster from 'clean' P_θ (authors') | 'perturbed' Q_θ (ξ < 1)
 
   # Model (docs/method.md §4). vocab_size counts the MASK row; mask_id = vocab_size - 1 when -1.
   c.model = m = ml_collections.ConfigDict()
@@ -25,6 +46,7 @@ def get_base_config() -> ml_collections.ConfigDict:
   m.num_levels = 2  # K; 1 = MDLM
   m.vocab_size = 30523
   m.mask_id = -1
+  m.extra_vocab_rows = 0  # derived by hmdlm_jax/config.py: rows after MASK (HDLM's clusters)
   m.seq_len = 128
   m.num_layers = 12
   m.hidden_size = 768
@@ -126,6 +148,8 @@ def get_base_config() -> ml_collections.ConfigDict:
   # > 0: the hierarchy-only parameters ('hier_*', models/hierarchy.py) are clipped to this global
   # norm as a group of their own, and `grad_clip` applies to the rest; 0 = one clip over all.
   o.hier_grad_clip = 0.0
+  o.eps = 1e-8  # Adam's ε
+  o.decay_floor = 0.0  # cosine decay ends at decay_floor · lr (HDLM's OWT runs: 0.1)
   o.ema_decay = 0.9999
   o.ema_warmup = False  # True: decay min(ema_decay, (1+n)/(10+n)) at update n (short runs)
 

@@ -4,14 +4,17 @@ Every experiment is one `configs/*.py` file whose `get_config()` overrides field
 configs/base.py (which lists every field any code reads). `resolve(config)` returns a copy with the
 derived values computed, each in exactly one place:
 
-* `model.mask_id = -1` -> `model.vocab_size - 1`;
+* `model.mask_id = -1` -> `model.vocab_size - 1` (minus HDLM's cluster rows, below);
 * `schedule.offsets_max >= 0` (log-linear) -> `schedule.offsets = (offsets_max · k / (K-1))_k`,
   `(0,)` for K = 1, so `--config.model.num_levels=1` alone turns HMDLM into its MDLM twin
   (docs/method.md §2: K = 1 with δ = 0 is MDLM);
 * `loss.train_steps_T = 0` -> `sample.num_steps` (Algorithm 1's T_train on the sampling grid);
 * `model.num_levels = 1` -> `data.hierarchy = 'none'`: with one level every position is level 0
   whatever the labelling rule, so the rule is moot (the text kinds check rule and K agree);
-* `process.kind = 'mdlm'` requires K = 1 (MDLM is HMDLM's K = 1 case, reachable by name).
+* `process.kind = 'mdlm'` requires K = 1 (MDLM is HMDLM's K = 1 case, reachable by name);
+* `process.kind = 'hdlm'` (docs/method.md §13.1): `model.extra_vocab_rows` = the cluster-token rows
+  (num_clusters, 0 for one cluster, which is identified with MASK), and `model.mask_id = -1` ->
+  the last row before them (`vocab_size - 1 - extra_vocab_rows`).
 
 and validates every section that the code reads without touching data or devices (ValueError naming
 the field and what to do). The views (`ModelConfig`, `LossConfig`, `SampleConfig`; the schedule's is
@@ -23,13 +26,20 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import math
 import os
 from typing import Any, Mapping
 
 import ml_collections
 
-PROCESS_KINDS = ('hmdlm', 'mdlm')
+from hmdlm_jax.checks import check_bool as _check_bool
+from hmdlm_jax.checks import check_int as _check_int
+from hmdlm_jax.checks import check_number as _check_number
+from hmdlm_jax.checks import is_int as _is_int
+# The HDLM view lives in its own leaf module (one section per process); re-exported here.
+from hmdlm_jax.config_hdlm import HDLMConfig
+from hmdlm_jax.config_hdlm import hdlm_cluster_rows
+
+PROCESS_KINDS = ('hmdlm', 'mdlm', 'hdlm')
 VARIANTS = ('two_pass', 'single_pass')
 # What hmdlm_jax/models implements (tests/test_models.py checks the registries agree).
 BACKBONES = ('dit', 'gpt2')
@@ -40,33 +50,6 @@ ORDERINGS = ('ancestral', 'confidence')
 LEVEL_CONTEXTS = ('candidates', 'none')
 HIER_OBJECTIVES = ('bound', 'cross_entropy')
 HIER_READOUTS = ('head', 'rounds')
-
-
-def _is_int(v: Any) -> bool:
-  return isinstance(v, int) and not isinstance(v, bool)
-
-
-def _check_int(field: str, value: Any, *, minimum: int) -> None:
-  if not _is_int(value) or value < minimum:
-    raise ValueError(f'{field} must be an integer >= {minimum}, got {value!r}.')
-
-
-def _check_bool(field: str, value: Any) -> None:
-  if not isinstance(value, bool):
-    raise ValueError(f'{field} must be True or False, got {value!r}.')
-
-
-def _check_number(field: str, value: Any, *, lo: float, hi: float = math.inf,
-                  lo_open: bool = False, hi_open: bool = True) -> float:
-  """A finite real in the interval; the message names the field and the interval."""
-  if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-    raise ValueError(f'{field} must be a finite number, got {value!r}.')
-  ok_lo = value > lo if lo_open else value >= lo
-  ok_hi = value < hi if hi_open else value <= hi
-  if not (ok_lo and ok_hi):
-    interval = f"{'(' if lo_open else '['}{lo:g}, {hi:g}{')' if hi_open else ']'}"
-    raise ValueError(f'{field}={value!r} must lie in {interval}.')
-  return float(value)
 
 
 # ------------------------------------------------------------------------------------------ views
@@ -129,7 +112,8 @@ class ModelConfig:
     for name, lo in (('num_levels', 1), ('vocab_size', 2), ('seq_len', 1), ('num_layers', 1),
                      ('hidden_size', 1), ('num_heads', 1), ('mlp_dim', 1), ('cond_dim', 1)):
       _check_int(f'model.{name}', values[name], minimum=lo)
-    values['mask_id'] = _mask_id(values['vocab_size'], values['mask_id'])
+    values['mask_id'] = _mask_id(values['vocab_size'], values['mask_id'],
+                                 get('extra_vocab_rows', None) or 0)
     values['dropout'] = _check_number('model.dropout', values['dropout'], lo=0.0, hi=1.0)
     for name in ('time_conditioning', 'tie_embeddings', 'hier_stop_gradient',
                  'hier_time_conditioning', 'hier_input_embed', 'given_state'):
@@ -320,17 +304,40 @@ class SampleConfig:
                given_state=bool(m.get('given_state', False)))
 
 
+
+def hdlm_config(config: ml_collections.ConfigDict) -> HDLMConfig:
+  """The HDLM view (`process.hdlm`, `loss` and `model` sections) of a whole experiment config."""
+  return HDLMConfig._view(resolve(config))  # pylint: disable=protected-access
+
+
 # ---------------------------------------------------------------------------------------- resolve
 
 
-def _mask_id(vocab_size: Any, mask_id: Any) -> int:
-  """model.mask_id with -1 meaning vocab_size - 1 (the one place this is resolved)."""
+def _extra_vocab_rows(config: ml_collections.ConfigDict) -> int:
+  """Rows of the token table beyond the tokenizer's words + MASK: HDLM's cluster tokens."""
+  if config.process.kind != 'hdlm':
+    return 0
+  _check_int('process.hdlm.num_clusters', config.process.hdlm.num_clusters, minimum=1)
+  return hdlm_cluster_rows(config.process.hdlm.num_clusters)
+
+
+def _mask_id(vocab_size: Any, mask_id: Any, extra_rows: int = 0) -> int:
+  """model.mask_id with -1 meaning the last row before the `extra_rows` (HDLM's cluster tokens):
+  vocab_size - 1 - extra_rows (the one place this is resolved)."""
   _check_int('model.vocab_size', vocab_size, minimum=2)
-  resolved = vocab_size - 1 if mask_id == -1 else mask_id
+  resolved = vocab_size - 1 - extra_rows if mask_id == -1 else mask_id
   if not _is_int(resolved) or not 0 <= resolved < vocab_size:
-    raise ValueError(f'model.mask_id={mask_id!r} must be -1 (= vocab_size - 1) or in '
-                     f'[0, model.vocab_size={vocab_size}).')
+    raise ValueError(f'model.mask_id={mask_id!r} must be -1 (= vocab_size - 1 - '
+                     f'model.extra_vocab_rows) or in [0, model.vocab_size={vocab_size}).')
   return resolved
+
+
+def _resolve_extra_rows(m: ml_collections.ConfigDict, extra_rows: int) -> None:
+  given = m.get('extra_vocab_rows', 0)
+  if not _is_int(given) or given not in (0, extra_rows):
+    raise ValueError(f'model.extra_vocab_rows={given!r} is derived from the process '
+                     f'({extra_rows} here); leave it at 0.')
+  m.extra_vocab_rows = extra_rows
 
 
 def _resolve_offsets(config: ml_collections.ConfigDict) -> None:
@@ -350,6 +357,11 @@ def _check_process(config: ml_collections.ConfigDict) -> None:
   if kind == 'mdlm' and config.model.num_levels != 1:
     raise ValueError(f"process.kind='mdlm' is HMDLM with one level: set model.num_levels=1 "
                      f'(got {config.model.num_levels}).')
+  if kind == 'hdlm':
+    if config.model.num_levels != 1:
+      raise ValueError("process.kind='hdlm' puts its hierarchy on the vocabulary, not on "
+                       f'positions: set model.num_levels=1 (got {config.model.num_levels}).')
+    HDLMConfig._view(config)  # pylint: disable=protected-access
 
 
 def _check_train(config: ml_collections.ConfigDict) -> None:
@@ -383,6 +395,8 @@ def _check_optim(config: ml_collections.ConfigDict) -> None:
     _check_number(f'optim.{name}', o[name], lo=0.0, hi=1.0)
   _check_number('optim.weight_decay', o.weight_decay, lo=0.0)
   _check_number('optim.grad_clip', o.grad_clip, lo=0.0)
+  _check_number('optim.eps', o.get('eps', 1e-8), lo=0.0, lo_open=True)
+  _check_number('optim.decay_floor', o.get('decay_floor', 0.0), lo=0.0, hi=1.0, hi_open=False)
   _check_bool('optim.ema_warmup', o.ema_warmup)
 
 
@@ -435,7 +449,9 @@ def resolve(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
   config = copy.deepcopy(config)
   with config.unlocked():
     _check_int('model.num_levels', config.model.num_levels, minimum=1)
-    config.model.mask_id = _mask_id(config.model.vocab_size, config.model.mask_id)
+    _resolve_extra_rows(config.model, _extra_vocab_rows(config))
+    config.model.mask_id = _mask_id(config.model.vocab_size, config.model.mask_id,
+                                    config.model.extra_vocab_rows)
     _resolve_offsets(config)
     _check_int('loss.train_steps_T', config.loss.train_steps_T, minimum=0)
     if config.loss.train_steps_T == 0:  # Algorithm 1 on the sampling grid

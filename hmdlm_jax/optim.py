@@ -46,20 +46,26 @@ def validate_optim_config(optim_cfg: Any) -> None:
   if float(o.get('hier_grad_clip', 0.0)) < 0.0:
     raise ValueError(f'optim.hier_grad_clip={o.hier_grad_clip} must be >= 0 (0 = the one global '
                      'clip of optim.grad_clip over all parameters).')
+  if not float(o.get('eps', 1e-8)) > 0.0:
+    raise ValueError(f"optim.eps={o.get('eps')} must be > 0.")
+  if not 0.0 <= float(o.get('decay_floor', 0.0)) <= 1.0:
+    raise ValueError(f"optim.decay_floor={o.get('decay_floor')} must lie in [0, 1].")
   if not 0.0 <= float(o.ema_decay) < 1.0:
     raise ValueError(f'optim.ema_decay={o.ema_decay} must lie in [0, 1).')
 
 
 def make_lr_schedule(optim_cfg: Any, num_steps: int) -> optax.Schedule:
   """Learning rate at optimiser update n: linear 0 -> lr over `warmup_steps`, then constant, or
-  cosine from lr to 0 at `num_steps` (docs/method.md §9: 2,500 warm-up steps then constant on LM1B)."""
+  cosine from lr to `decay_floor` · lr at `num_steps` (docs/method.md §9: 2,500 warm-up steps then
+  constant on LM1B; HDLM's OWT runs: 10k warm-up, cosine to 0.1 · lr)."""
   validate_optim_config(optim_cfg)
   lr = float(optim_cfg.lr)
   warmup = int(optim_cfg.warmup_steps)
   if optim_cfg.decay == 'constant':
     after = optax.constant_schedule(lr)
   else:
-    after = optax.cosine_decay_schedule(lr, decay_steps=max(int(num_steps) - warmup, 1))
+    after = optax.cosine_decay_schedule(lr, decay_steps=max(int(num_steps) - warmup, 1),
+                                        alpha=float(optim_cfg.get('decay_floor', 0.0)))
   if warmup == 0:
     return after
   warm = optax.linear_schedule(0.0, lr, transition_steps=warmup)
@@ -68,7 +74,7 @@ def make_lr_schedule(optim_cfg: Any, num_steps: int) -> optax.Schedule:
 
 def _decay_mask(params: Any) -> Any:
   """Weight decay only on arrays with ndim >= 2 (kernels, embedding tables), not on biases or
-  norm scales, as is usual for AdamW on transformers (docs/method.md §9 uses weight_decay = 0 anyway)."""
+  norm scales, as is usual for AdamW on transformers (docs/method.md §9: weight_decay = 0 on LM1B)."""
   return jax.tree.map(lambda p: jnp.ndim(p) >= 2, params)
 
 
@@ -119,7 +125,7 @@ def clip_by_group_global_norm(max_norms: Mapping[str, float],
 
 
 def make_optimizer(optim_cfg: Any, num_steps: int) -> optax.GradientTransformation:
-  """clip -> AdamW(lr schedule, b1, b2, weight_decay).
+  """clip -> AdamW(lr schedule, b1, b2, eps, weight_decay).
 
   clip: clip_by_global_norm(grad_clip) over all parameters, or, with optim.hier_grad_clip > 0,
   `clip_by_group_global_norm` with grad_clip for the backbone group and hier_grad_clip for the
@@ -134,6 +140,7 @@ def make_optimizer(optim_cfg: Any, num_steps: int) -> optax.GradientTransformati
   @optax.inject_hyperparams
   def adamw(learning_rate: Any) -> optax.GradientTransformation:
     return optax.adamw(learning_rate, b1=float(optim_cfg.b1), b2=float(optim_cfg.b2),
+                       eps=float(optim_cfg.get('eps', 1e-8)),
                        weight_decay=float(optim_cfg.weight_decay), mask=_decay_mask)
 
   hier_clip = float(optim_cfg.get('hier_grad_clip', 0.0))

@@ -198,6 +198,13 @@ def test_check_vocab(bert):
   m.vocab_size, m.mask_id = 30523, 103
   with pytest.raises(ValueError, match='config.model.mask_id=103'):
     T.check_vocab(m, bert)
+  # HDLM: the cluster rows after MASK (model.extra_vocab_rows, derived by config.resolve).
+  h = ml_collections.ConfigDict({'vocab_size': 30523 + 64, 'mask_id': 30522,
+                                 'extra_vocab_rows': 64})
+  T.check_vocab(h, bert)
+  h.vocab_size = 30523
+  with pytest.raises(ValueError, match=r'\+ 64 cluster rows need 30587 rows'):
+    T.check_vocab(h, bert)
 
 
 def test_reused_tokenizer_mask_matches_mdlm_lm1b():

@@ -285,6 +285,28 @@ def test_lr_schedule_exact():
     optim.make_lr_schedule(_optim_cfg(decay='linear'), 10)
 
 
+def test_cosine_to_a_floor_and_adam_eps():
+  """optim.decay_floor: cosine from lr to floor · lr (HDLM's OWT recipe); optim.eps reaches Adam."""
+  c = optim.make_lr_schedule(_optim_cfg(decay='cosine', decay_floor=0.1), num_steps=110)
+  for n in (0, 25, 50, 100):
+    want = 1e-3 * (0.1 + 0.9 * 0.5 * (1 + np.cos(np.pi * n / 100)))
+    assert float(c(10 + n)) == pytest.approx(want, rel=1e-5)
+  assert float(c(500)) == pytest.approx(1e-4, rel=1e-5)  # stays at the floor
+  with pytest.raises(ValueError, match='optim.decay_floor=1.5'):
+    optim.make_lr_schedule(_optim_cfg(decay='cosine', decay_floor=1.5), 10)
+  # A zero gradient moves a weight by lr · m̂ / (sqrt(v̂) + eps) = 0 whatever eps; a tiny one
+  # shows eps: g = 1e-8 gives m̂ = g, sqrt(v̂) = g, so the step is lr · g / (g + eps).
+  for eps in (1e-8, 1e-9):
+    tx = optim.make_optimizer(_optim_cfg(warmup_steps=0, grad_clip=0.0, eps=eps), 10)
+    params = {'b': jnp.zeros(())}
+    upd, _ = tx.update({'b': jnp.full((), 1e-8)}, tx.init(params), params)
+    assert float(upd['b']) == pytest.approx(-1e-3 * 1e-8 / (1e-8 + eps), rel=1e-4)
+  cfg = _tiny_config()
+  cfg.optim.eps = 0.0
+  with pytest.raises(ValueError, match='optim.eps'):
+    config_lib.resolve(cfg)
+
+
 def test_optimizer_clips_and_matches_adamw_reference():
   """One update against a numpy AdamW re-derivation (bias-corrected, clipped gradient)."""
   cfg = _optim_cfg(warmup_steps=0, weight_decay=0.1, grad_clip=0.5)

@@ -172,6 +172,36 @@ def test_mdlm_twin_changes_only_the_hierarchy():
   assert twin.model.hidden_size == c.model.hidden_size and c.model.num_levels == 2
 
 
+def test_hdlm_twin_changes_only_the_process_and_vocabulary():
+  from configs import hdlm_text
+  from configs import text as text_config
+  c = text_config.get_config()
+  with c.unlocked():
+    c.model.vocab_size = 513
+  twin = _script().hdlm_twin(c, hdlm_text.BERT_N64, 16)
+  assert (twin.process.kind, twin.process.hdlm.num_clusters, twin.model.vocab_size,
+          twin.model.num_levels, twin.data.hierarchy) == ('hdlm', 16, 513 + 16, 1, 'none')
+  for section in ('optim', 'train', 'loss', 'eval'):
+    assert twin[section].to_dict() == c[section].to_dict()
+  assert twin.model.hidden_size == c.model.hidden_size and c.process.kind == 'hmdlm'
+
+
+def test_seed_aggregation_and_summary():
+  m = _script()
+  runs = {str(s): {'bound_nats_per_token': 5.0 + 0.1 * s, 'train_wall_s': 100.0 + s,
+                   'eval_wall_s': 10.0, 'word_nats_per_token': 3.0, 'bound_kind': 'hdlm',
+                   'num_params': 7} for s in range(3)}
+  agg = m.aggregate(runs)
+  assert agg['bound_nats_per_token'] == pytest.approx(5.1)
+  assert agg['bound_nats_per_token_se'] == pytest.approx(0.1 / math.sqrt(3))
+  assert agg['bound_ppl'] == pytest.approx(math.exp(5.1)) and agg['seeds'] == [0, 1, 2]
+  res = {'num_steps': 2, 'seeds': [0, 1, 2], 'hdlm': {'mean': agg},
+         'unigram': {'num_test_tokens': 9, 'tokenizer': 'x', 'vocab_size': 5, 'ppl': 200.0,
+                     'nats_per_token': 5.3, 'smoothing': 'add-one'}}
+  text = m.summary(res)
+  assert 'HDLM (hdlm)' in text and '5.1000 ± 0.0577' in text and 'n/a' in text
+
+
 def test_wordpiece_vocabulary_is_reproducible_and_loads_like_bert(tmp_path):
   """The trained vocabulary lists bert's special tokens first, then its pieces sorted (the
   trainer's own numbering changes from run to run), and the tokenizer module loads it."""

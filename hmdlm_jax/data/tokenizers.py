@@ -279,12 +279,15 @@ def tokenizer_from_config(data_cfg: Any) -> TextTokenizer:
 
 def check_vocab(model_cfg: Any, tok: TextTokenizer) -> None:
   """Raises ValueError if config.model.vocab_size / mask_id disagree with the tokenizer."""
-  if model_cfg.vocab_size != tok.model_vocab_size:
+  # Rows after the tokenizer's (HDLM's cluster tokens), derived by config.resolve.
+  extra = int(model_cfg.get('extra_vocab_rows', 0) or 0)
+  if model_cfg.vocab_size != tok.model_vocab_size + extra:
+    with_extra = f' + {extra} cluster rows' if extra else ''
     raise ValueError(
         f'config.model.vocab_size={model_cfg.vocab_size} does not match tokenizer {tok.name!r}: '
-        f'{tok.num_tokens} tokens with data.mask_token={tok.mask_token!r} need '
-        f'{tok.model_vocab_size} rows; set '
-        f'--config.model.vocab_size={tok.model_vocab_size}.')
+        f'{tok.num_tokens} tokens with data.mask_token={tok.mask_token!r}{with_extra} need '
+        f'{tok.model_vocab_size + extra} rows; set '
+        f'--config.model.vocab_size={tok.model_vocab_size + extra}.')
   mask_id = model_cfg.get('mask_id', -1)
   allowed = (-1, tok.mask_id) if tok.mask_token == 'append' else (tok.mask_id,)
   if mask_id not in allowed:

@@ -5,7 +5,8 @@ branches on `config.process.kind` (docs/extending.md).
   loss, metrics = process.loss(apply_fn, batch, key)
 
 'mdlm' is HMDLM with one level (docs/method.md §12), reachable by name; 'hmdlm' with
-`model.num_levels=1` is the same process.
+`model.num_levels=1` is the same process. 'hdlm' is the word -> cluster -> MASK process of
+docs/method.md §13.1 (its one-cluster case is MDLM too).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from typing import Callable
 import ml_collections
 
 from hmdlm_jax import config as config_lib
+from hmdlm_jax.processes import hdlm
 from hmdlm_jax.processes import hmdlm
 from hmdlm_jax.processes import schedules
 from hmdlm_jax.processes.base import Process
@@ -29,6 +31,7 @@ def _hmdlm(config: ml_collections.ConfigDict) -> Process:
 BUILDERS: dict[str, Callable[[ml_collections.ConfigDict], Process]] = {
     'hmdlm': _hmdlm,
     'mdlm': _hmdlm,
+    'hdlm': hdlm.from_config,
 }
 
 

@@ -211,13 +211,16 @@ class TextTask(base.Task):
 
   def summary(self, results: Mapping[str, Any]) -> list[str]:
     p = results['perplexity']
+    # The process's own terms (HMDLM: lm, hier, cons; HDLM: cluster, word).
+    terms = ', '.join(f'{k[:-len("_nats_per_token")]} {v:.4f}' for k, v in p.items()
+                      if k.endswith('_nats_per_token') and k != 'bound_nats_per_token')
     lines = [
         f'Bound ({p["bound_kind"]}): {p["bound_nats_per_token"]:.4f} ± {p["bound_stderr"]:.4f} '
-        f'nats/token  PPL {p["ppl"]:.3f}  (lm {p["lm_nats_per_token"]:.4f}, hier '
-        f'{p["hier_nats_per_token"]:.4f}, cons {p["cons_nats_per_token"]:.4f}) over '
+        f'nats/token  PPL {p["ppl"]:.3f}  ({terms}) over '
         f'{p["num_tokens"]} tokens / {p["num_sequences"]} sequences',
-        f'Appendix E estimate (not a bound): PPL {p["ppl_appendix_e_estimate"]:.3f}',
     ]
+    if 'ppl_appendix_e_estimate' in p:
+      lines.append(f'Appendix E estimate (not a bound): PPL {p["ppl_appendix_e_estimate"]:.3f}')
     s = results.get('samples')
     if s:
       m, sd = s['mean'], s['std']

@@ -1,0 +1,128 @@
+"""HDLM-small-64 on OpenWebText: the paper's main run (docs/method.md §13.1).
+
+The authors' small model and recipe: DiT 12 × 768 (12 heads, MLP 3072, cond 128, adaLN on t,
+rotary, dropout 0), L = 512 with rows BOS + text + EOS (BOS = EOS = <|endoftext|>), the GPT-2
+vocabulary (50,257 tokens, MASK appended at 50,257, the 64 cluster tokens after it: vocab_size =
+50,322), n = 64, γ = 1, ξ = 1, weight clipping [0, 2] in training (with γ = 1 both weights are then
+always 2; the evaluation reports the unclipped bound), t ∈ [1e-4, 1]; AdamW lr 5e-4, betas
+(0.9, 0.99), eps 1e-9, weight decay 0.02, gradient clipping 1.0, 10k warm-up steps then cosine to
+0.1 × lr, batch 512, bf16, no EMA, 500k steps (131B tokens, the paper's figure). The paper reports
+validation PPL 23.36 and Gen PPL 144.2 (T = 512, GPT-2 Large) for this model.
+
+Deviations (stated in docs/method.md §13.1): the clusters come from the MDLM-OWT checkpoint's
+embedding (the authors used GIDD's `gidd-small-p_unif-0.0`); documents longer than 512 tokens are
+truncated, not randomly cropped (data.overlong); the cluster rows of the embedding table start
+random, not at the k-means centroids; padding rows are marked by the pipeline (the authors assign
+[PAD] a cluster). Untested offline: no OpenWebText, GPT-2 tokenizer or MDLM-OWT checkpoint here.
+
+Reproduce (one command per stage; paths are examples):
+
+  # 1. The clusters: MDLM-OWT's embedding (rows 0..50256 = GPT-2's tokens) -> 64 clusters.
+  python -m hmdlm_jax.convert_mdlm --src=mdlm-owt/model.safetensors --dst=/data/mdlm_owt.npz
+  python -m hmdlm_jax.data.clusters --embeddings=/data/mdlm_owt.npz --num_tokens=50257 \
+      --num_clusters=64 --out=/data/hdlm/gpt2_mdlm-owt_n64.npz
+  # 2. Train (OpenWebText as .jsonl of {"text": ...}, the last 100k documents held out):
+  python -m hmdlm_jax.main --config=configs/hdlm_owt.py --workdir=/ckpt/hdlm_owt \
+      --config.data.train_path=/data/owt/train --config.data.test_path=/data/owt/valid.jsonl
+  # 3. Bound PPL, samples and Gen PPL (GPT-2 Large from the local Hugging Face cache):
+  python -m hmdlm_jax.main --config=configs/hdlm_owt.py --workdir=/ckpt/hdlm_owt --mode=eval \
+      --config.data.train_path=/data/owt/train --config.data.test_path=/data/owt/valid.jsonl
+"""
+
+from __future__ import annotations
+
+import ml_collections
+
+from configs.base import get_base_config
+
+CLUSTERS = '/data/hdlm/gpt2_mdlm-owt_n64.npz'  # built by step 1 of the module docstring
+
+
+def get_config() -> ml_collections.ConfigDict:
+  c = get_base_config()
+
+  c.process.kind = 'hdlm'
+  h = c.process.hdlm
+  h.num_clusters = 64
+  h.clusters = CLUSTERS
+  h.fallback = 'error'
+  h.gamma = 1.0
+  h.eps = 1e-4
+  h.xi = 1.0
+  h.force = 'auto'
+  h.xi_loss = 'approx'  # only used if xi < 1 (the paper's ξ = 0.9 / 0.8 rows)
+  h.clip_weights = True
+  h.weight_min = 0.0
+  h.weight_max = 2.0
+  h.sampler = 'first_order'
+  h.final_step = 'argmax'
+
+  m = c.model
+  m.backbone = 'dit'
+  m.num_levels = 1
+  m.vocab_size = 50257 + 1 + 64
+  m.mask_id = -1  # -> 50257, the appended MASK (MDLM-OWT's row)
+  m.seq_len = 512
+  m.num_layers = 12
+  m.hidden_size = 768
+  m.num_heads = 12
+  m.mlp_dim = 3072
+  m.cond_dim = 128
+  m.dropout = 0.0
+  m.time_conditioning = True
+  m.position_embedding = 'rotary'
+  m.tie_embeddings = False
+  m.dtype = 'bfloat16'
+
+  c.loss.t_min = 1e-4
+  c.loss.antithetic = True
+
+  d = c.data
+  d.kind = 'text'
+  d.batch_size = 512
+  d.eval_batch_size = 256
+  d.train_path = ''
+  d.test_path = ''
+  d.test_fraction = 0.0
+  d.text_unit = 'line'
+  d.tokenizer = 'gpt2'
+  d.tokenizer_allow_download = False
+  d.mask_token = 'append'
+  d.hierarchy = 'none'
+  d.seq_len = 512
+  d.overlong = 'truncate'
+  d.augment = False
+
+  o = c.optim
+  o.lr = 5e-4
+  o.warmup_steps = 10_000
+  o.decay = 'cosine'
+  o.decay_floor = 0.1
+  o.b1 = 0.9
+  o.b2 = 0.99
+  o.eps = 1e-9
+  o.weight_decay = 0.02
+  o.grad_clip = 1.0
+  o.ema_decay = 0.0  # no EMA
+
+  t = c.train
+  t.num_steps = 500_000
+  t.log_every = 1000
+  t.eval_every = 50_000
+  t.ckpt_every = 10_000
+  t.keep_last = 3
+  t.keep_period = 100_000
+
+  c.mesh.data = -1
+
+  c.sample.num_steps = 512
+  c.sample.temperature = 1.0
+  c.sample.num_samples = 256
+  c.sample.seeds = (0,)
+
+  c.eval.kind = 'perplexity'
+  c.eval.use_ema = False
+  c.eval.num_examples = 1_000_000
+  c.eval.num_samples = 256
+  c.eval.gen_ppl_model = 'gpt2-large'
+  return c

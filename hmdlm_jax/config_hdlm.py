@@ -1,0 +1,126 @@
+"""The HDLM section of the config (`process.hdlm.*`, docs/method.md §13.1): its frozen view.
+
+A leaf of hmdlm_jax/config.py, which re-exports `HDLMConfig` and `hdlm_cluster_rows` and calls
+`HDLMConfig._view` from `config.resolve` (so the section is validated with the rest of the config);
+`processes/hdlm.py` builds the process from it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import ml_collections
+
+from hmdlm_jax.checks import check_bool
+from hmdlm_jax.checks import check_int
+from hmdlm_jax.checks import check_number
+
+HDLM_FORCE = ('auto', 'within', 'between', 'none')
+HDLM_XI_LOSS = ('elbo', 'approx')
+HDLM_SAMPLERS = ('first_order', 'posterior')
+HDLM_FINAL_STEP = ('argmax', 'sample')
+HDLM_FALLBACK = ('id', 'error')
+HDLM_CLUSTER_DRAW = ('clean', 'perturbed')
+
+
+@dataclasses.dataclass(frozen=True)
+class HDLMConfig:
+  """Static settings of the HDLM process (`process.hdlm.*`, docs/method.md §13.1); hashable.
+
+  Attributes:
+    num_clusters: n cluster tokens (1 = MDLM: the single cluster is identified with MASK).
+    gamma: γ > 0 of α_t = (1 - t)^γ.
+    eps: the time floor: the process runs on τ = (1 - eps) t, so α(1) = eps^γ.
+    xi: ξ in (0, 1], the probability that a token's cluster state is its own cluster.
+    clusters: path of the token -> cluster artefact (hmdlm_jax/data/clusters.py); ''
+      uses `fallback`.
+    fallback: 'id' (contiguous blocks of token ids) | 'error' when `clusters` is ''.
+    force: the parameterisation at cluster positions, resolved: 'within' (ξ = 1), 'between'
+      (ξ < 1) or 'none' (the raw token head); 'auto' resolves to within / between
+      (config.hdlm_config builds the view of a whole config).
+    xi_loss: ξ < 1 training loss: 'elbo' (the exact ELBO) | 'approx' (the authors' simplified one).
+    hard_training: the word cross-entropy replaces the cluster one at MASK positions (ablation).
+    clip_weights, weight_min, weight_max: training-only clipping of w_m and w_c.
+    sampler: 'first_order' (the authors' jumps) | 'posterior' (exact per-position posterior).
+    final_step: the last reverse step: 'argmax' (the authors') | 'sample'.
+    cluster_draw: MASK -> cluster draws from 'clean' P_θ (the authors') | 'perturbed' Q_θ.
+    t_min, antithetic: t ~ U(t_min, 1), stratified across the batch (loss section).
+    mask_id, vocab_size: resolved MASK id and the table size (words + MASK + clusters).
+  """
+  num_clusters: int = 64
+  gamma: float = 1.0
+  eps: float = 1e-4
+  xi: float = 1.0
+  clusters: str = ''
+  fallback: str = 'id'
+  force: str = 'within'
+  xi_loss: str = 'elbo'
+  hard_training: bool = False
+  clip_weights: bool = False
+  weight_min: float = 0.0
+  weight_max: float = 2.0
+  sampler: str = 'first_order'
+  final_step: str = 'argmax'
+  cluster_draw: str = 'clean'
+  t_min: float = 1e-4
+  antithetic: bool = True
+  mask_id: int = 0
+  vocab_size: int = 2
+
+  def __post_init__(self) -> None:
+    f = 'process.hdlm.'
+    check_int(f + 'num_clusters', self.num_clusters, minimum=1)
+    check_number(f + 'gamma', self.gamma, lo=0.0, lo_open=True)
+    check_number(f + 'eps', self.eps, lo=0.0, hi=1.0)
+    check_number(f + 'xi', self.xi, lo=0.0, hi=1.0, lo_open=True, hi_open=False)
+    if self.num_clusters == 1 and self.xi != 1.0:
+      raise ValueError(f'process.hdlm.xi={self.xi} needs at least 2 clusters (a wrong cluster '
+                       'to go to); with num_clusters=1 set xi=1.')
+    for name, allowed in (('fallback', HDLM_FALLBACK), ('force', HDLM_FORCE[1:]),
+                          ('xi_loss', HDLM_XI_LOSS), ('sampler', HDLM_SAMPLERS),
+                          ('final_step', HDLM_FINAL_STEP), ('cluster_draw', HDLM_CLUSTER_DRAW)):
+      if getattr(self, name) not in allowed:
+        raise ValueError(f'{f}{name}={getattr(self, name)!r} is not one of {allowed}.')
+    if self.force == 'within' and self.xi < 1.0:
+      raise ValueError(f"process.hdlm.force='within' with xi={self.xi} < 1 gives a perturbed "
+                       "cluster state zero probability for its true word (infinite bound); use "
+                       "'between', 'none' or 'auto'.")
+    for name in ('hard_training', 'clip_weights', 'antithetic'):
+      check_bool(f + name, getattr(self, name))
+    check_number(f + 'weight_min', self.weight_min, lo=0.0)
+    check_number(f + 'weight_max', self.weight_max, lo=self.weight_min, lo_open=True)
+    check_number('loss.t_min', self.t_min, lo=0.0, hi=1.0)
+    rows = self.cluster_rows
+    if self.vocab_size < rows + 2:
+      raise ValueError(f'model.vocab_size={self.vocab_size} must count the words, MASK and the '
+                       f'{rows} cluster tokens of process.hdlm.num_clusters={self.num_clusters} '
+                       f'(>= {rows + 2}).')
+    if not 0 <= self.mask_id < self.vocab_size - rows:
+      raise ValueError(f'model.mask_id={self.mask_id} must lie before the {rows} cluster rows, '
+                       f'in [0, {self.vocab_size - rows}) (model.vocab_size={self.vocab_size}).')
+
+  @property
+  def cluster_rows(self) -> int:
+    """Rows of the token table that are cluster tokens (0 for one cluster: it is MASK)."""
+    return hdlm_cluster_rows(self.num_clusters)
+
+  @classmethod
+  def _view(cls, config: ml_collections.ConfigDict) -> HDLMConfig:
+    h = config.process.hdlm
+    force = h.force
+    if force == 'auto':
+      force = 'within' if float(h.xi) == 1.0 else 'between'
+    elif force not in HDLM_FORCE:
+      raise ValueError(f'process.hdlm.force={force!r} is not one of {HDLM_FORCE}.')
+    return cls(num_clusters=h.num_clusters, gamma=h.gamma, eps=h.eps, xi=h.xi,
+               clusters=str(h.clusters), fallback=h.fallback, force=force, xi_loss=h.xi_loss,
+               hard_training=h.hard_training, clip_weights=h.clip_weights,
+               weight_min=h.weight_min, weight_max=h.weight_max, sampler=h.sampler,
+               final_step=h.final_step, cluster_draw=h.cluster_draw,
+               t_min=config.loss.t_min, antithetic=config.loss.antithetic,
+               mask_id=config.model.mask_id, vocab_size=config.model.vocab_size)
+
+
+def hdlm_cluster_rows(num_clusters: int) -> int:
+  """Cluster-token rows of an HDLM table: n, or 0 for n = 1 (the single cluster is MASK)."""
+  return 0 if num_clusters == 1 else num_clusters
