@@ -25,7 +25,9 @@ from typing import Any
 
 import ml_collections
 
-PROCESS_KINDS = ('hmdlm', 'mdlm')
+PROCESS_KINDS = ('hmdlm', 'mdlm', 'multimdm')
+DISTILL_KL = ('reverse', 'forward')
+TEXT_DATA_KINDS = ('text', 'lm1b', 'wikihow')
 VARIANTS = ('two_pass', 'single_pass')
 ORDERINGS = ('ancestral', 'confidence')
 LEVEL_CONTEXTS = ('candidates', 'none')
@@ -185,6 +187,84 @@ class SampleConfig:
                level_context=sm.level_context, hierarchy_weight=float(sm.hierarchy_weight))
 
 
+@dataclasses.dataclass(frozen=True)
+class MultiMDMConfig:
+  """Static MultiMDM settings (`process.multimdm.*`, docs/method.md §13.2); hashable.
+
+  Attributes:
+    num_masks: M >= 1; words are ids 0..V-1 with V = vocab_size - M, masks V..V+M-1.
+    num_words: V (derived from model.vocab_size).
+    designated: 'mod' (m_x = x mod M) or the path of a file of V classes.
+    alpha, alpha_power, beta, beta_power: the schedules (processes/multimdm_math.MaskSchedule).
+    curriculum_start, curriculum_steps: ramp of the identification term's weight over steps.
+    distill: consistency distillation (Algorithm 3) instead of the pretraining loss (3.6).
+    distill_kl: 'reverse' (App. C.2) | 'forward' ((3.11)).
+    delta_init, delta_double_every, delta_max: the step-size schedule δ_k.
+    t_min, antithetic: t ~ U(t_min, 1), stratified (loss.t_min, loss.antithetic).
+  """
+  num_masks: int
+  num_words: int
+  designated: str = 'mod'
+  alpha: str = 'linear'
+  alpha_power: float = 1.0
+  beta: str = 'linear'
+  beta_power: float = 1.0
+  curriculum_start: int = 0
+  curriculum_steps: int = 0
+  distill: bool = False
+  distill_kl: str = 'reverse'
+  delta_init: float = 2.0 ** -9
+  delta_double_every: int = 10_000
+  delta_max: float = 2.0 ** -5
+  t_min: float = 1e-3
+  antithetic: bool = True
+
+  def __post_init__(self) -> None:
+    f = 'process.multimdm.'
+    _check_int(f + 'num_masks', self.num_masks, minimum=1)
+    if not _is_int(self.num_words) or self.num_words < 1:
+      raise ValueError(f'model.vocab_size must count the words AND the {self.num_masks} masks '
+                       f'(process.multimdm.num_masks): it leaves {self.num_words} words.')
+    if not isinstance(self.designated, str) or not self.designated:
+      raise ValueError(f"{f}designated={self.designated!r} must be 'mod' or a file path.")
+    for name in ('alpha_power', 'beta_power'):
+      _check_number(f + name, getattr(self, name), lo=0.0, lo_open=True)
+    _check_int(f + 'curriculum_start', self.curriculum_start, minimum=0)
+    _check_int(f + 'curriculum_steps', self.curriculum_steps, minimum=0)
+    _check_bool(f + 'distill', self.distill)
+    if self.distill_kl not in DISTILL_KL:
+      raise ValueError(f'{f}distill_kl={self.distill_kl!r} is not one of {DISTILL_KL}.')
+    _check_number(f + 'delta_init', self.delta_init, lo=0.0, hi=1.0, lo_open=True, hi_open=False)
+    _check_number(f + 'delta_max', self.delta_max, lo=self.delta_init, hi=1.0, hi_open=False)
+    _check_int(f + 'delta_double_every', self.delta_double_every, minimum=1)
+    _check_number('loss.t_min', self.t_min, lo=0.0, hi=1.0)
+
+  @classmethod
+  def from_config(cls, config: ml_collections.ConfigDict) -> MultiMDMConfig:
+    """The view of a full experiment config (`process.multimdm`, `model`, `loss`)."""
+    return cls._view(resolve(config))
+
+  @classmethod
+  def _view(cls, config: ml_collections.ConfigDict) -> MultiMDMConfig:
+    mm = config.process.multimdm
+    num_masks = mm.num_masks
+    _check_int('process.multimdm.num_masks', num_masks, minimum=1)
+    return cls(num_masks=num_masks, num_words=int(config.model.vocab_size) - num_masks,
+               designated=mm.designated, alpha=mm.alpha, alpha_power=mm.alpha_power,
+               beta=mm.beta, beta_power=mm.beta_power, curriculum_start=mm.curriculum_start,
+               curriculum_steps=mm.curriculum_steps, distill=mm.distill,
+               distill_kl=mm.distill_kl, delta_init=mm.delta_init,
+               delta_double_every=mm.delta_double_every, delta_max=mm.delta_max,
+               t_min=float(config.loss.t_min), antithetic=bool(config.loss.antithetic))
+
+
+def num_noise_rows(config: ml_collections.ConfigDict) -> int:
+  """How many noise-state rows the process appends after the words: M (MultiMDM) or 1 (MASK)."""
+  if config.process.kind == 'multimdm':
+    return int(config.process.multimdm.num_masks)
+  return 1
+
+
 # ---------------------------------------------------------------------------------------- resolve
 
 
@@ -216,6 +296,21 @@ def _check_process(config: ml_collections.ConfigDict) -> None:
   if kind == 'mdlm' and config.model.num_levels != 1:
     raise ValueError(f"process.kind='mdlm' is HMDLM with one level: set model.num_levels=1 "
                      f'(got {config.model.num_levels}).')
+  if kind == 'multimdm':
+    if config.model.num_levels != 1:
+      raise ValueError(f"process.kind='multimdm' has no hierarchy levels: set "
+                       f'model.num_levels=1 (got {config.model.num_levels}).')
+    mm = MultiMDMConfig._view(config)  # pylint: disable=protected-access
+    if not mm.num_words <= config.model.mask_id < config.model.vocab_size:
+      raise ValueError(f'model.mask_id={config.model.mask_id} must be one of the MultiMDM mask ids '
+                       f'{mm.num_words}..{config.model.vocab_size - 1} (-1 = the last one).')
+    if config.data.kind in TEXT_DATA_KINDS and config.data.mask_token != 'append':
+      raise ValueError(f"process.kind='multimdm' appends its {mm.num_masks} masks after the "
+                       f"tokenizer's words: set data.mask_token='append' (got "
+                       f'{config.data.mask_token!r}).')
+    if config.sample.ordering != 'ancestral':
+      raise ValueError(f"process.kind='multimdm' samples with its ancestral kernel (3.7): set "
+                       f"sample.ordering='ancestral' (got {config.sample.ordering!r}).")
 
 
 def _check_train(config: ml_collections.ConfigDict) -> None:
@@ -254,7 +349,17 @@ def _check_optim(config: ml_collections.ConfigDict) -> None:
 
 def _check_init(config: ml_collections.ConfigDict) -> None:
   """A warm start that cannot work is reported now, not after the model is initialised."""
-  path = config.init.mdlm_checkpoint
+  ini = config.init
+  _check_bool('init.use_ema', ini.use_ema)
+  if not _is_int(ini.mdlm_mask_id) or ini.mdlm_mask_id < -1:
+    raise ValueError(f'init.mdlm_mask_id={ini.mdlm_mask_id!r} must be -1 (the last row) or a row.')
+  if ini.workdir:
+    if ini.mdlm_checkpoint:
+      raise ValueError('init.workdir and init.mdlm_checkpoint are both set; keep one.')
+    if not os.path.isfile(os.path.join(ini.workdir, 'config.json')):
+      raise ValueError(f'init.workdir={ini.workdir!r} is not a run directory of this project (no '
+                       'config.json); train there first or set it to \'\'.')
+  path = ini.mdlm_checkpoint
   if not path:
     return
   if not os.path.isfile(path):
