@@ -227,6 +227,7 @@ def posterior_kernel(sched: MaskSchedule, m_cls: jax.Array, k: jax.Array, s: jax
     [..., 1 + M] probabilities: P(x_s = x0), P(x_s = mask j) for j = 0..M-1 (they sum to 1).
   """
   s, t = _f(s), _f(t)
+  m_cls, k = jnp.broadcast_arrays(jnp.asarray(m_cls), jnp.asarray(k))
   a_s, om_a_s, _ = sched.alpha_terms(s)
   a_t, om_a_t, _ = sched.alpha_terms(t)
   b_s, om_b_s, _ = sched.beta_terms(s)
