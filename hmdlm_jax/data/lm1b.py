@@ -34,6 +34,7 @@ from typing import Any
 import grain
 
 from hmdlm_jax.data import text as text_lib
+from hmdlm_jax import config as config_lib
 from hmdlm_jax.data import tokenizers as tokenizers_lib
 
 TFDS_NAME = 'lm1b'
@@ -131,7 +132,7 @@ def make_lm1b_dataset(config: Any, split: str, *, seed: int, process_index: int,
   """LM1B batches {tokens, levels, given, loss_mask} [B, L] (module docstring)."""
   text_lib.check_text_config(config, allowed_rules=('frequency', 'none'))
   tok = tokenizers_lib.tokenizer_from_config(config.data)
-  tokenizers_lib.check_vocab(config.model, tok)
+  tokenizers_lib.check_vocab(config.model, tok, num_masks=config_lib.num_noise_rows(config))
   source = lm1b_source(config.data.get('tfds_data_dir', ''), split)
   encode = text_lib.EncodeRows(tok, lm1b_pieces, text_lib.data_seq_len(config),
                                config.data.get('overlong', 'truncate'))

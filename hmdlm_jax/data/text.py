@@ -47,6 +47,7 @@ import grain
 import numpy as np
 
 from hmdlm_jax.data import pipeline
+from hmdlm_jax import config as config_lib
 from hmdlm_jax.data import tokenizers as tokenizers_lib
 
 # Segment of each row position (an internal field between EncodeRows and AssignLevels).
@@ -423,7 +424,7 @@ def make_text_dataset(config: Any, split: str, *, seed: int, process_index: int,
   """The offline 'text' kind: local files -> frequency (or 'none') labelled rows -> batches."""
   check_text_config(config, allowed_rules=('frequency', 'none'))
   tok = tokenizers_lib.tokenizer_from_config(config.data)
-  tokenizers_lib.check_vocab(config.model, tok)
+  tokenizers_lib.check_vocab(config.model, tok, num_masks=config_lib.num_noise_rows(config))
   unit = config.data.get('text_unit', 'line')
   records = split_records(config, split, lambda p, f: read_text_source(p, unit, field=f), str)
   encode = EncodeRows(tok, text_pieces, data_seq_len(config),
