@@ -191,7 +191,8 @@ def train_judge(config: ml_collections.ConfigDict, cfg: JudgeConfig, *, log_ever
   model = CausalLM(vocab, seq_len, cfg)
   key = jax.random.key(cfg.seed)
   params = model.init(key, jnp.zeros((1, seq_len), jnp.int32))['params']
-  sched = optax.warmup_cosine_decay_schedule(0.0, cfg.lr, cfg.warmup_steps, cfg.steps)
+  warmup = min(cfg.warmup_steps, cfg.steps // 2)
+  sched = optax.warmup_cosine_decay_schedule(0.0, cfg.lr, warmup, max(cfg.steps, warmup + 1))
   opt = optax.chain(optax.clip_by_global_norm(1.0), optax.adamw(sched, weight_decay=0.01))
   opt_state = opt.init(params)
 

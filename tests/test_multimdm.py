@@ -15,7 +15,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from configs import multimdm_sudoku
+from configs import multimdm_text
 from hmdlm_jax import config as config_lib
+from hmdlm_jax import processes
 from hmdlm_jax.processes import hmdlm
 from hmdlm_jax.processes import multimdm
 from hmdlm_jax.processes import multimdm_math as mm
@@ -255,3 +258,42 @@ def test_curriculum_weight_ramps():
   assert float(m0['ident']) > 0 and float(m0['ident_weight']) == 0.0
   np.testing.assert_allclose(float(l0), float(m0['recon']), rtol=1e-6)
   np.testing.assert_allclose(float(l1), float(m1['recon'] + m1['ident']), rtol=1e-6)
+
+
+# ------------------------------------------------------------------------------------- config
+
+
+@pytest.mark.parametrize('field,value,match', [
+    ('model.num_levels', 2, 'no hierarchy levels'),
+    ('model.vocab_size', 3, 'count the words AND'),
+    ('model.mask_id', 0, 'mask ids'),
+    ('sample.ordering', 'confidence', 'ancestral'),
+    ('process.multimdm.num_masks', 0, 'num_masks'),
+    ('process.multimdm.distill_kl', 'both', 'distill_kl'),
+    ('process.multimdm.delta_max', 2.0 ** -12, 'delta_max'),
+    ('process.multimdm.curriculum_steps', -1, 'curriculum_steps'),
+    ('process.multimdm.alpha', 'sigmoid', 'alpha'),
+    ('data.mask_token', 'tokenizer', "mask_token='append'"),
+])
+def test_config_validation_names_the_field(field, value, match):
+  c = multimdm_text.get_config()
+  section, *rest = field.split('.')
+  node = c[section]
+  for k in rest[:-1]:
+    node = node[k]
+  node[rest[-1]] = value
+  with pytest.raises(ValueError, match=match):
+    processes.build(c)
+
+
+def test_designation_from_a_file(tmp_path):
+  path = tmp_path / 'classes.txt'
+  path.write_text('\n'.join(str(c) for c in [0, 0, 0, 1, 1, 1, 2, 2, 2]) + '\n')
+  c = multimdm_sudoku.get_config()
+  c.process.multimdm.designated = str(path)
+  proc = multimdm.build(config_lib.resolve(c))
+  np.testing.assert_array_equal(np.asarray(proc.des.of(jnp.arange(9))), [0, 0, 0, 1, 1, 1, 2, 2, 2])
+  np.testing.assert_allclose(np.asarray(proc.des.group(jnp.full((9,), 1 / 9))), [1 / 3] * 3)
+  path.write_text('0 1 5\n')
+  with pytest.raises(ValueError, match='designated'):
+    multimdm.build(config_lib.resolve(c))
