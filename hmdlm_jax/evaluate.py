@@ -1045,7 +1045,7 @@ def _text_samples(ctx: EvalContext, num: int, seed: int, tok: Any) -> TextSample
 def _tokenizer(config: Any) -> Any:
   from hmdlm_jax.data import tokenizers as tokenizers_lib  # pylint: disable=g-import-not-at-top
   tok = tokenizers_lib.tokenizer_from_config(config.data)
-  tokenizers_lib.check_vocab(config.model, tok)
+  tokenizers_lib.check_vocab(config.model, tok, num_masks=config_lib.num_noise_rows(config))
   return tok
 
 
@@ -1119,13 +1119,15 @@ def _text_sample(ctx: EvalContext, puzzles: Sequence[str] | None, puzzle_file: s
 
 def _text_summary(res: Mapping[str, Any]) -> list[str]:
   p = res['perplexity']
+  # The process's own terms (HMDLM: lm, hier, cons; MultiMDM: recon, ident) and estimates.
+  terms = ', '.join(f'{k[:-15]} {v:.4f}' for k, v in p.items()
+                    if k.endswith('_nats_per_token') and k != 'bound_nats_per_token')
   lines = [
       f'Bound ({p["bound_kind"]}): {p["bound_nats_per_token"]:.4f} ± {p["bound_stderr"]:.4f} '
-      f'nats/token  PPL {p["ppl"]:.3f}  (lm {p["lm_nats_per_token"]:.4f}, hier '
-      f'{p["hier_nats_per_token"]:.4f}, cons {p["cons_nats_per_token"]:.4f}) over '
+      f'nats/token  PPL {p["ppl"]:.3f}  ({terms}) over '
       f'{p["num_tokens"]} tokens / {p["num_sequences"]} sequences',
-      f'Appendix E estimate (not a bound): PPL {p["ppl_appendix_e_estimate"]:.3f}',
-  ]
+  ] + [f'{k[4:-9].replace("_", " ")} estimate (not a bound): PPL {v:.3f}'
+       for k, v in p.items() if k.startswith('ppl_') and k.endswith('_estimate')]
   s = res.get('samples')
   if s:
     m, sd = s['mean'], s['std']
