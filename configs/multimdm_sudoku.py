@@ -19,8 +19,9 @@ The few-step table (solve rate and cell accuracy at 1, 2, 4, 8, 16, 81 network c
 
 Choices (docs/method.md §13.2): M = 3 (each mask class holds 3 digits; the paper's rule
 M ≳ N^{1/L} asks for little here, and M = 9 would make the designated mask the digit itself);
-α = β = 1 - t (the paper's); ancestral sampling (3.7) with the argmax clean-token hypothesis
-(`sample.greedy`; reveal times stay random); the curriculum ramps the identification term in over
+α = β = 1 - t (the paper's); decoding by confidence like the demo (`sample.ordering`: the
+expected number of cells per step, the most confident first, the other cells' masks drafted by
+(3.4); 'ancestral' is (3.7) with random reveal times), argmax tokens (`sample.greedy`); the curriculum ramps the identification term in over
 the first half of the continual run (the paper: "reconstruction first, identification gradually",
 no numbers given). Distillation: App. C.2's dyadic δ schedule shortened to the run (2^-6 doubling
 every 100 steps up to 2^-4), reverse KL, EMA target μ = 0.99 (no EMA warm-up: the target starts
@@ -47,7 +48,7 @@ def get_config(arg: str = '') -> ml_collections.ConfigDict:
   mm.num_masks = 1 if arg == 'mdlm_distill' else NUM_MASKS
   c.model.vocab_size = WORDS + mm.num_masks
   c.model.mask_id = -1
-  c.sample.ordering = 'ancestral'
+  c.sample.ordering = 'confidence'  # the demo's decoding; 'ancestral' is (3.7)
   c.sample.greedy = True
   c.sample.num_steps = 81
   c.sample.level_context = 'candidates'

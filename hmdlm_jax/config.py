@@ -308,9 +308,6 @@ def _check_process(config: ml_collections.ConfigDict) -> None:
       raise ValueError(f"process.kind='multimdm' appends its {mm.num_masks} masks after the "
                        f"tokenizer's words: set data.mask_token='append' (got "
                        f'{config.data.mask_token!r}).')
-    if config.sample.ordering != 'ancestral':
-      raise ValueError(f"process.kind='multimdm' samples with its ancestral kernel (3.7): set "
-                       f"sample.ordering='ancestral' (got {config.sample.ordering!r}).")
 
 
 def _check_train(config: ml_collections.ConfigDict) -> None:

@@ -204,11 +204,36 @@ def test_given_positions_are_respected():
                 given_tokens=np.full((1, 2), V), given_mask=np.ones((1, 2), bool))
 
 
-def test_check_sampling_rejects_confidence_ordering():
-  proc = multimdm.make(V, M)
-  with pytest.raises(ValueError, match='ancestral'):
-    proc.check_sampling(config_lib.SampleConfig(num_steps=4, num_levels=1, mask_id=V,
-                                                ordering='confidence'))
+def test_confidence_ordering_is_mdlm_top_k_for_one_mask():
+  """Our Sudoku extension: M = 1 reproduces HMDLM's K = 1 confidence decoding token for token;
+  for M = 3 every step reveals the expected number of positions and keeps the clues."""
+  toy = _toy(seq_len=3)
+  bsz, steps = 64, 6
+  given = np.zeros((bsz, 3), bool)
+  given[::4, 1] = True
+  gt = np.where(given, 2, 0).astype(np.int32)
+  mdlm = hmdlm.HMDLM(Schedule('loglinear', (0.0,), eps=0.0),
+                     config_lib.LossConfig(mask_id=V, num_levels=1, prior_corrected=False))
+  kw = dict(num_steps=steps, num_levels=1, mask_id=V, greedy=True, ordering='confidence',
+            prior_corrected=False, hierarchy_weight=0.0, use_cache=False)
+  ref = mdlm.sample(_hash_model(V + 1), jax.random.key(0), config_lib.SampleConfig(**kw),
+                    batch_size=bsz, seq_len=3, given_tokens=np.where(given, gt, V),
+                    given_levels=np.zeros_like(gt), given_mask=given)
+  out = multimdm.make(V, 1).sample(_hash_model(V + 1), jax.random.key(0),
+                                   config_lib.SampleConfig(**kw), batch_size=bsz, seq_len=3,
+                                   given_tokens=gt, given_mask=given)
+  np.testing.assert_array_equal(np.asarray(out.tokens), np.asarray(ref.tokens))
+  np.testing.assert_array_equal(np.asarray(out.reveal_step), np.asarray(ref.reveal_step))
+  del toy
+  three = multimdm.make(V, 3).sample(_hash_model(V + 3), jax.random.key(1),
+                                     config_lib.SampleConfig(**kw), batch_size=bsz, seq_len=3,
+                                     given_tokens=gt, given_mask=given)
+  tokens, reveal = np.asarray(three.tokens), np.asarray(three.reveal_step)
+  assert np.all(tokens < V) and np.all(tokens[given] == 2) and np.all(reveal[given] == steps + 1)
+  free = (~given).sum(-1)
+  for row in range(bsz):  # n = 6, 5: round(c · 1/n) with c masked positions, at least one
+    steps_of = sorted(reveal[row][~given[row]], reverse=True)
+    assert steps_of[0] == steps and len(steps_of) == free[row]
 
 
 # ------------------------------------------------------------------------ M = 1 is MDLM exactly
@@ -267,7 +292,6 @@ def test_curriculum_weight_ramps():
     ('model.num_levels', 2, 'no hierarchy levels'),
     ('model.vocab_size', 3, 'count the words AND'),
     ('model.mask_id', 0, 'mask ids'),
-    ('sample.ordering', 'confidence', 'ancestral'),
     ('process.multimdm.num_masks', 0, 'num_masks'),
     ('process.multimdm.distill_kl', 'both', 'distill_kl'),
     ('process.multimdm.delta_max', 2.0 ** -12, 'delta_max'),

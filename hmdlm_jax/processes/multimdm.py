@@ -24,6 +24,10 @@ a ~ x_θ(· | x_t) (temperature / greedy as configured) and then x_s ~ p_{s|t}(�
 which is the posterior-averaged kernel (3.7) drawn in two stages. Words stay (visible states are
 absorbing in reverse), so given positions (Sudoku clues, prompts) are respected. One network call
 per step; with `use_cache` the call is skipped once no position of the batch is masked.
+`sample.ordering='confidence'` (our extension, for Sudoku): the number of reveals is the expected
+one, round(Σ_masked (α_s - α_t)/(1 - α_t)) (>= 1; all at the last step), taken at the masked
+positions with the largest max_v x_θ (ties: lower index); the others move among the masks by
+(3.4) conditioned on staying masked. For M = 1 this is MDLM's top-k confidence decoding exactly.
 """
 
 from __future__ import annotations
@@ -269,9 +273,6 @@ class MultiMDM(base.Process):
   # --------------------------------------------------------------------------------- sampling
 
   def check_sampling(self, cfg: SampleConfig) -> None:
-    if cfg.ordering != 'ancestral':
-      raise ValueError(f"MultiMDM samples with its ancestral kernel (3.7): set "
-                       f"sample.ordering='ancestral' (got {cfg.ordering!r}).")
     if cfg.num_levels != 1:
       raise ValueError(f'MultiMDM has no levels: model.num_levels must be 1, got '
                        f'{cfg.num_levels}.')
@@ -334,7 +335,20 @@ class MultiMDM(base.Process):
       nfe = nfe + 1
     a = base.draw_tokens(k_tok, logp, cfg)  # clean-token hypothesis â ~ x_θ(· | x_t)
     kern = mm.posterior_kernel(self.sched, self.des.of(a), jnp.clip(x - v, 0, m - 1), s, t, m)
-    idx = _draw(k_move, mm.log0(kern))
+    if cfg.ordering == 'confidence':
+      # Which positions become words: the k_n most confident masked ones (k_n = the expected
+      # number of reveals, all at the last step); the others move among the masks by (3.4)
+      # conditioned on staying masked (their draft follows the hypothesis â).
+      p_rev = kern[..., 0]
+      planned = jnp.round(jnp.sum(jnp.where(masked, p_rev, 0.0), -1)).astype(jnp.int32)
+      count = jnp.where(n == 1, masked.sum(-1), jnp.maximum(planned, 1))
+      score = jnp.where(masked, jnp.max(logp, -1), -jnp.inf)
+      rank = jnp.argsort(jnp.argsort(-score, axis=-1, stable=True), axis=-1)
+      chosen = masked & (rank < count[:, None])
+      j = _draw(k_move, mm.log0(kern[..., 1:]))
+      idx = jnp.where(chosen | (n == 1), 0, 1 + j)
+    else:
+      idx = _draw(k_move, mm.log0(kern))
     moved = jnp.where(idx == 0, a, v + idx - 1)
     new_x = jnp.where(masked, moved, x).astype(jnp.int32)
     reveal = jnp.where(masked & (idx == 0), n, reveal)
