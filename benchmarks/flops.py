@@ -41,7 +41,7 @@ from typing import Any, Callable
 
 import jax
 
-from hmdlm_jax import models
+from hmdlm_jax import config as config_lib
 
 TIME_FREQ_DIM = 256  # layers.TimestepEmbedder.frequency_dim
 
@@ -62,7 +62,7 @@ class StepFlops:
 
 def loss_passes(cfg_model: Any) -> tuple[tuple[str, ...], ...]:
   """The heads of each backbone pass of the training loss (see the module docstring)."""
-  cfg = models.model_config(cfg_model)
+  cfg = config_lib.ModelConfig.from_section(cfg_model)
   if cfg.num_levels == 1:
     return (('token',),)
   if cfg.variant == 'single_pass':
@@ -72,14 +72,14 @@ def loss_passes(cfg_model: Any) -> tuple[tuple[str, ...], ...]:
 
 def block_matmul_params(cfg_model: Any) -> int:
   """N_blocks: matrix parameters applied to every token by the transformer blocks."""
-  c = models.model_config(cfg_model)
+  c = config_lib.ModelConfig.from_section(cfg_model)
   h, m = c.hidden_size, c.mlp_dim
   return c.num_layers * (3 * h * h + h * h + 2 * h * m)
 
 
 def head_matmul_params(cfg_model: Any, heads: tuple[str, ...]) -> int:
   """N_heads: matrix parameters of the requested heads applied to every token."""
-  c = models.model_config(cfg_model)
+  c = config_lib.ModelConfig.from_section(cfg_model)
   n = 0
   if 'token' in heads:
     n += c.hidden_size * c.vocab_size
@@ -90,14 +90,14 @@ def head_matmul_params(cfg_model: Any, heads: tuple[str, ...]) -> int:
 
 def per_token_forward_flops(cfg_model: Any, seq_len: int, heads: tuple[str, ...]) -> int:
   """F_tok = 2·(N_blocks + N_heads) + N_layers·4·L·H."""
-  c = models.model_config(cfg_model)
+  c = config_lib.ModelConfig.from_section(cfg_model)
   attention = c.num_layers * 4 * seq_len * c.hidden_size
   return 2 * (block_matmul_params(c) + head_matmul_params(c, heads)) + attention
 
 
 def per_sequence_forward_flops(cfg_model: Any, heads: tuple[str, ...]) -> int:
   """F_seq: matrix products on the conditioning vector (once per sequence)."""
-  c = models.model_config(cfg_model)
+  c = config_lib.ModelConfig.from_section(cfg_model)
   h, cd = c.hidden_size, c.cond_dim
   if c.backbone == 'dit':
     time_embed = TIME_FREQ_DIM * cd + cd * cd  # sigma_map: always built (MDLM feeds σ = 0)
@@ -115,7 +115,7 @@ def forward_flops(cfg_model: Any, batch_size: int, seq_len: int, heads: tuple[st
 
   K = 1 with heads ('hier',) makes no network call (the model returns zeros): 0 FLOPs.
   """
-  c = models.model_config(cfg_model)
+  c = config_lib.ModelConfig.from_section(cfg_model)
   if c.num_levels == 1 and tuple(heads) == ('hier',):
     return 0
   return (batch_size * seq_len * per_token_forward_flops(c, seq_len, heads)
@@ -124,7 +124,7 @@ def forward_flops(cfg_model: Any, batch_size: int, seq_len: int, heads: tuple[st
 
 def train_step_flops(cfg_model: Any, batch_size: int, seq_len: int | None = None) -> StepFlops:
   """F_step of one training step (loss + gradient) over a [batch_size, seq_len] batch."""
-  c = models.model_config(cfg_model)
+  c = config_lib.ModelConfig.from_section(cfg_model)
   seq_len = c.seq_len if seq_len is None else int(seq_len)
   passes = loss_passes(c)
   per_tok = tuple(per_token_forward_flops(c, seq_len, p) for p in passes)

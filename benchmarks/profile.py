@@ -35,7 +35,7 @@ import numpy as np
 from benchmarks import common
 from benchmarks import train_step as ts
 from hmdlm_jax import models
-from hmdlm_jax.processes import schedules
+from hmdlm_jax import processes
 from hmdlm_jax import sharding as shd
 from hmdlm_jax import train
 
@@ -60,9 +60,9 @@ def profile(shape: str, mode: str, batch_size: int, steps: int, top: int) -> dic
   config = ts.shape_config(shape, mode, 'float32', batch_size=batch_size)
   mesh = shd.make_mesh(config.mesh)
   model = models.build_model(config.model)
-  schedule = schedules.schedule_from_config(config.schedule, int(config.model.num_levels))
+  process = processes.build(config)
   state, sh = train.create_train_state(config, mesh, model)
-  step = train.make_train_step(config, model, schedule, mesh, sh)
+  step = train.make_train_step(config, model, process, mesh, sh)
   batch = shd.make_global_batch(ts.synthetic_batch(config), mesh)
   faults = jax.device_put(np.full((train.MAX_FAULT_STEPS,), -1, np.int32), shd.replicated(mesh))
   with shd.mesh_context(mesh):

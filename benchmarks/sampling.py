@@ -4,7 +4,7 @@ r"""Sampler throughput: sequences/s and network evaluations, text (Algorithm 2 /
       --batches=1,64 [--max_run_s=300] [--json=OUT.json]
   python -m benchmarks.sampling --task=sudoku --shape=sudoku_6m --modes=mdlm,hmdlm --batches=64
 
-text: unconditional generation of [B, L] with `hmdlm_jax.sampling.sample` (ancestral ordering:
+text: unconditional generation of [B, L] with `Process.sample` (ancestral ordering:
 Algorithm 2 for HMDLM K = 2, MDLM's sampler for K = 1; the cache on, as configured by default), for
 every T in --steps and B in --batches. sudoku: confidence ordering, greedy, T = 81, on generated
 puzzles (their clues given), reported as puzzles/s.
@@ -42,9 +42,9 @@ from benchmarks import train_step as ts
 from hmdlm_jax import config as config_lib
 from hmdlm_jax.processes import base
 from hmdlm_jax import models
-from hmdlm_jax.processes import hmdlm_sampler
-from hmdlm_jax.processes import schedules
+from hmdlm_jax import processes
 from hmdlm_jax.data import sudoku as sudoku_data
+from hmdlm_jax.data import sudoku_generator
 
 TASKS = ('text', 'sudoku')
 
@@ -54,9 +54,10 @@ def _sampler(config: Any, ordering: str, num_steps: int, batch_size: int, greedy
   m = config.model
   model = models.build_model(m)
   params = models.init_params(model, jax.random.PRNGKey(0), int(m.seq_len))
-  schedule = schedules.schedule_from_config(config.schedule, int(m.num_levels))
+  process = processes.build(config)
   cfg = config_lib.SampleConfig(
-      num_steps=num_steps, num_levels=int(m.num_levels), mask_id=models.resolve_mask_id(m),
+      num_steps=num_steps, num_levels=int(m.num_levels),
+      mask_id=config_lib.ModelConfig.from_section(m).mask_id,
       temperature=1.0, greedy=greedy, ordering=ordering, use_cache=bool(config.sample.use_cache),
       prior_corrected=bool(m.prior_corrected_head), variant=str(m.variant),
       time_conditioning=bool(m.time_conditioning))
@@ -65,9 +66,9 @@ def _sampler(config: Any, ordering: str, num_steps: int, batch_size: int, greedy
   def run(params: Any, key: jax.Array, given_tokens: Any = None, given_levels: Any = None,
           given_mask: Any = None) -> base.SampleOutput:
     apply_fn = models.make_apply_fn(model, params, train=False)
-    return hmdlm_sampler.sample(apply_fn, key, schedule, cfg, batch_size=batch_size,
-                           seq_len=int(m.seq_len), given_tokens=given_tokens,
-                           given_levels=given_levels, given_mask=given_mask)
+    return process.sample(apply_fn, key, cfg, batch_size=batch_size, seq_len=int(m.seq_len),
+                          given_tokens=given_tokens, given_levels=given_levels,
+                          given_mask=given_mask)
 
   return run, params, cfg
 
@@ -131,7 +132,7 @@ def sudoku_benchmarks(shape: str, modes: list[str], batches: list[int], repeats:
     config = ts.shape_config(shape, mode, 'float32', batch_size=1)
     k = int(config.model.num_levels)
     for b in batches:
-      quiz, solution, _ = sudoku_data.generate_puzzles(np.random.default_rng(0), b, attempts=1)
+      quiz, solution, _ = sudoku_generator.generate_puzzles(np.random.default_rng(0), b, attempts=1)
       given = quiz > 0
       levels = sudoku_data.hierarchy_levels(quiz) if k > 1 else np.zeros(quiz.shape, np.int32)
       cfg_steps = int(config.sample.num_steps)

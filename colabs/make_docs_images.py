@@ -25,11 +25,13 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 import numpy as np
 
-from hmdlm_jax import evaluate
 from hmdlm_jax.processes import schedules
 from hmdlm_jax import main as hmdlm_main
 from hmdlm_jax import visualize
 from hmdlm_jax.data import sudoku as sudoku_data
+from hmdlm_jax.data import sudoku_csv
+from hmdlm_jax.data import sudoku_generator
+from hmdlm_jax.tasks import sudoku_pictures
 
 # Example 1 of the paper's Appendix F (unique solution; a sudoku-hard puzzle, mostly level-0 cells).
 PAPER_PUZZLE = '506070800400000016000000000002000003070050400000900020960000500030002007000100000'
@@ -42,7 +44,7 @@ def pick_puzzle(choice: str) -> str:
   if choice == 'paper':
     return PAPER_PUZZLE
   if choice == 'easiest':
-    quiz, _, _ = sudoku_data.generate_dataset(0, 64, 'test', progress=False)
+    quiz, _, _ = sudoku_generator.generate_dataset(0, 64, 'test', progress=False)
     return ''.join(map(str, quiz[int(np.argmax((quiz > 0).sum(-1)))]))
   return choice
 
@@ -69,8 +71,8 @@ def main(argv: list[str] | None = None) -> int:
     print('trained to step', result['step'], '-', result['stop_reason'])
 
   puzzle = pick_puzzle(args.puzzle)
-  rec = evaluate.run_sample(config, str(workdir), puzzles=[puzzle])[0]
-  _, solution = sudoku_data.count_solutions(evaluate.parse_puzzle(puzzle))
+  rec = hmdlm_main.run('sample', config, str(workdir), puzzles=[puzzle], overwrite=True)[0]
+  _, solution = sudoku_data.count_solutions(sudoku_csv.parse_puzzle(puzzle))
   tokens = np.array([int(c) for c in rec['prediction']]) - 1
   levels, steps = np.array(rec['levels']), np.array(rec['reveal_step'])
   num_steps, num_levels = int(config.sample.num_steps), int(config.model.num_levels)
@@ -78,17 +80,17 @@ def main(argv: list[str] | None = None) -> int:
   out = pathlib.Path(args.out)
   title = (f'{config.model.num_layers}-layer HMDLM (K = {num_levels}), T = {num_steps}, '
            f'{wrong} wrong cell(s)')
-  visualize.plot_sudoku_reveal(rec['quiz'], tokens, levels, steps, num_steps, title=title,
-                               num_levels=num_levels, solution=solution,
-                               path=out / 'sudoku_reveal.png')
-  visualize.sudoku_reveal_gif(rec['quiz'], tokens, steps, levels, out / 'sudoku_reveal.gif', fps=3,
-                              num_steps=num_steps, num_levels=num_levels, solution=solution,
-                              dpi=60)  # keeps the GIF small for the docs
+  sudoku_pictures.plot_sudoku_reveal(rec['quiz'], tokens, levels, steps, num_steps, title=title,
+                                     num_levels=num_levels, solution=solution,
+                                     path=out / 'sudoku_reveal.png')
+  sudoku_pictures.sudoku_reveal_gif(rec['quiz'], tokens, steps, levels, out / 'sudoku_reveal.gif',
+                                    fps=3, num_steps=num_steps, num_levels=num_levels,
+                                    solution=solution, dpi=60)  # keeps the GIF small for the docs
   lm1b = schedules.Schedule('loglinear', (0.0, 0.25))
   visualize.plot_schedules(lm1b, path=out / 'schedules_lm1b.png')
   visualize.plot_reveal_ordering(lm1b, 256, path=out / 'ordering_lm1b.png')
   print(f'wrote {out}/sudoku_reveal.png (+ .gif, schedules_lm1b.png, ordering_lm1b.png); '
-        f'{wrong} of {int(np.sum(evaluate.parse_puzzle(puzzle) == 0))} blanks wrong')
+        f'{wrong} of {int(np.sum(sudoku_csv.parse_puzzle(puzzle) == 0))} blanks wrong')
   return 0
 
 

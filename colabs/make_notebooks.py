@@ -25,7 +25,7 @@ from nbformat import v4
 
 HERE = pathlib.Path(__file__).resolve().parent
 
-KERNELSPEC = {'display_name': 'Python 3', 'language': 'python', 'name': 'python3'}
+KERNEL = {'display_name': 'Python 3', 'language': 'python', 'name': 'python3'}
 
 # ---------------------------------------------------------------------------------------------------
 # Cells shared by all notebooks.
@@ -179,21 +179,23 @@ print({k: round(float(v), 4) for k, v in result['train'].items() if k in ('loss'
 ## Solve a puzzle
 
 A generated test puzzle (the one with the most givens among 64, so a briefly trained model can
-solve much of it; paste any 81-character puzzle instead). `run_sample` restores the latest
-checkpoint (EMA weights),
-runs the configured sampler (confidence ordering for Sudoku) and records for every cell the step
-`n` at which it was revealed (n = T is the first step) and the level the model drew for it.'''),
+solve much of it; paste any 81-character puzzle instead). `main.run('sample', ...)` (what
+`--mode=sample` runs) restores the latest checkpoint (EMA weights), runs the configured sampler
+(confidence ordering for Sudoku) and records for every cell the step `n` at which it was revealed
+(n = T is the first step) and the level the model drew for it.'''),
     ('code', '''\
-from hmdlm_jax import evaluate
 from hmdlm_jax.data import sudoku as sudoku_data
+from hmdlm_jax.data import sudoku_csv
+from hmdlm_jax.data import sudoku_generator
+from hmdlm_jax.tasks import sudoku_pictures
 
-quizzes, _, _ = sudoku_data.generate_dataset(0, 64, 'test', progress=False)
+quizzes, _, _ = sudoku_generator.generate_dataset(0, 64, 'test', progress=False)
 PUZZLE = ''.join(map(str, quizzes[np.argmax((quizzes > 0).sum(-1))]))
 # Example 1 of the paper's Appendix F (sudoku-hard: almost every cell needs search, level 0):
 # PUZZLE = '506070800400000016000000000002000003070050400000900020960000500030002007000100000'
-records = evaluate.run_sample(config, str(RUN_DIR), puzzles=[PUZZLE])
+records = main.run('sample', config, str(RUN_DIR), puzzles=[PUZZLE], overwrite=True)  # rerun: replace
 rec = records[0]
-num_solutions, solution = sudoku_data.count_solutions(evaluate.parse_puzzle(PUZZLE))
+num_solutions, solution = sudoku_data.count_solutions(sudoku_csv.parse_puzzle(PUZZLE))
 assert num_solutions == 1, 'the puzzle should have exactly one solution'
 wrong = sum(p != str(d) for p, d in zip(rec['prediction'], solution))
 print(f'{wrong} of {PUZZLE.count("0")} blank cells wrong')'''),
@@ -209,15 +211,16 @@ tokens = np.array([int(c) for c in rec['prediction']]) - 1
 levels = np.array(rec['levels'])
 reveal_step = np.array(rec['reveal_step'])
 png = PICTURES / 'quickstart_sudoku_reveal.png'
-visualize.plot_sudoku_reveal(rec['quiz'], tokens, levels, reveal_step, T,
-                             title=f'HMDLM, step {result["step"]}, T = {T}',
-                             num_levels=int(config.model.num_levels), solution=solution, path=png)
+sudoku_pictures.plot_sudoku_reveal(rec['quiz'], tokens, levels, reveal_step, T,
+                                   title=f'HMDLM, step {result["step"]}, T = {T}',
+                                   num_levels=int(config.model.num_levels), solution=solution,
+                                   path=png)
 show(png)'''),
     ('code', '''\
 gif = PICTURES / 'quickstart_sudoku_reveal.gif'
-frames = visualize.sudoku_reveal_gif(rec['quiz'], tokens, reveal_step, levels, gif, fps=3,
-                                     num_steps=T, num_levels=int(config.model.num_levels),
-                                     solution=solution)
+frames = sudoku_pictures.sudoku_reveal_gif(rec['quiz'], tokens, reveal_step, levels, gif, fps=3,
+                                           num_steps=T, num_levels=int(config.model.num_levels),
+                                           solution=solution)
 print(len(frames), 'frames ->', gif)
 show(gif)'''),
     ('md', '''\
@@ -245,7 +248,7 @@ SCHEDULES = [
     ('md', '''\
 # Per-level schedules and the reveal order they induce
 
-α_k(t) is the probability that a level-k position is still revealed at time t (SPEC 2). Higher
+α_k(t) is the probability that a level-k position is still revealed at time t (docs/method.md §2). Higher
 levels are masked more slowly. Two families: log-linear with offsets δ_k (LM1B, Sudoku) and power
 with exponents ω_k (WikiHow). This notebook builds schedules from config values, plots α_k and the
 hazards λ'_k = −α'_k / (1 − α_k) (the loss weights), and checks Appendix D's ordering condition
@@ -369,12 +372,14 @@ TEXT_RUN = None  # None: WORKDIR/text_run'''),
     ('code', INSTALL),
     ('code', IMPORTS),
     ('code', '''\
-from hmdlm_jax import evaluate
 from hmdlm_jax import main
 from hmdlm_jax import models
 from hmdlm_jax import processes
 from hmdlm_jax import train
-from hmdlm_jax.data import sudoku as sudoku_data
+from hmdlm_jax.data import sudoku_generator
+from hmdlm_jax.data import sudoku_pipeline
+from hmdlm_jax.tasks import sudoku_pictures
+from hmdlm_jax.tasks import text_pictures
 
 
 def has_checkpoint(run_dir: pathlib.Path) -> bool:
@@ -407,8 +412,9 @@ The sampler is a pure function of the parameters and a PRNG key: one `jax.lax.sc
 steps, jitted here. Given cells (the clues) keep their tokens and get `reveal_step = T + 1`.'''),
     ('code', '''\
 NUM_PUZZLES = 2
-quiz, sol, _ = sudoku_data.generate_dataset(seed=7, count=NUM_PUZZLES, split='test', progress=False)
-batch = evaluate.sudoku_batch(quiz, sol)
+quiz, sol, _ = sudoku_generator.generate_dataset(seed=7, count=NUM_PUZZLES, split='test',
+                                                progress=False)
+batch = sudoku_pipeline.sudoku_batch(quiz, sol)
 process = processes.build(sudoku_cfg)  # HMDLM: schedules, losses, sampler (processes/)
 sample_cfg = config_lib.SampleConfig.from_config(sudoku_cfg)
 model = models.build_model(sudoku_cfg.model)
@@ -428,12 +434,12 @@ T = int(sudoku_cfg.sample.num_steps)
 print('nfe', int(out.nfe), '| solved:', [bool(np.all(out.tokens[i] == batch['tokens'][i])) for i in range(NUM_PUZZLES)])
 for i in range(NUM_PUZZLES):
   png = PICTURES / f'explorer_sudoku_{i}.png'
-  visualize.plot_sudoku_reveal(quiz[i], out.tokens[i], out.levels[i], out.reveal_step[i], T,
-                               title=f'puzzle {i}, step {step}', solution=sol[i],
-                               num_levels=int(sudoku_cfg.model.num_levels), path=png)
+  sudoku_pictures.plot_sudoku_reveal(quiz[i], out.tokens[i], out.levels[i], out.reveal_step[i], T,
+                                     title=f'puzzle {i}, step {step}', solution=sol[i],
+                                     num_levels=int(sudoku_cfg.model.num_levels), path=png)
   show(png)'''),
     ('md', '''\
-The same pictures are what `--mode=sample` writes into the workdir (`visualize.save_sample_pictures`).
+The same pictures are what `--mode=sample` writes into the workdir (`hmdlm_jax/tasks/sudoku_pictures.py`).
 Two decodings of the same puzzle side by side:'''),
     ('code', '''\
 import dataclasses
@@ -452,11 +458,11 @@ def solve_ancestral(params, key, given_tokens, given_levels, given_mask):
 out2 = jax.device_get(solve_ancestral(params, jax.random.PRNGKey(1), batch['tokens'],
                                       batch['levels'], batch['given']))
 png = PICTURES / 'explorer_sudoku_decodings.png'
-visualize.plot_sudoku_reveal_comparison(out, out2, quiz[0], num_steps=T, solution=sol[0],
-                                        hmdlm_num_levels=int(sudoku_cfg.model.num_levels),
-                                        mdlm_num_levels=int(sudoku_cfg.model.num_levels),
-                                        titles=('confidence, greedy', 'ancestral (Algorithm 2)'),
-                                        path=png)
+sudoku_pictures.plot_sudoku_reveal_comparison(
+    out, out2, quiz[0], num_steps=T, solution=sol[0],
+    hmdlm_num_levels=int(sudoku_cfg.model.num_levels),
+    mdlm_num_levels=int(sudoku_cfg.model.num_levels),
+    titles=('confidence, greedy', 'ancestral (Algorithm 2)'), path=png)
 show(png)'''),
     ('md', '''\
 ## Text: a tiny model on local sentences, samples and perplexity
@@ -481,7 +487,7 @@ else:
 if not has_checkpoint(text_run):
   print('no checkpoint in', text_run, '-> training one')
   main.run('train', text_cfg, str(text_run))
-records = evaluate.run_sample(text_cfg, str(text_run))'''),
+records = main.run('sample', text_cfg, str(text_run), overwrite=True)  # a rerun replaces its samples'''),
     ('code', '''\
 from hmdlm_jax.data import tokenizers
 
@@ -491,16 +497,18 @@ ids = rec['tokens']
 length = ids.index(tok.eos_id) + 1 if tok.eos_id in ids else len(ids)  # cut after the first [SEP]
 strings = tok.hf.convert_ids_to_tokens(ids[:length])
 png = PICTURES / 'explorer_text_reveal.png'
-visualize.plot_text_reveal(strings, np.array(rec['reveal_step'][:length]), np.array(rec['levels'][:length]),
-                           int(text_cfg.sample.num_steps), given=np.array(rec['given'][:length], bool),
-                           num_levels=int(text_cfg.model.num_levels), title=rec['text'][:80], path=png)
+text_pictures.plot_text_reveal(strings, np.array(rec['reveal_step'][:length]),
+                               np.array(rec['levels'][:length]), int(text_cfg.sample.num_steps),
+                               given=np.array(rec['given'][:length], bool),
+                               num_levels=int(text_cfg.model.num_levels), title=rec['text'][:80],
+                               path=png)
 show(png)'''),
     ('md', '''\
 ### Perplexity of a few sentences
 
-`run_eval` restores the checkpoint and evaluates the rigorous bound of SPEC 8 (token + hierarchy +
-consistency terms, pass 2 seeing each position's own level) on the test split, here a file with
-our sentences. The Appendix E number is reported too, but it is an estimate, not a bound.'''),
+`main.run('eval', ...)` restores the checkpoint and evaluates the rigorous bound of
+docs/method.md §8 (token + hierarchy + consistency terms, pass 2 seeing each position's own level)
+on the test split, here a file with our sentences. The Appendix E number is reported too, but it is an estimate, not a bound.'''),
     ('code', '''\
 import json
 
@@ -514,7 +522,7 @@ sentences_file.write_text('\\n'.join(SENTENCES) + '\\n')
 ppl_cfg = text_cfg.copy_and_resolve_references()
 ppl_cfg.data.test_path = str(sentences_file)
 ppl_cfg.data.test_fraction = 0.0
-report = evaluate.run_eval(ppl_cfg, str(text_run))
+report = main.run('eval', ppl_cfg, str(text_run), overwrite=True)  # a rerun replaces eval_<step>.json
 (WORKDIR / 'sentences_perplexity.json').write_text(json.dumps(report['results'], indent=1))
 p = report['results']['perplexity']
 print(f"bound {p['bound_nats_per_token']:.3f} nats/token -> PPL {p['ppl']:.1f} over {p['num_tokens']} tokens")'''),
@@ -528,7 +536,7 @@ def _cells(spec: list[tuple[str, str]]) -> list[nbformat.NotebookNode]:
 
 def build(spec: list[tuple[str, str]]) -> nbformat.NotebookNode:
   nb = v4.new_notebook(cells=_cells(spec))
-  nb.metadata['kernelspec'] = KERNELSPEC
+  nb.metadata['kernelspec'] = KERNEL
   nb.metadata['language_info'] = {'name': 'python'}
   nb.metadata['colab'] = {'provenance': []}
   # Stable cell ids: the notebooks must be byte-identical on every run of this script.

@@ -82,7 +82,7 @@ def get_base_config() -> ml_collections.ConfigDict:
   l.antithetic = True
   l.train_steps_T = 1000  # T_train of Algorithm 1: s = max(t - 1/T_train, 0)
 
-  # Data; `kind` selects the pipeline from the registry in hmdlm_jax/data.
+  # Data; `kind` selects the task (hmdlm_jax/tasks): its pipeline, evaluation and sample mode.
   c.data = d = ml_collections.ConfigDict()
   d.kind = 'sudoku'
   d.batch_size = 64  # global batch
@@ -177,7 +177,7 @@ def get_base_config() -> ml_collections.ConfigDict:
   ini.workdir = ''
   ini.use_ema = True
 
-  # Evaluation; `kind` selects the evaluator ('sudoku' | 'perplexity').
+  # Evaluation; `kind` must be the task's: 'sudoku' (Sudoku) | 'perplexity' (text kinds).
   c.eval = e = ml_collections.ConfigDict()
   e.kind = 'sudoku'
   e.num_examples = 500

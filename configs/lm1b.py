@@ -1,4 +1,4 @@
-"""HMDLM on LM1B (SPEC 4, 6, 9; paper section 5.1.1): the paper's run, for an accelerator pod.
+"""HMDLM on LM1B (docs/method.md §4, §6, §9; paper section 5.1.1): the paper's run, for an accelerator pod.
 
 DiT 12 × 768 (12 heads, MLP 3072, cond 128, dropout 0.1, rotary, no time conditioning), K = 2
 frequency levels (τ = 1) on bert-base-uncased rows of L = 128 (one sentence per row, no packing),
@@ -30,7 +30,7 @@ def get_config() -> ml_collections.ConfigDict:
   m.backbone = 'dit'
   m.num_levels = 2
   # MDLM's LM1B convention: BERT's own [MASK] (id 103) is the MASK token, V = 30522, which gives
-  # MDLM's exact 139,292,986 backbone parameters (SPEC 4).
+  # MDLM's exact 139,292,986 backbone parameters (docs/method.md §4).
   m.vocab_size = 30522
   m.mask_id = 103
   m.seq_len = 128

@@ -1,7 +1,7 @@
 """The MDLM baseline twin of configs/lm1b.py: K = 1 (no level table, no hierarchy head), δ = (0,).
 
 Everything else (data, model size, optimiser, steps) is identical, so the two runs differ only in
-the hierarchy. K = 1 with δ = 0 is MDLM's log-linear schedule exactly (SPEC 2); the data carry no
+the hierarchy. K = 1 with δ = 0 is MDLM's log-linear schedule exactly (docs/method.md §2); the data carry no
 levels (`data.hierarchy = 'none'`: every level 0).
 """
 

@@ -6,7 +6,7 @@ Data: puzzles generated on the first run and cached (data.cache_dir; Palm's CSVs
 / data.test_path), a fresh Sudoku symmetry of each puzzle every epoch. Model: a 4-layer width-128
 DiT with Sudoku-aware positions: learned row, column and box tables, and a learned per-head
 attention bias for each relation of two cells (same row / column / box / none,
-`position_embedding='sudoku_rel'`). K = 6 levels from the solving round of each cell (SPEC 6): level
+`position_embedding='sudoku_rel'`). K = 6 levels from the solving round of each cell (docs/method.md §6): level
 5 = determined directly from the clues. Schedule: log-linear with offsets δ_k = 0.1·k, i.e. (0, .1,
 .2, .3, .4, .5): the higher (easier) a level, the later it is masked and the earlier it is revealed;
 increasing offsets satisfy Appendix D's ordering. Evaluation: confidence-ordered sampling with T =
@@ -54,7 +54,7 @@ def get_config() -> ml_collections.ConfigDict:
 
   m = c.model
   m.backbone = 'dit'
-  m.num_levels = 6  # SPEC 6
+  m.num_levels = 6  # docs/method.md §6
   m.vocab_size = 10  # digits 1..9 -> tokens 0..8, MASK = 9 (hmdlm_jax/data/sudoku.py)
   m.mask_id = -1
   m.seq_len = 81

@@ -1,4 +1,4 @@
-"""The paper's 6M Sudoku model (Appendix F.1, SPEC 4b; Table 6): MGDM's compact GPT-2.
+"""The paper's 6M Sudoku model (Appendix F.1, docs/method.md §4b; Table 6): MGDM's compact GPT-2.
 
 3 layers, width 384, 12 heads of 32, GELU MLP 1536, learned absolute positions, output head tied
 to the input embedding, bidirectional attention; HMDLM adds a level table and level head. 100k

@@ -16,5 +16,5 @@ from configs import sudoku
 def get_config() -> ml_collections.ConfigDict:
   c = sudoku.get_config()
   c.model.num_levels = 1
-  c.schedule.offsets = (0.0,)  # what offsets_max derives for K = 1 (SPEC 2: MDLM)
+  c.schedule.offsets = (0.0,)  # what offsets_max derives for K = 1 (docs/method.md §2: MDLM)
   return c

@@ -15,7 +15,7 @@ cores), which is what the values below are tuned for:
   (`--wordpiece_vocab_size=512` of the script) makes a step ~5x cheaper; the script uses it.
 - Model variant. Measured at 2,000 steps (docs/text_results.md): the paper's two-pass model
   (Algorithm 1) reaches a bound of PPL 210 (β = 0.1 shared backbone: 272), the single-pass variant
-  (SPEC 4: one call, the token head sees each position's own level, trained on exactly the bound's
+  (docs/method.md §4: one call, the token head sees each position's own level, trained on exactly the bound's
   context) 161, the MDLM twin 124, unigram 243. Algorithm 1 shows levels on a tiny reveal set only,
   so the two-pass token head never learns to use a masked position's level, while the bound pays
   L_hier (≈ 0.6 nats/token, the frequency levels' information) anyway. Hence single_pass here

@@ -1,4 +1,4 @@
-"""HMDLM fine-tuned on WikiHow from MDLM-OWT (paper section 5.1.2, Appendix C; SPEC 6).
+"""HMDLM fine-tuned on WikiHow from MDLM-OWT (paper section 5.1.2, Appendix C; docs/method.md §6).
 
 `--config=configs/wikihow.py:L,RULE` with L ∈ {256, 512, 1024} (default 512) and RULE 'position'
 (HMDLM-P, default: summary = level 1, body = level 0) or 'frequency' (HMDLM-F, τ = 1).

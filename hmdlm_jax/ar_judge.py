@@ -4,7 +4,7 @@ Generative perplexity (MDLM, MultiMDM Table 1) scores samples under an external 
 model, GPT-2 Large, whose weights cannot be downloaded on every machine. Where they are missing,
 this judge stands in: a small GPT-style causal transformer trained on the SAME training split and
 tokenizer as the diffusion models (the config's 'text' / 'lm1b' pipeline), implementing the
-`ARScorer` protocol of hmdlm_jax/generative_metrics.py, so `generative_perplexity(texts, judge)` and
+`ARScorer` protocol of hmdlm_jax/evaluation/generative.py, so `generative_perplexity(texts, judge)` and
 the sample entropy are reported exactly as with GPT-2. Its numbers are comparable between models
 judged by the same judge, not with GPT-2 Large figures; GPT-2 Large stays the judge where its
 weights are available (`TransformersGPT2Scorer`).
@@ -45,9 +45,9 @@ import optax
 
 from hmdlm_jax import config as config_lib
 from hmdlm_jax import convert_mdlm
-from hmdlm_jax import generative_metrics
-from hmdlm_jax.data import pipeline
+from hmdlm_jax import tasks
 from hmdlm_jax.data import tokenizers
+from hmdlm_jax.evaluation import generative as generative_metrics
 
 VERSION = 1  # bump when the model or the training changes (invalidates the cache)
 
@@ -152,7 +152,7 @@ def fingerprint(config: ml_collections.ConfigDict, judge: JudgeConfig) -> str:
 
 
 class ARJudge:
-  """A trained judge as an `ARScorer` (generative_metrics): `score(texts)` -> NLLs per token."""
+  """A trained judge as an `ARScorer` (evaluation/generative.py): `score(texts)` -> NLLs per token."""
 
   def __init__(self, params: Any, tokenizer: tokenizers.TextTokenizer, vocab_size: int,
                seq_len: int, cfg: JudgeConfig, name: str) -> None:
@@ -205,7 +205,7 @@ def train_judge(config: ml_collections.ConfigDict, cfg: JudgeConfig, *, log_ever
     upd, opt_state = opt.update(grads, opt_state, params)
     return optax.apply_updates(params, upd), opt_state, loss
 
-  data = iter(pipeline.get_dataset(c, 'train', seed=cfg.seed, process_index=0, process_count=1))
+  data = iter(tasks.get(c).dataset(c, 'train', seed=cfg.seed, process_index=0, process_count=1))
   log, run = [], []
   for i in range(cfg.steps):
     b = next(data)
@@ -242,7 +242,7 @@ def load_or_train(config: ml_collections.ConfigDict, cfg: JudgeConfig = JudgeCon
 
 
 def judge_report(texts: Sequence[str], judge: ARJudge) -> dict[str, Any]:
-  """Generative perplexity of `texts` under the judge (generative_metrics' report keys)."""
+  """Generative perplexity of `texts` under the judge (evaluation/generative.py report keys)."""
   return generative_metrics.gen_ppl_report(list(texts), scorer=judge)
 
 
@@ -250,7 +250,7 @@ def test_split_perplexity(judge: ARJudge, config: ml_collections.ConfigDict) -> 
   """The judge's own perplexity on the config's test split (a sanity figure for its quality)."""
   c = judge_data_config(config, judge.cfg)
   total, count = 0.0, 0
-  for b in pipeline.get_dataset(c, 'test', seed=0, process_index=0, process_count=1):
+  for b in tasks.get(c).dataset(c, 'test', seed=0, process_index=0, process_count=1):
     w = np.asarray(b['loss_mask'], np.float32) * np.asarray(b.get('weight', 1.0),
                                                            np.float32).reshape(-1, 1)
     nll = judge.score_ids(np.asarray(b['tokens']), w)

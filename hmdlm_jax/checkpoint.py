@@ -30,6 +30,8 @@ from absl import logging
 
 FORMAT_VERSION = 1
 _TMP_MARK = '.orbax-checkpoint-tmp'
+_HINT = ('The checkpoint files were left untouched. Use another --workdir to start afresh, or move '
+         'this step directory away to resume from an earlier one.')
 
 
 class CheckpointError(ValueError):
@@ -153,6 +155,50 @@ class Checkpointer:
 
   # -- restore
 
+  def select_step(self, step: int | None = None) -> int:
+    """`step`, or the latest when None, checked to exist (CheckpointError listing the steps)."""
+    steps = self.all_steps()
+    if not steps:
+      raise CheckpointError(f'No checkpoint to restore in {self.directory!r}: train first '
+                            '(--mode=train with the same --workdir).')
+    step = steps[-1] if step is None else int(step)
+    if step not in steps:
+      raise CheckpointError(f'--step={step}: {self.directory!r} holds no checkpoint of that step; '
+                            f'it holds steps {steps} (omit --step for the latest).')
+    return step
+
+  def check_compatible(self, abstract_state: Any, step: int) -> None:
+    """Reads step `step`'s stored tree (metadata only) and compares it with `abstract_state`.
+
+    Raises:
+      CheckpointError naming the step directory and every differing leaf (nothing is written).
+    """
+    where = self.step_dir(step)
+    try:
+      stored = self._mngr.item_metadata(step)
+      stored_state = stored['state']
+      stored_tree = getattr(stored_state, 'tree', stored_state)
+    except Exception as e:  # pylint: disable=broad-except
+      raise CheckpointError(f'Checkpoint {where!r} is unreadable (corrupted or incomplete '
+                            f'metadata): {type(e).__name__}: {_short(e)}. {_HINT}') from e
+    if stored_tree is None:
+      raise CheckpointError(f'Checkpoint {where!r} has no train-state metadata (state/ missing or '
+                            f'corrupted). {_HINT}')
+    problems = describe_mismatch(stored_tree, abstract_state)
+    if problems:
+      raise CheckpointError(
+          f'Checkpoint {where!r} does not match the current model/optimiser (written with a '
+          f'different config?): ' + '; '.join(problems) + f'. {_HINT}')
+
+  def meta(self, step: int) -> dict[str, Any]:
+    """The JSON meta of step `step` (step, time, format_version, the resolved config)."""
+    try:
+      restored = self._mngr.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))
+    except Exception as e:  # pylint: disable=broad-except
+      raise CheckpointError(f'Checkpoint {self.step_dir(step)!r}: its meta/ is unreadable: '
+                            f'{type(e).__name__}: {_short(e)}. {_HINT}') from e
+    return dict(restored['meta'] or {})
+
   def restore(self, abstract_state: Any, data_iter: Any | None, step: int | None = None
               ) -> tuple[Any, dict[str, Any]]:
     """Restores step `step` (default: latest) into `abstract_state`'s shapes and shardings.
@@ -166,32 +212,9 @@ class Checkpointer:
     Raises:
       CheckpointError naming the step directory and the problem (nothing is deleted).
     """
-    steps = self.all_steps()
-    if not steps:
-      raise CheckpointError(f'No checkpoint to restore in {self.directory!r}: train first '
-                            '(--mode=train with the same --workdir).')
-    step = steps[-1] if step is None else int(step)
-    if step not in steps:
-      raise CheckpointError(f'--step={step}: {self.directory!r} holds no checkpoint of that step; '
-                            f'it holds steps {steps} (omit --step for the latest).')
+    step = self.select_step(step)
     where = self.step_dir(step)
-    hint = ('The checkpoint files were left untouched. Use another --workdir to start afresh, or '
-            'move this step directory away to resume from an earlier one.')
-    try:
-      stored = self._mngr.item_metadata(step)
-      stored_state = stored['state']
-      stored_tree = getattr(stored_state, 'tree', stored_state)
-    except Exception as e:  # pylint: disable=broad-except
-      raise CheckpointError(f'Checkpoint {where!r} is unreadable (corrupted or incomplete '
-                            f'metadata): {type(e).__name__}: {_short(e)}. {hint}') from e
-    if stored_tree is None:
-      raise CheckpointError(f'Checkpoint {where!r} has no train-state metadata (state/ missing or '
-                            f'corrupted). {hint}')
-    problems = describe_mismatch(stored_tree, abstract_state)
-    if problems:
-      raise CheckpointError(
-          f'Checkpoint {where!r} does not match the current model/optimiser (written with a '
-          f'different config?): ' + '; '.join(problems) + f'. {hint}')
+    self.check_compatible(abstract_state, step)
     items = dict(state=ocp.args.StandardRestore(abstract_state), meta=ocp.args.JsonRestore())
     if data_iter is not None:
       items['data_iter'] = grain.checkpoint.CheckpointRestore(data_iter)
@@ -200,11 +223,11 @@ class Checkpointer:
       restored = self._mngr.restore(step, args=args)
     except Exception as e:  # pylint: disable=broad-except
       raise CheckpointError(f'Checkpoint {where!r} could not be restored (corrupted or truncated '
-                            f'files?): {type(e).__name__}: {_short(e)}. {hint}') from e
+                            f'files?): {type(e).__name__}: {_short(e)}. {_HINT}') from e
     meta = dict(restored['meta'] or {})
     if int(meta.get('step', step)) != step:
       raise CheckpointError(f'Checkpoint {where!r} says it holds step {meta.get("step")}, not '
-                            f'{step}. {hint}')
+                            f'{step}. {_HINT}')
     return restored['state'], meta
 
 

@@ -11,8 +11,9 @@ derived values computed, each in exactly one place:
 * `process.kind = 'mdlm'` requires K = 1 (MDLM is HMDLM's K = 1 case, reachable by name).
 
 and validates every section that the code reads without touching data or devices (ValueError naming
-the field and what to do). The views (`loss_config`, `sample_config`) are hashable frozen dataclasses:
-valid static arguments of `jax.jit`. Nothing here imports JAX or the rest of the package.
+the field and what to do). The views (`ModelConfig`, `LossConfig`, `SampleConfig`; the schedule's is
+`processes.schedules.Schedule`) are hashable frozen dataclasses: valid static arguments of
+`jax.jit`. Nothing here imports JAX or the rest of the package.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ import copy
 import dataclasses
 import math
 import os
-from typing import Any
+from typing import Any, Mapping
 
 import ml_collections
 
@@ -29,6 +30,11 @@ PROCESS_KINDS = ('hmdlm', 'mdlm', 'multimdm')
 DISTILL_KL = ('reverse', 'forward')
 TEXT_DATA_KINDS = ('text', 'lm1b', 'wikihow')
 VARIANTS = ('two_pass', 'single_pass')
+# What hmdlm_jax/models implements (tests/test_models.py checks the registries agree).
+BACKBONES = ('dit', 'gpt2')
+POSITION_EMBEDDINGS = ('rotary', 'learned', 'sudoku', 'sudoku_rel')
+COMPUTE_DTYPES = ('float32', 'bfloat16')
+SUDOKU_CELLS = 81
 ORDERINGS = ('ancestral', 'confidence')
 LEVEL_CONTEXTS = ('candidates', 'none')
 
@@ -61,6 +67,86 @@ def _check_number(field: str, value: Any, *, lo: float, hi: float = math.inf,
 
 
 # ------------------------------------------------------------------------------------------ views
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelConfig:
+  """The validated `model` config section (docs/method.md §4); hashable.
+
+  Built from the section with `from_section` (models.build_model(config.model)) or from the whole
+  config with `from_config`; `mask_id` is resolved (never -1).
+  """
+  backbone: str
+  num_levels: int
+  vocab_size: int
+  mask_id: int
+  seq_len: int
+  num_layers: int
+  hidden_size: int
+  num_heads: int
+  mlp_dim: int
+  cond_dim: int
+  dropout: float
+  time_conditioning: bool
+  variant: str
+  position_embedding: str
+  tie_embeddings: bool
+  dtype: str
+  hier_stop_gradient: bool
+
+  @classmethod
+  def from_config(cls, config: ml_collections.ConfigDict) -> ModelConfig:
+    return cls.from_section(resolve(config).model)
+
+  @classmethod
+  def from_section(cls, cfg_model: Any) -> ModelConfig:
+    """Validates a `model` section; errors name the field and the allowed values."""
+    if isinstance(cfg_model, ModelConfig):
+      return cfg_model
+    get = (cfg_model.get if isinstance(cfg_model, Mapping) or hasattr(cfg_model, 'get')
+           else lambda k, d=None: getattr(cfg_model, k, d))
+    if get('backbone', None) is None and get('model', None) is not None:
+      raise ValueError('ModelConfig.from_section expects the `model` config section '
+                       '(config.model), not the whole config.')
+    values = {}
+    for f in dataclasses.fields(cls):
+      v = get(f.name, None)
+      if v is None:
+        raise ValueError(f'model.{f.name} is missing from the model config.')
+      values[f.name] = v
+    for name, lo in (('num_levels', 1), ('vocab_size', 2), ('seq_len', 1), ('num_layers', 1),
+                     ('hidden_size', 1), ('num_heads', 1), ('mlp_dim', 1), ('cond_dim', 1)):
+      _check_int(f'model.{name}', values[name], minimum=lo)
+    values['mask_id'] = _mask_id(values['vocab_size'], values['mask_id'])
+    values['dropout'] = _check_number('model.dropout', values['dropout'], lo=0.0, hi=1.0)
+    for name in ('time_conditioning', 'tie_embeddings', 'hier_stop_gradient'):
+      _check_bool(f'model.{name}', values[name])
+    return cls(**values)
+
+  def __post_init__(self) -> None:
+    def bad(field: str, allowed: str) -> ValueError:
+      return ValueError(f'model.{field}={getattr(self, field)!r} is invalid: {allowed}.')
+
+    if self.backbone not in BACKBONES:
+      raise bad('backbone', f'allowed {BACKBONES}')
+    if self.hidden_size % self.num_heads:
+      raise bad('hidden_size', f'must be divisible by model.num_heads={self.num_heads}')
+    if self.variant not in VARIANTS:
+      raise bad('variant', f'allowed {VARIANTS}')
+    pe = self.position_embedding
+    if pe not in POSITION_EMBEDDINGS:
+      raise bad('position_embedding', f'allowed {POSITION_EMBEDDINGS}')
+    if pe in ('sudoku', 'sudoku_rel') and self.seq_len != SUDOKU_CELLS:
+      raise bad('seq_len', f'model.position_embedding={pe!r} needs model.seq_len == 81 '
+                '(a 9×9 grid)')
+    if pe == 'sudoku_rel' and self.backbone != 'dit':
+      raise bad('position_embedding', "'sudoku_rel' (relation attention bias) needs "
+                "model.backbone='dit'")
+    if pe == 'rotary' and (self.hidden_size // self.num_heads) % 2:
+      raise bad('num_heads', 'rotary embeddings need an even head dimension hidden_size / '
+                'num_heads')
+    if self.dtype not in COMPUTE_DTYPES:
+      raise bad('dtype', f'allowed {COMPUTE_DTYPES}')
 
 
 @dataclasses.dataclass(frozen=True)
@@ -268,15 +354,14 @@ def num_noise_rows(config: ml_collections.ConfigDict) -> int:
 # ---------------------------------------------------------------------------------------- resolve
 
 
-def _resolve_mask_id(m: ml_collections.ConfigDict) -> None:
-  _check_int('model.vocab_size', m.vocab_size, minimum=2)
-  mask_id = m.mask_id
-  if mask_id == -1:
-    mask_id = m.vocab_size - 1
-  if not _is_int(mask_id) or not 0 <= mask_id < m.vocab_size:
-    raise ValueError(f'model.mask_id={m.mask_id!r} must be -1 (= vocab_size - 1) or in '
-                     f'[0, model.vocab_size={m.vocab_size}).')
-  m.mask_id = mask_id
+def _mask_id(vocab_size: Any, mask_id: Any) -> int:
+  """model.mask_id with -1 meaning vocab_size - 1 (the one place this is resolved)."""
+  _check_int('model.vocab_size', vocab_size, minimum=2)
+  resolved = vocab_size - 1 if mask_id == -1 else mask_id
+  if not _is_int(resolved) or not 0 <= resolved < vocab_size:
+    raise ValueError(f'model.mask_id={mask_id!r} must be -1 (= vocab_size - 1) or in '
+                     f'[0, model.vocab_size={vocab_size}).')
+  return resolved
 
 
 def _resolve_offsets(config: ml_collections.ConfigDict) -> None:
@@ -344,6 +429,30 @@ def _check_optim(config: ml_collections.ConfigDict) -> None:
   _check_bool('optim.ema_warmup', o.ema_warmup)
 
 
+def _check_eval_sample_data(config: ml_collections.ConfigDict) -> None:
+  """The fields of evaluation, sampling and data loading that every task reads."""
+  seed = config.seed
+  if not _is_int(seed) or not 0 <= seed < 2**32:
+    raise ValueError(f'seed must be an integer in [0, 2**32), got {seed!r}.')
+  e, sm, d = config.eval, config.sample, config.data
+  for field, value, lo in (('eval.num_examples', e.num_examples, 0),
+                           ('eval.time_seed', e.time_seed, 0),
+                           ('eval.num_t_samples', e.num_t_samples, 1),
+                           ('eval.num_samples', e.num_samples, 0),
+                           ('sample.num_samples', sm.num_samples, 1),
+                           ('data.eval_batch_size', d.eval_batch_size, 1),
+                           ('data.num_workers', d.num_workers, 0),
+                           ('data.read_threads', d.read_threads, 1),
+                           ('data.prefetch_batches', d.prefetch_batches, 0)):
+    _check_int(field, value, minimum=lo)
+  for field, value in (('eval.use_ema', e.use_ema), ('sample.pictures', sm.pictures)):
+    _check_bool(field, value)
+  seeds = (sm.seeds,) if _is_int(sm.seeds) else tuple(sm.seeds)
+  if not seeds or not all(_is_int(x) and x >= 0 for x in seeds):
+    raise ValueError(f'sample.seeds must be a non-empty tuple of integers >= 0, got '
+                     f'{sm.seeds!r}; write it --config.sample.seeds=(0,1).')
+
+
 def _check_init(config: ml_collections.ConfigDict) -> None:
   """A warm start that cannot work is reported now, not after the model is initialised."""
   ini = config.init
@@ -379,12 +488,14 @@ def resolve(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
   config = copy.deepcopy(config)
   with config.unlocked():
     _check_int('model.num_levels', config.model.num_levels, minimum=1)
-    _resolve_mask_id(config.model)
+    config.model.mask_id = _mask_id(config.model.vocab_size, config.model.mask_id)
     _resolve_offsets(config)
   _check_process(config)
   _check_train(config)
   _check_optim(config)
+  _check_eval_sample_data(config)
   _check_init(config)
-  LossConfig._view(config)  # the views validate their sections  # pylint: disable=protected-access
+  ModelConfig.from_section(config.model)  # the views validate their sections
+  LossConfig._view(config)  # pylint: disable=protected-access
   SampleConfig._view(config)  # pylint: disable=protected-access
   return config

@@ -290,33 +290,68 @@ def load_pretrained(path: str | pathlib.Path, *, use_ema: bool = False,
   return convert_state_dict(state)[0]
 
 
-def merge_pretrained(params: Mapping[str, Any], pretrained: Mapping[str, Any],
-                     fresh: Sequence[str] = HMDLM_ONLY) -> dict[str, Any]:
-  """`params` with every leaf of `pretrained` copied in (same path and shape required).
+def check_shapes(model: Mapping[str, tuple[int, ...]], pretrained: Mapping[str, tuple[int, ...]],
+                 fresh: Sequence[str] = HMDLM_ONLY) -> None:
+  """Raises ValueError unless `pretrained` fits `model` ('/'-joined path -> shape, both).
 
   Top-level entries named in `fresh` (HMDLM's level table and heads) must be absent from
-  `pretrained` and keep their values from `params`; every other leaf of `params` must be provided.
-  Returns a new tree; leaves keep the dtype of `params`.
+  `pretrained`; every other model leaf must be provided with its shape.
   """
-  flat_p = flatten(params)
-  flat_q = flatten(pretrained)
   is_fresh = lambda k: k.split('/')[0] in fresh  # pylint: disable=unnecessary-lambda-assignment
-  extra = sorted(k for k in flat_q if k not in flat_p or is_fresh(k))
+  extra = sorted(k for k in pretrained if k not in model or is_fresh(k))
   if extra:
     raise ValueError(f'pretrained parameters not in the model (or HMDLM-only): {extra[:8]}.')
-  missing = sorted(k for k in flat_p if k not in flat_q and not is_fresh(k))
+  missing = sorted(k for k in model if k not in pretrained and not is_fresh(k))
   if missing:
     raise ValueError(f'the model has parameters the checkpoint lacks: {missing[:8]} (is '
                      'config.model the MDLM DiT of the checkpoint?).')
-  merged = {}
-  for k, v in flat_p.items():
-    if k in flat_q:
-      if flat_q[k].shape != v.shape:
-        raise ValueError(f'{k}: checkpoint shape {flat_q[k].shape} != model shape {v.shape} '
-                         '(check config.model.vocab_size / hidden_size / num_heads / mlp_dim).')
-      merged[k] = np.asarray(flat_q[k], dtype=v.dtype)
-    else:
-      merged[k] = np.asarray(v)
+  for k, shape in model.items():
+    if k in pretrained and tuple(pretrained[k]) != tuple(shape):
+      raise ValueError(f'{k}: checkpoint shape {tuple(pretrained[k])} != model shape '
+                       f'{tuple(shape)} (check config.model.vocab_size / hidden_size / num_heads / '
+                       'mlp_dim).')
+
+
+def pretrained_shapes(path: str | pathlib.Path) -> dict[str, tuple[int, ...]]:
+  """'/'-joined path -> shape of what `load_pretrained(path)` gives, read cheaply when possible.
+
+  A converted `.npz` is checked whole (zip CRCs) and its array headers are read, no array is
+  loaded; other files are converted (as `load_pretrained` does). Raises ValueError naming the file.
+  """
+  path = pathlib.Path(path)
+  if path.suffix != '.npz':
+    return {k: tuple(v.shape) for k, v in flatten(load_pretrained(path)).items()}
+  try:
+    with zipfile.ZipFile(path) as z:
+      bad = z.testzip()
+      if bad is not None:
+        raise ValueError(f'member {bad} fails its CRC check')
+      shapes = {}
+      for name in z.namelist():
+        with z.open(name) as f:
+          version = np.lib.format.read_magic(f)
+          read = (np.lib.format.read_array_header_1_0 if version == (1, 0)
+                  else np.lib.format.read_array_header_2_0)
+          shapes[name[:-len('.npy')] if name.endswith('.npy') else name] = tuple(read(f)[0])
+      return shapes
+  except (OSError, ValueError, zipfile.BadZipFile, EOFError) as e:
+    raise ValueError(f'{path}: not a parameter file written by hmdlm_jax.convert_mdlm '
+                     f'({type(e).__name__}: {e}); convert the MDLM checkpoint again.') from e
+
+
+def merge_pretrained(params: Mapping[str, Any], pretrained: Mapping[str, Any],
+                     fresh: Sequence[str] = HMDLM_ONLY) -> dict[str, Any]:
+  """`params` with every leaf of `pretrained` copied in (`check_shapes` first).
+
+  Entries named in `fresh` keep their values from `params`. Returns a new tree; leaves keep the
+  dtype of `params`.
+  """
+  flat_p = flatten(params)
+  flat_q = flatten(pretrained)
+  check_shapes({k: v.shape for k, v in flat_p.items()}, {k: v.shape for k, v in flat_q.items()},
+               fresh)
+  merged = {k: np.asarray(flat_q[k], dtype=v.dtype) if k in flat_q else np.asarray(v)
+            for k, v in flat_p.items()}
   return unflatten(merged)
 
 
@@ -348,11 +383,18 @@ def convert(src: str, dst: str, *, use_ema: bool = False, num_heads: int | None 
             allow_pickle: bool = False) -> str:
   """Converts `src` into `dst` (validated first, written atomically); returns a summary line."""
   out = _check_destination(dst)
+  if not pathlib.Path(src).is_file():
+    raise ValueError(f'--src={src}: no such file; give the MDLM model.safetensors (Hugging Face '
+                     'kuleshov-group/mdlm-owt) or a Lightning .ckpt.')
   state = load_mdlm_state_dict(src, use_ema=use_ema, allow_pickle=allow_pickle)
   params, dims = convert_state_dict(state, num_heads=num_heads)
   tmp = out.with_name(out.name + '.tmp')
-  save_params(tmp, params)
-  os.replace(tmp, out)  # an existing dst is replaced only by a complete file
+  try:
+    save_params(tmp, params)
+    os.replace(tmp, out)  # an existing dst is replaced only by a complete file
+  except BaseException:
+    tmp.unlink(missing_ok=True)  # e.g. a full disk: no half-written file is left behind
+    raise
   n = sum(x.size for x in flatten(params).values())
   return (f'{src} -> {dst}: {n:,} parameters; set config.model to {dims} '
           '(and config.model.time_conditioning as the checkpoint was trained).')
@@ -372,7 +414,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     print(convert(args.src, args.dst, use_ema=args.use_ema, num_heads=args.num_heads,
                   allow_pickle=args.allow_pickle))
   except (ValueError, OSError) as e:
-    print(f'hmdlm_jax.convert_mdlm: error: {e}', file=sys.stderr, flush=True)
+    print(f'hmdlm_jax: error: {" ".join(str(e).split())}', file=sys.stderr, flush=True)
     sys.exit(1)
 
 

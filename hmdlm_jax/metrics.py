@@ -35,7 +35,8 @@ def to_scalars(tree: Mapping[str, Any]) -> dict[str, float]:
   return out
 
 
-def _json_value(v: Any) -> Any:
+def json_value(v: Any) -> Any:
+  """A float as JSON can hold it: non-finite values become "nan" / "inf" / "-inf"."""
   if isinstance(v, float) and not math.isfinite(v):
     return 'nan' if math.isnan(v) else ('inf' if v > 0 else '-inf')
   return v
@@ -67,7 +68,7 @@ class MetricsWriter:
       return
     record: dict[str, Any] = {'step': int(step), 'split': str(split), 'time': time.time()}
     for k, v in scalars.items():
-      record[k] = _json_value(float(v))
+      record[k] = json_value(float(v))
     self._file.write(json.dumps(record, sort_keys=False) + '\n')
     self._file.flush()
     if self._tb is not None:

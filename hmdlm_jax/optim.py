@@ -1,4 +1,4 @@
-"""Optimiser (SPEC 9): AdamW, linear warm-up then constant or cosine, global-norm clipping, EMA.
+"""Optimiser (docs/method.md §9): AdamW, linear warm-up then constant or cosine, global-norm clipping, EMA.
 
 Gradient accumulation is not an optax wrapper here: `train.py` splits the batch into micro-batches
 inside one jitted step (`lax.scan`) and hands the averaged gradient to this optimiser, so one
@@ -39,7 +39,7 @@ def validate_optim_config(optim_cfg: Any) -> None:
 
 def make_lr_schedule(optim_cfg: Any, num_steps: int) -> optax.Schedule:
   """Learning rate at optimiser update n: linear 0 -> lr over `warmup_steps`, then constant, or
-  cosine from lr to 0 at `num_steps` (SPEC 9: 2,500 warm-up steps then constant on LM1B)."""
+  cosine from lr to 0 at `num_steps` (docs/method.md §9: 2,500 warm-up steps then constant on LM1B)."""
   validate_optim_config(optim_cfg)
   lr = float(optim_cfg.lr)
   warmup = int(optim_cfg.warmup_steps)
@@ -55,7 +55,7 @@ def make_lr_schedule(optim_cfg: Any, num_steps: int) -> optax.Schedule:
 
 def _decay_mask(params: Any) -> Any:
   """Weight decay only on arrays with ndim >= 2 (kernels, embedding tables), not on biases or
-  norm scales, as is usual for AdamW on transformers (SPEC 9 uses weight_decay = 0 anyway)."""
+  norm scales, as is usual for AdamW on transformers (docs/method.md §9 uses weight_decay = 0 anyway)."""
   return jax.tree.map(lambda p: jnp.ndim(p) >= 2, params)
 
 

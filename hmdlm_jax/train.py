@@ -11,8 +11,11 @@ advances (the batch is consumed and the per-step key is fold_in(rng, step), so t
 the random stream go on exactly as without the bad step), `bad_steps` (consecutive) and
 `skipped_steps` (total) count it. `step` therefore counts batches consumed, and the optimiser's
 own count (which drives the lr schedule) counts applied updates. After `train.max_bad_steps`
-consecutive bad steps the loop saves a checkpoint (its parameters are those of the last good
-update) and raises NonFiniteLossError.
+consecutive bad steps the loop logs the step already dispatched after the last bad one, saves a
+checkpoint of it (so every update the checkpoint holds has its line in metrics.jsonl; its
+parameters are those of the last good update unless that step was good) and raises
+NonFiniteLossError. Likewise a checkpoint or an evaluation at step n waits for step n's metrics
+line, so a run killed at any point resumes with no step missing from metrics.jsonl.
 
 Fault injection for tests: `train.debug_nan_steps` lists (0-based) steps whose loss is multiplied
 by NaN; it is passed to the step as a fixed-size array, so it never changes the compiled program.
@@ -20,10 +23,10 @@ by NaN; it is passed to the step as a fixed-size array, so it never changes the 
 Precision: parameters, optimiser state and EMA are float32; `model.dtype` sets the compute dtype of
 the network (bfloat16 on accelerators), and the losses are computed in float32 (processes/).
 
-Outputs in DIR: metrics.jsonl + TensorBoard tb/ (hmdlm_jax/metrics.py); config.json/.yaml;
-train_summary.json; checkpoints/ (hmdlm_jax/checkpoint.py); eval_<step>.json (the flat scalars of
-each evaluation, also in metrics.jsonl with split='eval'; evaluate.evaluate_during_training writes
-its full report to eval_train_<step>.json).
+Outputs in DIR: metrics.jsonl + TensorBoard tb/ (hmdlm_jax/metrics.py); config.json/.yaml and
+runs.jsonl (written by main.py before this starts; hmdlm_jax/workdir.py);
+train_summary.json; checkpoints/ (hmdlm_jax/checkpoint.py); the scalars of each evaluation in
+metrics.jsonl with split='eval' (the evaluation hook writes its report, evaluation/run.py).
 """
 
 from __future__ import annotations
@@ -44,6 +47,7 @@ import numpy as np
 import optax
 from absl import logging
 
+from hmdlm_jax import accumulate
 from hmdlm_jax import checkpoint as ckpt_lib
 from hmdlm_jax import config as config_lib
 from hmdlm_jax import convert_mdlm
@@ -53,6 +57,7 @@ from hmdlm_jax import optim
 from hmdlm_jax import processes
 from hmdlm_jax import sharding as shd
 from hmdlm_jax import warm_start
+from hmdlm_jax import workdir as workdir_lib
 
 BATCH_KEYS = processes.base.BATCH_KEYS
 # train.debug_nan_steps is passed to the step as an int32 [MAX_FAULT_STEPS] array (padded with -1),
@@ -99,33 +104,6 @@ def validate_config(config: ml_collections.ConfigDict) -> None:
   if len(t.debug_nan_steps) > MAX_FAULT_STEPS:
     raise ValueError(f'train.debug_nan_steps holds {len(t.debug_nan_steps)} steps; at most '
                      f'{MAX_FAULT_STEPS} are allowed.')
-
-
-def config_to_dict(config: ml_collections.ConfigDict) -> dict[str, Any]:
-  """JSON-ready nested dict (tuples become lists)."""
-  return json.loads(config.to_json_best_effort())
-
-
-def write_config(config: ml_collections.ConfigDict, workdir: str, name: str = 'config') -> None:
-  """DIR/<name>.json (and DIR/<name>.yaml when PyYAML is installed); process 0 only.
-
-  Training writes config.json; eval/sample runs write config_<mode>.json so that their overrides
-  never overwrite the record of how the checkpoints were trained.
-  """
-  if os.path.exists(workdir) and not os.path.isdir(workdir):
-    raise ValueError(f'--workdir={workdir!r} exists and is not a directory.')
-  if jax.process_index() != 0:
-    return
-  os.makedirs(workdir, exist_ok=True)
-  d = config_to_dict(config)
-  with open(os.path.join(workdir, f'{name}.json'), 'w', encoding='utf-8') as f:
-    json.dump(d, f, indent=2, sort_keys=True)
-  try:
-    import yaml  # pylint: disable=g-import-not-at-top
-  except ImportError:
-    return
-  with open(os.path.join(workdir, f'{name}.yaml'), 'w', encoding='utf-8') as f:
-    yaml.safe_dump(d, f, sort_keys=True)
 
 
 # ----------------------------------------------------------------------------- state
@@ -229,62 +207,6 @@ def restore_for_eval(config: ml_collections.ConfigDict, workdir: str, step: int 
 # ----------------------------------------------------------------------------- step
 
 
-def _microbatches(batch: Mapping[str, jax.Array], accum: int) -> dict[str, jax.Array]:
-  """[B, ...] -> [accum, B/accum, ...], micro-batch j = rows j, j+accum, j+2·accum, ...
-
-  Strided (not contiguous) so that every micro-batch keeps rows from every device's shard.
-  """
-  def split(x: jax.Array) -> jax.Array:
-    b = x.shape[0]
-    return x.reshape((b // accum, accum) + x.shape[1:]).swapaxes(0, 1)
-  return {k: split(v) for k, v in batch.items()}
-
-
-def accumulate_value_and_grad(grad_fn: Callable[..., Any], params: PyTree,
-                              batch: Mapping[str, jax.Array], key: jax.Array, accum: int,
-                              *extra: Any) -> tuple[jax.Array, dict[str, jax.Array], PyTree]:
-  """Loss, metrics and gradient of one global batch, in `accum` micro-batches (`lax.scan`).
-
-  Args:
-    grad_fn: `jax.value_and_grad(loss_fn, has_aux=True)` with loss_fn(params, batch, key, *extra)
-      -> (loss, metrics); the loss is a mean over loss tokens (`batch['loss_mask']`).
-    params: parameter tree.
-    batch: dict of [B, ...] arrays including loss_mask [B, L].
-    key: PRNG key; micro-batch j uses split(key, accum)[j] (accum = 1: `key` itself).
-    accum: number of micro-batches (divides B); micro-batch j = rows j, j+accum, ...
-    *extra: passed through to loss_fn.
-  Returns:
-    (loss, metrics, grads). Micro-batch j is weighted by its share of loss tokens, so for a loss
-    that is a token-weighted mean over the batch (every process's loss) the result is the
-    full-batch value and gradient; metrics are averaged the same way except num_loss_tokens
-    (summed) and finite (minimum).
-  """
-  if accum == 1:
-    (loss, aux), grads = grad_fn(params, batch, key, *extra)
-    return loss, dict(aux, loss=loss), grads
-  micro = _microbatches(batch, accum)
-  n_tok = micro['loss_mask'].sum(axis=(1, 2)).astype(jnp.float32)  # [A]
-  weights = n_tok / jnp.maximum(n_tok.sum(), 1.0)
-  keys = jax.random.split(key, accum)
-
-  def body(acc: PyTree, xs: Any) -> tuple[PyTree, Any]:
-    mb, k, w = xs
-    (l, aux), g = grad_fn(params, mb, k, *extra)
-    acc = jax.tree.map(lambda a, b: a + w * b.astype(a.dtype), acc, g)
-    return acc, (l, aux)
-
-  zeros = jax.tree.map(jnp.zeros_like, params)
-  grads, (ls, auxs) = jax.lax.scan(body, zeros, (micro, keys, weights))
-  loss = (weights * ls).sum()
-  aux = {k: (weights * v).sum() for k, v in auxs.items()}
-  aux['loss'] = loss
-  if 'num_loss_tokens' in auxs:
-    aux['num_loss_tokens'] = auxs['num_loss_tokens'].sum()
-  if 'finite' in auxs:
-    aux['finite'] = auxs['finite'].min()
-  return loss, aux, grads
-
-
 def make_train_step(config: ml_collections.ConfigDict, model: nn.Module,
                     process: processes.Process, mesh: jax.sharding.Mesh,
                     shardings: TrainState | None = None) -> Callable[..., Any]:
@@ -332,7 +254,7 @@ def make_train_step(config: ml_collections.ConfigDict, model: nn.Module,
     key = jax.random.fold_in(state.rng, state.step)
     # Fault injection for tests of the guard (train.debug_nan_steps; faults = -1 when unused).
     poison = jnp.where(jnp.any(faults == state.step), jnp.float32(jnp.nan), jnp.float32(1.0))
-    loss, aux, grads = accumulate_value_and_grad(grad_fn, state.params, batch, key, accum,
+    loss, aux, grads = accumulate.value_and_grad(grad_fn, state.params, batch, key, accum,
                                                  poison, state.step, state.ema_params)
     grad_norm = optax.global_norm(grads)
     updates, new_opt = optimizer.update(grads, state.opt_state, state.params)
@@ -395,7 +317,7 @@ EvalFn = Callable[[ml_collections.ConfigDict, TrainState, int, str], Mapping[str
 
 def run_evaluation(config: ml_collections.ConfigDict, state: TrainState, step: int, workdir: str,
                    writer: metrics_lib.MetricsWriter, hook: EvalFn | None) -> dict[str, Any]:
-  """Calls the evaluation hook; writes DIR/eval_<step>.json and split='eval' metrics."""
+  """Calls the evaluation hook and logs its scalars (+ eval_time_s) with split='eval'."""
   if hook is None:
     return {}
   logging.info('Evaluating at step %d ...', step)
@@ -404,12 +326,6 @@ def run_evaluation(config: ml_collections.ConfigDict, state: TrainState, step: i
   result = dict(result)
   scalars = _scalar_items(result)
   scalars['eval_time_s'] = time.perf_counter() - t0
-  if jax.process_index() == 0:
-    path = os.path.join(workdir, f'eval_{step}.json')
-    if not os.path.exists(path):
-      with open(path, 'w', encoding='utf-8') as f:
-        json.dump({'step': step, **{k: metrics_lib._json_value(v) for k, v in scalars.items()}},
-                  f, indent=2)
   writer.write(step, 'eval', scalars)
   logging.info('eval step %d: %s', step, ', '.join(f'{k}={v:.4g}' for k, v in scalars.items()))
   return scalars
@@ -492,10 +408,10 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *, train
   def save(at: int) -> None:
     nonlocal last_saved
     if last_saved != at:
-      ckpt.save(at, state, train_iter, {'config': config_to_dict(config)})
+      ckpt.save(at, state, train_iter, {'config': workdir_lib.config_to_dict(config)})
       last_saved = at
 
-  def on_host(done_step: int, m: dict[str, jax.Array]) -> None:
+  def on_host(done_step: int, m: dict[str, jax.Array], *, force_log: bool = False) -> None:
     """Host side of step `done_step` (its metrics), run after the next step was dispatched."""
     nonlocal last_train
     bad = int(jax.device_get(m['bad_steps']))
@@ -504,13 +420,13 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *, train
       logging.warning('Step %d: non-finite loss/gradients (loss=%s, grad_norm=%s): update '
                       'skipped (%d consecutive, %d in total).', done_step, host['loss'],
                       host['grad_norm'], bad, int(host['skipped_steps']))
-    if done_step % log_every == 0 or done_step == num_steps or bad >= max_bad:
+    if done_step % log_every == 0 or done_step == num_steps or bad >= max_bad or force_log:
       host = metrics_lib.to_scalars(m)
       host.update(rate.update(done_step))
       writer.write(done_step, 'train', host)
       bar.postfix(loss=host['loss'], tok_s=host['tokens_per_s'])
       last_train = host
-    if bad >= max_bad:
+    if bad >= max_bad and not force_log:
       raise NonFiniteLossError(done_step)
 
   pending: tuple[int, dict[str, jax.Array]] | None = None
@@ -523,15 +439,18 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *, train
         state, m = train_step(state, batch)
         step += 1
         bar.update()
-        if pending is not None:
-          on_host(*pending)
-        pending = (step, m)
+        previous, pending = pending, (step, m)
+        if previous is not None:
+          on_host(*previous)
         sync_point = (not multi) or step % log_every == 0
-        if step % ckpt_every == 0 and step < num_steps:
-          save(step)
-        if eval_every and step % eval_every == 0 and step < num_steps:
+        ckpt_now = step % ckpt_every == 0 and step < num_steps
+        eval_now = eval_every and step % eval_every == 0 and step < num_steps
+        if ckpt_now or eval_now:  # never save or evaluate a step whose metrics are not written
           on_host(*pending)
           pending = None
+        if ckpt_now:
+          save(step)
+        if eval_now:
           eval_result = run_evaluation(config, state, step, workdir, writer, eval_fn)
         if sync_point:
           if _agree(stop_signal.received is not None):
@@ -544,6 +463,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *, train
         on_host(*pending)
         pending = None
   except NonFiniteLossError as e:
+    if pending is not None and pending[0] != e.args[0]:  # the step dispatched after the bad one
+      on_host(*pending, force_log=True)  # logged, as it is in the checkpoint saved now
     save(step)
     ckpt.close()
     bar.close()

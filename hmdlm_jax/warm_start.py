@@ -72,8 +72,8 @@ def handles(config: ml_collections.ConfigDict) -> bool:
 # ------------------------------------------------------------------------------------ sources
 
 
-def read_workdir(workdir: str, *, use_ema: bool = True) -> tuple[PyTree, Layout, int]:
-  """(parameters as numpy, vocabulary layout, step) of DIR's latest checkpoint."""
+def _source_dirs(workdir: str) -> tuple[ml_collections.ConfigDict, str, int]:
+  """(DIR's config, its latest checkpoint's state folder, that step); ValueError if unusable."""
   path = os.path.join(workdir, 'config.json')
   try:
     with open(path, encoding='utf-8') as f:
@@ -86,7 +86,12 @@ def read_workdir(workdir: str, *, use_ema: bool = True) -> tuple[PyTree, Layout,
   if not steps:
     raise ValueError(f'init.workdir={workdir!r} holds no finished checkpoint in {ckpt_dir}; '
                      'train there first.')
-  state_dir = os.path.join(ckpt_dir, str(steps[-1]), 'state')
+  return source, os.path.join(ckpt_dir, str(steps[-1]), 'state'), steps[-1]
+
+
+def read_workdir(workdir: str, *, use_ema: bool = True) -> tuple[PyTree, Layout, int]:
+  """(parameters as numpy, vocabulary layout, step) of DIR's latest checkpoint."""
+  source, state_dir, step = _source_dirs(workdir)
   try:
     with ocp.StandardCheckpointer() as ckptr:
       state = ckptr.restore(state_dir)
@@ -95,7 +100,21 @@ def read_workdir(workdir: str, *, use_ema: bool = True) -> tuple[PyTree, Layout,
                      f'({type(e).__name__}: {e}).') from e
   name = 'ema_params' if use_ema else 'params'
   params = jax.tree.map(np.asarray, state[name])
-  return params, layout_of(source), steps[-1]
+  return params, layout_of(source), step
+
+
+def workdir_shapes(workdir: str, *, use_ema: bool = True) -> tuple[dict[str, tuple[int, ...]],
+                                                                    Layout]:
+  """('/'-joined leaf -> shape, layout) of DIR's latest parameters, from the Orbax metadata."""
+  source, state_dir, _ = _source_dirs(workdir)
+  try:
+    with ocp.StandardCheckpointer() as ckptr:
+      meta = ckptr.metadata(state_dir)
+    tree = getattr(meta, 'item_metadata', meta)['ema_params' if use_ema else 'params']
+  except Exception as e:  # pylint: disable=broad-except
+    raise ValueError(f'init.workdir={workdir!r}: checkpoint {state_dir} is unreadable '
+                     f'({type(e).__name__}: {e}).') from e
+  return _shapes(tree), layout_of(source)
 
 
 def read_mdlm_file(path: str, mask_id: int) -> tuple[PyTree, Layout]:
@@ -133,6 +152,36 @@ def row_map(src: Layout, dst: Layout) -> np.ndarray:
   return out
 
 
+def _shapes(tree: Any) -> dict[str, tuple[int, ...]]:
+  """'/'-joined leaf path -> shape of any tree of arrays / ShapeDtypeStructs / array metadata."""
+  return {'/'.join(str(getattr(p, 'key', p)) for p in path): tuple(leaf.shape)
+          for path, leaf in jax.tree_util.tree_flatten_with_path(
+              tree, is_leaf=lambda x: hasattr(x, 'shape'))[0]}
+
+
+def check_fit(fresh: Mapping[str, tuple[int, ...]], source: Mapping[str, tuple[int, ...]],
+              vocab_axes: Mapping[str, int | None], src: Layout, dst: Layout) -> list[str]:
+  """Raises ValueError unless the source leaves fit the destination's (leaf -> shape, both);
+  returns the source leaves the destination lacks (dropped)."""
+  row_map(src, dst)
+  missing = sorted(k for k in fresh if k not in source)
+  if missing:
+    raise ValueError(f'the destination model has parameters the source lacks: {missing[:6]} '
+                     '(is config.model the architecture of the source run?).')
+  for k, shape in fresh.items():
+    s = tuple(source[k])
+    axis = vocab_axes.get(k)
+    if axis is not None:
+      if s[axis] != src.vocab_size:
+        raise ValueError(f'{k}: the source has {s[axis]} vocabulary rows, expected '
+                         f'{src.vocab_size}.')
+      s = s[:axis] + (dst.vocab_size,) + s[axis + 1:]
+    if s != tuple(shape):
+      raise ValueError(f'{k}: source shape {s} != destination shape {tuple(shape)} (check '
+                       'config.model.hidden_size / num_heads / mlp_dim / seq_len).')
+  return sorted(k for k in source if k not in fresh)
+
+
 def adapt(fresh: PyTree, source: PyTree, vocab_axes: Mapping[str, int | None], src: Layout,
           dst: Layout) -> tuple[PyTree, list[str]]:
   """`fresh` with every leaf taken from `source` (module docstring): (new tree, dropped leaves).
@@ -144,25 +193,16 @@ def adapt(fresh: PyTree, source: PyTree, vocab_axes: Mapping[str, int | None], s
     src, dst: the two vocabulary layouts.
   """
   flat_f, flat_s = _flat(fresh), _flat(source)
+  dropped = check_fit({k: v.shape for k, v in flat_f.items()},
+                      {k: np.shape(v) for k, v in flat_s.items()}, vocab_axes, src, dst)
   rows = row_map(src, dst)
-  missing = sorted(k for k in flat_f if k not in flat_s)
-  if missing:
-    raise ValueError(f'the destination model has parameters the source lacks: {missing[:6]} '
-                     '(is config.model the architecture of the source run?).')
   out = {}
   for k, v in flat_f.items():
     s = np.asarray(flat_s[k])
     axis = vocab_axes.get(k)
     if axis is not None:
-      if s.shape[axis] != src.vocab_size:
-        raise ValueError(f'{k}: the source has {s.shape[axis]} vocabulary rows, expected '
-                         f'{src.vocab_size}.')
       s = np.take(s, rows, axis=axis)
-    if s.shape != v.shape:
-      raise ValueError(f'{k}: source shape {s.shape} != destination shape {v.shape} (check '
-                       'config.model.hidden_size / num_heads / mlp_dim / seq_len).')
     out[k] = s.astype(v.dtype)
-  dropped = sorted(k for k in flat_s if k not in flat_f)
   return convert_mdlm.unflatten(out), dropped
 
 
@@ -179,6 +219,35 @@ def vocab_axes_of(model: nn.Module, seq_len: int) -> dict[str, int | None]:
 
 
 # ---------------------------------------------------------------------------------- entry point
+
+
+def check(config: ml_collections.ConfigDict) -> None:
+  """What `load` would raise, before anything is initialised (preflight): the source is readable
+  and fits the model (shapes only: Orbax metadata / `convert_mdlm.pretrained_shapes`)."""
+  config = config_lib.resolve(config)
+  ini = config.init
+  if ini.workdir:
+    shapes, src = workdir_shapes(ini.workdir, use_ema=bool(ini.use_ema))
+    what = f'init.workdir={ini.workdir!r}'
+  else:
+    what = f'init.mdlm_checkpoint={ini.mdlm_checkpoint!r}'
+    try:
+      shapes = convert_mdlm.pretrained_shapes(ini.mdlm_checkpoint)
+    except ValueError as e:
+      raise ValueError(f'{what}: {e}') from None
+    vocab = shapes.get('vocab_embed/embedding', (0,))[0]
+    row = vocab - 1 if ini.mdlm_mask_id < 0 else int(ini.mdlm_mask_id)
+    if not 0 <= row < vocab:
+      raise ValueError(f"init.mdlm_mask_id={ini.mdlm_mask_id} is outside the checkpoint's "
+                       f'{vocab} rows.')
+    src = Layout(vocab, (row,))
+  model = models.build_model(config.model)
+  seq_len = int(config.model.seq_len)
+  try:
+    check_fit(_shapes(models.abstract_params(model, seq_len)), shapes,
+              vocab_axes_of(model, seq_len), src, layout_of(config))
+  except ValueError as e:
+    raise ValueError(f'{what}: {e}') from None
 
 
 def load(config: ml_collections.ConfigDict, fresh: PyTree) -> tuple[PyTree, str]:

@@ -62,11 +62,11 @@ from configs import multimdm_text  # pylint: disable=wrong-import-position
 from configs import sudoku_mdlm  # pylint: disable=wrong-import-position
 from hmdlm_jax import ar_judge  # pylint: disable=wrong-import-position
 from hmdlm_jax import config as config_lib  # pylint: disable=wrong-import-position
-from hmdlm_jax import generative_metrics  # pylint: disable=wrong-import-position
 from hmdlm_jax import main as main_lib  # pylint: disable=wrong-import-position
 from hmdlm_jax import models  # pylint: disable=wrong-import-position
+from hmdlm_jax import tasks  # pylint: disable=wrong-import-position
 from hmdlm_jax import warm_start  # pylint: disable=wrong-import-position
-from hmdlm_jax.data import pipeline  # pylint: disable=wrong-import-position
+from hmdlm_jax.evaluation import generative as gen  # pylint: disable=wrong-import-position
 from hmdlm_jax.data import tokenizers  # pylint: disable=wrong-import-position
 from hmdlm_jax.processes import base  # pylint: disable=wrong-import-position
 from hmdlm_jax.processes import multimdm  # pylint: disable=wrong-import-position
@@ -187,7 +187,7 @@ def sudoku_runs(root: str, seed: int, log: Callable[[str], None]) -> dict[str, s
 
 def sudoku_puzzles(num: int) -> list[dict[str, np.ndarray]]:
   c = config_lib.resolve(_set(sudoku_mdlm.get_config(), **{'data.num_test_puzzles': num}))
-  return [dict(b) for b in pipeline.get_dataset(c, 'test', seed=0, process_index=0,
+  return [dict(b) for b in tasks.get(c).dataset(c, 'test', seed=0, process_index=0,
                                                 process_count=1)]
 
 
@@ -341,7 +341,7 @@ def run_text(args: argparse.Namespace, log: Callable[[str], None]) -> dict[str, 
   if 'judge' not in results:
     with open(info['test_path'], encoding='utf-8') as f:
       test = [line for line in f.read().splitlines() if line.strip()]
-    ref = generative_metrics.generative_perplexity(test[:args.num_samples], judge)
+    ref = gen.generative_perplexity(test[:args.num_samples], judge)
     ids = [tok.encode(t)[:62] for t in test[:args.num_samples]]
     results['judge'] = {'name': judge.name, **ar_judge.test_split_perplexity(judge, base_cfg),
                         'test_rows_gen_ppl': ref['gen_ppl'], 'test_rows_entropy': entropy(ids)}
@@ -358,7 +358,7 @@ def run_text(args: argparse.Namespace, log: Callable[[str], None]) -> dict[str, 
         rows = generate(config, params, k, args.num_samples, seed)
         ids = content(rows, tok)
         texts = [tok.decode(r) for r in rows]
-        ppl = generative_metrics.generative_perplexity(texts, judge)
+        ppl = gen.generative_perplexity(texts, judge)
         per[key] = {'gen_ppl': ppl['gen_ppl'], 'entropy': entropy(ids),
                     'mean_length': float(np.mean([len(x) for x in ids]))}
         log(f'  seed {seed} {LABELS[run]:34s} K {k:2d}: GenPPL {per[key]["gen_ppl"]:.1f}, '

@@ -1,6 +1,7 @@
-"""Print the givens histogram and hierarchy-level distribution of Sudoku puzzles (SPEC 6).
+"""Print the givens histogram and hierarchy-level distribution of Sudoku puzzles (docs/method.md §6).
 
-Generates puzzles (timing the generator) or reads a Palm `quiz,solution` CSV:
+Generates puzzles (timing the generator) or reads a puzzle file (one puzzle per line, or a Palm
+`quiz,solution` CSV):
 
   python scripts/sudoku_levels.py --count 2048 --seed 0
   python scripts/sudoku_levels.py --csv ~/data/sudoku-hard/train.csv
@@ -14,6 +15,8 @@ import time
 import numpy as np
 
 from hmdlm_jax.data import sudoku
+from hmdlm_jax.data import sudoku_csv
+from hmdlm_jax.data import sudoku_generator
 
 
 def _bar(frac: float, width: int = 40) -> str:
@@ -46,7 +49,7 @@ def report(quiz: np.ndarray) -> str:
 
 def main(argv: list[str] | None = None) -> None:
   p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-  p.add_argument('--csv', default='', help='read this Palm CSV instead of generating')
+  p.add_argument('--csv', default='', help='read this puzzle file instead of generating')
   p.add_argument('--count', type=int, default=1024)
   p.add_argument('--seed', type=int, default=0)
   p.add_argument('--split', default='train', choices=sudoku.SPLITS)
@@ -56,11 +59,11 @@ def main(argv: list[str] | None = None) -> None:
   p.add_argument('--processes', type=int, default=1)
   args = p.parse_args(argv)
   if args.csv:
-    quiz, _ = sudoku.read_csv(args.csv)
+    quiz, _ = sudoku_csv.read_puzzles(args.csv)
     print(f'read {args.csv}')
   else:
     cpu = time.process_time()
-    quiz, _, stats = sudoku.generate_dataset(
+    quiz, _, stats = sudoku_generator.generate_dataset(
         args.seed, args.count, args.split, min_givens=args.min_givens, max_givens=args.max_givens,
         attempts=args.attempts, processes=args.processes)
     print(f'generated {stats.count} puzzles in {stats.seconds:.1f} s: '

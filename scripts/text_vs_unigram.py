@@ -23,12 +23,12 @@ Then, with the SAME config and the same step budget (`--config.train.num_steps`,
 configs/text.py):
   1. HMDLM (configs/text.py) trains in WORKDIR/hmdlm (`main.run('train', ...)`), and its
      rigorous bound (+ the Appendix E estimate, labelled as such) is computed on the whole test
-     split (`evaluate.run_eval`, eval.kind='perplexity').
+     split (`evaluation.run.run_eval`, eval.kind='perplexity').
   2. Its MDLM twin (model.num_levels=1, schedule.offsets=(0,), data.hierarchy='none'; nothing else
      changes) does the same in WORKDIR/mdlm.
   3. A unigram model is fit on the train split's loss tokens and scored on the test split's loss
      tokens: the same tokenizer, rows and loss_mask positions the bound averages over
-     (`hmdlm_jax.unigram`, add-one smoothing over the model's vocabulary minus MASK).
+     (`hmdlm_jax.evaluation.unigram`, add-one smoothing over the model's vocabulary minus MASK).
 Results are printed and written to WORKDIR/results.json. Any `--config.*` override applies to both
 runs (e.g. `--config.train.num_steps=4000`). `--runs=hmdlm` / `--runs=mdlm` runs one model only.
 """
@@ -186,7 +186,8 @@ def train_wordpiece(train_path: str, vocab_size: int, out_path: str) -> int:
 
 
 def mdlm_twin(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
-  """The K=1 twin: no level table / hierarchy head, δ=(0,) (MDLM's schedule, SPEC 2), all levels 0.
+  """The K=1 twin: no level table / hierarchy head, δ=(0,) (MDLM's schedule, docs/method.md §2),
+  all levels 0.
 
   Everything else (data, model size, optimiser, step budget, seeds) is unchanged.
   """
@@ -213,7 +214,7 @@ def with_data(config: ml_collections.ConfigDict, train_path: str,
 
 def train_and_bound(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
   """Trains `config` in `workdir` for train.num_steps, then evaluates the whole test split."""
-  from hmdlm_jax import evaluate  # pylint: disable=g-import-not-at-top
+  from hmdlm_jax.evaluation import run as eval_run  # pylint: disable=g-import-not-at-top
   from hmdlm_jax import models  # pylint: disable=g-import-not-at-top
   from hmdlm_jax import main  # pylint: disable=g-import-not-at-top
   if os.path.isdir(os.path.join(workdir, 'checkpoints')):
@@ -226,7 +227,7 @@ def train_and_bound(config: ml_collections.ConfigDict, workdir: str) -> dict[str
   out = main.run('train', config, workdir)
   train_s = time.monotonic() - t0
   t0 = time.monotonic()
-  report = evaluate.run_eval(config, workdir, progress=False)
+  report = eval_run.run_eval(config, workdir, progress=False)
   eval_s = time.monotonic() - t0
   p = report['results']['perplexity']
   res = {
@@ -253,12 +254,12 @@ def train_and_bound(config: ml_collections.ConfigDict, workdir: str) -> dict[str
 
 def unigram_baseline(config: ml_collections.ConfigDict, smoothing: str) -> dict[str, Any]:
   """Unigram fit on the train split's rows, scored on the test split's, through the pipeline."""
-  from hmdlm_jax import unigram  # pylint: disable=g-import-not-at-top
-  from hmdlm_jax.data import pipeline  # pylint: disable=g-import-not-at-top
+  from hmdlm_jax import tasks  # pylint: disable=g-import-not-at-top
+  from hmdlm_jax.evaluation import unigram  # pylint: disable=g-import-not-at-top
   from hmdlm_jax.data import tokenizers  # pylint: disable=g-import-not-at-top
 
   def one_pass(c: ml_collections.ConfigDict) -> Any:  # the 'test' chain: one pass, in order
-    return pipeline.get_dataset(c, 'test', seed=int(c.seed), process_index=0, process_count=1)
+    return tasks.get(c).test_batches(c)
 
   d = config.data
   if not d.test_path:
@@ -370,7 +371,7 @@ def define_flags() -> dict[str, Any]:
           'wordpiece_vocab_size', 512, 'Train an uncased WordPiece vocabulary of this size on the '
           "train split and use it instead of the config's tokenizer (0 = keep data.tokenizer)."),
       'smoothing': flags.DEFINE_enum('smoothing', 'add-one', ['add-one', 'add-half'],
-                                     'Unigram smoothing (hmdlm_jax/unigram.py).'),
+                                     'Unigram smoothing (hmdlm_jax/evaluation/unigram.py).'),
   }
 
 

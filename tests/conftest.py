@@ -8,6 +8,7 @@ worker is left untouched (other test files share it).
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import subprocess
@@ -64,6 +65,23 @@ def run_cmd(cmd: list[str], jax_cache: str, *, devices: int = 1, timeout: float 
             ) -> subprocess.CompletedProcess:
   return subprocess.run(cmd, cwd=REPO, env=subprocess_env(jax_cache, devices), timeout=timeout,
                         capture_output=True, text=True, check=False)
+
+
+def dir_hash(path: str) -> str | None:
+  """SHA-256 over every file's relative path and bytes (and every directory name) under `path`;
+  None when `path` does not exist."""
+  if not os.path.exists(path):
+    return None
+  h = hashlib.sha256()
+  for root, dirs, files in os.walk(path):
+    dirs.sort()
+    h.update(os.path.relpath(root, path).encode())
+    for name in sorted(files):
+      p = os.path.join(root, name)
+      h.update(os.path.relpath(p, path).encode())
+      with open(p, 'rb') as f:
+        h.update(f.read())
+  return h.hexdigest()
 
 
 def read_jsonl(path: str) -> list[dict[str, Any]]:

@@ -18,7 +18,7 @@ import pytest
 
 from configs import multimdm_text
 from hmdlm_jax import ar_judge
-from hmdlm_jax import generative_metrics
+from hmdlm_jax.evaluation import generative as generative_metrics
 from hmdlm_jax import config as config_lib
 
 FIXTURE = os.path.join(os.path.dirname(__file__), 'fixtures',

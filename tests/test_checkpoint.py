@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
 import os
 import shutil
 import signal
@@ -13,24 +12,10 @@ import jax
 import numpy as np
 import pytest
 
-from tests.conftest import (REF_CKPT, REF_STEPS, REPO, load_checkpoint_state, main_cmd,
-                            read_jsonl, run_cmd, subprocess_env)
+from tests.conftest import (REF_CKPT, REF_STEPS, REPO, dir_hash, load_checkpoint_state,
+                            main_cmd, read_jsonl, run_cmd, subprocess_env)
 
 from hmdlm_jax import checkpoint as ckpt_lib
-
-
-def _dir_hash(path: str) -> str:
-  """SHA-256 over every file's relative path and bytes (and every directory name)."""
-  h = hashlib.sha256()
-  for root, dirs, files in os.walk(path):
-    dirs.sort()
-    h.update(os.path.relpath(root, path).encode())
-    for name in sorted(files):
-      p = os.path.join(root, name)
-      h.update(os.path.relpath(p, path).encode())
-      with open(p, 'rb') as f:
-        h.update(f.read())
-  return h.hexdigest()
 
 
 def _finalized_steps(workdir: str) -> list[int]:
@@ -152,19 +137,19 @@ def test_corrupted_checkpoint_clear_error_and_untouched(reference_run, tmp_path,
       f.truncate(os.path.getsize(path) // 2)
   else:
     shutil.rmtree(os.path.join(step_dir, 'state'))
-  before = _dir_hash(workdir)
+  before = dir_hash(workdir)
   cfg, abstract = _abstract_state()
   ckpt = ckpt_lib.Checkpointer(workdir, cfg.train)
   with pytest.raises(ckpt_lib.CheckpointError) as e:
     ckpt.restore(abstract, None)
   assert step_dir in str(e.value) and 'untouched' in str(e.value)
   ckpt.close()
-  assert _dir_hash(workdir) == before
+  assert dir_hash(workdir) == before
 
 
 def test_incompatible_checkpoint_names_mismatch(reference_run, tmp_path):
   workdir = _copy_run(reference_run, tmp_path)
-  before = _dir_hash(workdir)
+  before = dir_hash(workdir)
   cfg, abstract = _abstract_state(hidden=48)  # a different model width
   ckpt = ckpt_lib.Checkpointer(workdir, cfg.train)
   with pytest.raises(ckpt_lib.CheckpointError) as e:
@@ -174,7 +159,7 @@ def test_incompatible_checkpoint_names_mismatch(reference_run, tmp_path):
   assert ('params/blocks_0/attn_qkv/kernel: stored (32, 3, 2, 16) float32, expected '
           '(48, 3, 2, 24) float32') in msg
   ckpt.close()
-  assert _dir_hash(workdir) == before
+  assert dir_hash(workdir) == before
 
 
 def test_workdir_that_is_a_file(tmp_path, puzzle_cache, jax_cache):

@@ -1,4 +1,4 @@
-"""Forward corruption (SPEC 3, Algorithm 1 lines 4-21): statistics and invariants.
+"""Forward corruption (docs/method.md §3, Algorithm 1 lines 4-21): statistics and invariants.
 
 Statistical checks use a tolerance of 5 standard errors of a binomial / uniform mean, with fixed
 seeds (so they are deterministic; the tolerance says how unlikely a correct implementation is to

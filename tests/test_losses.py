@@ -1,4 +1,4 @@
-"""HMDLM losses (SPEC 5, 8): numpy re-derivations, MDLM reduction, normalisation, wiring."""
+"""HMDLM losses (docs/method.md §5, §8): numpy re-derivations, MDLM reduction, normalisation, wiring."""
 
 from __future__ import annotations
 

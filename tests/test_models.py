@@ -27,6 +27,7 @@ import numpy as np
 import pytest
 
 from configs.base import get_base_config
+from hmdlm_jax import config as config_lib
 from hmdlm_jax import models
 from hmdlm_jax import sharding as shd
 from hmdlm_jax.models import hierarchy
@@ -521,7 +522,7 @@ def test_levels_input_and_k1():
 def test_no_subs_in_model_and_bad_ids_are_loud():
   # SUBS (MASK logit -inf, revealed positions copy their token) belongs to parameterization.py.
   cfg, model, params = _setup()
-  mask_id = models.resolve_mask_id(cfg)
+  mask_id = config_lib.ModelConfig.from_section(cfg).mask_id
   assert mask_id == V - 1
   tokens, levels, t = _inputs()
   tokens = tokens.at[:, ::2].set(mask_id)
@@ -605,7 +606,7 @@ def test_param_trees_unchanged():
   with open(_TREES) as f:
     recorded = json.load(f)
   for name, want in recorded['trees'].items():
-    cfg = models.model_config(dict(recorded['base'], **want['overrides']))
+    cfg = config_lib.ModelConfig.from_section(dict(recorded['base'], **want['overrides']))
     model = models.build_model(cfg)
     flat = jax.tree_util.tree_flatten_with_path(models.abstract_params(model, cfg.seq_len))[0]
     specs = jax.tree.leaves(models.logical_specs(model, cfg.seq_len),
@@ -640,7 +641,7 @@ def test_bad_settings_name_the_field(field, value):
 def test_sudoku_positions_need_81():
   with pytest.raises(ValueError, match='model.seq_len'):
     models.build_model(_cfg(position_embedding='sudoku', seq_len=80))
-  with pytest.raises(ValueError, match='cfg.model'):
+  with pytest.raises(ValueError, match='config.model'):
     models.build_model(get_base_config())
 
 
@@ -677,3 +678,10 @@ def test_sudoku_relation_bias():
   np.testing.assert_array_equal(np.asarray(bias)[1], 0.0)
   with pytest.raises(ValueError, match="model.position_embedding='sudoku_rel'"):
     models.build_model(_cfg(position_embedding='sudoku_rel', seq_len=81, backbone='gpt2'))
+
+
+def test_config_lists_what_the_models_implement():
+  """config.py validates model fields without importing the models: the registries must agree."""
+  assert set(config_lib.BACKBONES) == set(models.BACKBONES)
+  assert set(config_lib.COMPUTE_DTYPES) == set(layers.COMPUTE_DTYPES)
+  assert config_lib.SUDOKU_CELLS == sudoku_positions.SUDOKU_LEN

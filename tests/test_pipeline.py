@@ -1,16 +1,18 @@
-"""Grain pipeline glue: registry, Sudoku batches, determinism, sharding, checkpointable state."""
+"""The Sudoku Grain pipeline, through its task: batches, determinism, sharding, iterator state."""
 
 from __future__ import annotations
 
 import os
-import sys
 
 import grain
 import numpy as np
 import pytest
 
 from configs.base import get_base_config
-from hmdlm_jax.data import get_dataset, pipeline, sudoku
+from hmdlm_jax import tasks
+from hmdlm_jax.data import sudoku
+from hmdlm_jax.data import sudoku_csv
+from hmdlm_jax.data import sudoku_generator
 
 N_TRAIN, N_TEST = 60, 21
 
@@ -18,12 +20,12 @@ N_TRAIN, N_TEST = 60, 21
 @pytest.fixture(scope='module')
 def csv_paths(tmp_path_factory) -> tuple[str, str]:
   rng = np.random.default_rng(77)
-  quiz, sol, _ = sudoku.generate_puzzles(rng, N_TRAIN + N_TEST, min_givens=24, max_givens=34,
-                                         attempts=1)
+  quiz, sol, _ = sudoku_generator.generate_puzzles(rng, N_TRAIN + N_TEST, min_givens=24,
+                                                   max_givens=34, attempts=1)
   folder = tmp_path_factory.mktemp('sudoku_csv')
   train, test = str(folder / 'train.csv'), str(folder / 'test.csv')
-  sudoku.write_csv(train, quiz[:N_TRAIN], sol[:N_TRAIN])
-  sudoku.write_csv(test, quiz[N_TRAIN:], sol[N_TRAIN:])
+  sudoku_csv.write_csv(train, quiz[:N_TRAIN], sol[:N_TRAIN])
+  sudoku_csv.write_csv(test, quiz[N_TRAIN:], sol[N_TRAIN:])
   return train, test
 
 
@@ -34,6 +36,10 @@ def _config(paths: tuple[str, str], *, batch: int = 6, eval_batch: int = 4, augm
   c.data.batch_size, c.data.eval_batch_size = batch, eval_batch
   c.data.augment = augment
   return c
+
+
+def _dataset(config, split: str, **kw):
+  return tasks.get(config).dataset(config, split, **kw)
 
 
 def _take(it, n: int) -> list[dict[str, np.ndarray]]:
@@ -58,7 +64,7 @@ def _assert_batches_equal(a, b):
 
 
 def test_batch_format_and_labels(csv_paths):
-  ds = get_dataset(_config(csv_paths), 'train', seed=0, process_index=0, process_count=1)
+  ds = _dataset(_config(csv_paths), 'train', seed=0, process_index=0, process_count=1)
   assert isinstance(ds, grain.IterDataset)
   for b in _take(iter(ds), 3):
     assert set(b) == {'tokens', 'levels', 'given', 'loss_mask', 'weight'}
@@ -80,11 +86,11 @@ def test_batch_format_and_labels(csv_paths):
 
 
 def test_train_epochs_cover_data_and_reshuffle(csv_paths):
-  ds = get_dataset(_config(csv_paths, augment=False), 'train', seed=3, process_index=0,
+  ds = _dataset(_config(csv_paths, augment=False), 'train', seed=3, process_index=0,
                    process_count=1)
   batches = _take(iter(ds), 2 * N_TRAIN // 6)  # two epochs exactly
   seen = _quizzes(batches)
-  src = sudoku.PalmCsvSource(csv_paths[0])
+  src = sudoku_csv.PalmCsvSource(csv_paths[0])
   everything = sorted(q.tobytes() for q in src.quiz)
   first, second = seen[:N_TRAIN], seen[N_TRAIN:]
   assert sorted(first) == everything and sorted(second) == everything
@@ -93,36 +99,36 @@ def test_train_epochs_cover_data_and_reshuffle(csv_paths):
 
 
 def test_augmentation_varies_per_epoch(csv_paths):
-  ds = get_dataset(_config(csv_paths), 'train', seed=3, process_index=0, process_count=1)
+  ds = _dataset(_config(csv_paths), 'train', seed=3, process_index=0, process_count=1)
   batches = _take(iter(ds), 2 * N_TRAIN // 6)
   seen = _quizzes(batches)
-  src_set = {q.tobytes() for q in sudoku.PalmCsvSource(csv_paths[0]).quiz}
+  src_set = {q.tobytes() for q in sudoku_csv.PalmCsvSource(csv_paths[0]).quiz}
   assert sum(q in src_set for q in seen) <= 2  # almost surely every row was transformed
   assert len(set(seen)) == len(seen)
 
 
 def test_determinism_and_seed(csv_paths):
   cfg = _config(csv_paths)
-  a = _take(iter(get_dataset(cfg, 'train', seed=5, process_index=0, process_count=1)), 4)
-  b = _take(iter(get_dataset(cfg, 'train', seed=5, process_index=0, process_count=1)), 4)
-  c = _take(iter(get_dataset(cfg, 'train', seed=6, process_index=0, process_count=1)), 4)
+  a = _take(iter(_dataset(cfg, 'train', seed=5, process_index=0, process_count=1)), 4)
+  b = _take(iter(_dataset(cfg, 'train', seed=5, process_index=0, process_count=1)), 4)
+  c = _take(iter(_dataset(cfg, 'train', seed=6, process_index=0, process_count=1)), 4)
   _assert_batches_equal(a, b)
   assert not np.array_equal(a[0]['tokens'], c[0]['tokens'])
 
 
 def test_iterator_state_round_trip(csv_paths):
   cfg = _config(csv_paths)
-  it = iter(get_dataset(cfg, 'train', seed=1, process_index=0, process_count=1))
+  it = iter(_dataset(cfg, 'train', seed=1, process_index=0, process_count=1))
   _take(it, 5)
   state = it.get_state()
   after = _take(it, 3)
-  fresh = iter(get_dataset(cfg, 'train', seed=1, process_index=0, process_count=1))
+  fresh = iter(_dataset(cfg, 'train', seed=1, process_index=0, process_count=1))
   fresh.set_state(state)
   _assert_batches_equal(_take(fresh, 3), after)
   # Again across the epoch boundary (10 batches per epoch): batches 8..11.
   state = it.get_state()
   after = _take(it, 4)
-  fresh = iter(get_dataset(cfg, 'train', seed=1, process_index=0, process_count=1))
+  fresh = iter(_dataset(cfg, 'train', seed=1, process_index=0, process_count=1))
   fresh.set_state(state)
   _assert_batches_equal(_take(fresh, 4), after)
 
@@ -131,21 +137,21 @@ def test_train_sharding_disjoint_and_covering(csv_paths):
   cfg = _config(csv_paths, augment=False)
   shards = []
   for pi in range(2):
-    ds = get_dataset(cfg, 'train', seed=0, process_index=pi, process_count=2)
+    ds = _dataset(cfg, 'train', seed=0, process_index=pi, process_count=2)
     batches = _take(iter(ds), N_TRAIN // 6)  # one epoch of this shard: 30 rows of 3
     assert batches[0]['tokens'].shape == (3, 81)
     shards.append(_quizzes(batches))
   assert not set(shards[0]) & set(shards[1])
-  everything = sorted(q.tobytes() for q in sudoku.PalmCsvSource(csv_paths[0]).quiz)
+  everything = sorted(q.tobytes() for q in sudoku_csv.PalmCsvSource(csv_paths[0]).quiz)
   assert sorted(shards[0] + shards[1]) == everything
 
 
 def test_eval_one_pass_padded_and_sharded(csv_paths):
   cfg = _config(csv_paths, eval_batch=4)
-  src = sudoku.PalmCsvSource(csv_paths[1])
+  src = sudoku_csv.PalmCsvSource(csv_paths[1])
   per_process = []
   for pi in range(2):
-    ds = get_dataset(cfg, 'test', seed=0, process_index=pi, process_count=2)
+    ds = _dataset(cfg, 'test', seed=0, process_index=pi, process_count=2)
     batches = list(ds)
     # Shards of 11 and 10 rows; both yield ceil(11 / 2) = 6 batches of 2.
     assert len(batches) == 6 and all(b['tokens'].shape == (2, 81) for b in batches)
@@ -163,9 +169,9 @@ def test_eval_one_pass_padded_and_sharded(csv_paths):
 
 def test_eval_labels_single_process(csv_paths):
   cfg = _config(csv_paths, eval_batch=7)
-  batches = list(get_dataset(cfg, 'test', seed=0, process_index=0, process_count=1))
+  batches = list(_dataset(cfg, 'test', seed=0, process_index=0, process_count=1))
   assert len(batches) == 3 and all(b['weight'].all() for b in batches)
-  src = sudoku.PalmCsvSource(csv_paths[1])
+  src = sudoku_csv.PalmCsvSource(csv_paths[1])
   levels = np.concatenate([b['levels'] for b in batches])
   np.testing.assert_array_equal(levels, sudoku.hierarchy_levels(src.quiz))
   tokens = np.concatenate([b['tokens'] for b in batches])
@@ -178,19 +184,19 @@ def test_generated_source_via_config(tmp_path):
   c.data.num_train_puzzles = 12
   c.data.min_givens, c.data.max_givens, c.data.gen_attempts = 30, 34, 1
   c.data.batch_size = 4
-  b = next(iter(get_dataset(c, 'train', seed=0, process_index=0, process_count=1)))
+  b = next(iter(_dataset(c, 'train', seed=0, process_index=0, process_count=1)))
   assert b['tokens'].shape == (4, 81)
-  path = sudoku.cache_path(str(tmp_path), 0, 12, 'train', 30, 34, 1)
+  path = sudoku_generator.cache_path(str(tmp_path), 0, 12, 'train', 30, 34, 1)
   assert os.listdir(tmp_path) == [os.path.basename(path)]
-  givens = (sudoku.read_csv(path)[0] > 0).sum(-1)
+  givens = (sudoku_csv.read_puzzles(path)[0] > 0).sum(-1)
   assert ((givens >= 30) & (givens <= 34)).all()
 
 
 def test_default_process_from_jax(csv_paths):
   import jax  # pylint: disable=g-import-not-at-top
   cfg = _config(csv_paths)
-  a = _take(iter(get_dataset(cfg, 'train', seed=2)), 1)
-  b = _take(iter(get_dataset(cfg, 'train', seed=2, process_index=jax.process_index(),
+  a = _take(iter(_dataset(cfg, 'train', seed=2)), 1)
+  b = _take(iter(_dataset(cfg, 'train', seed=2, process_index=jax.process_index(),
                              process_count=jax.process_count())), 1)
   _assert_batches_equal(a, b)
 
@@ -205,41 +211,14 @@ def test_config_errors(csv_paths, field, value, split, match):
   cfg = _config(csv_paths)
   cfg.data[field] = value
   with pytest.raises(ValueError, match=match):
-    get_dataset(cfg, split, seed=0, process_index=0, process_count=2)
+    _dataset(cfg, split, seed=0, process_index=0, process_count=2)
 
 
 def test_bad_split_and_process(csv_paths):
   cfg = _config(csv_paths)
   with pytest.raises(ValueError, match="'train', 'test'"):
-    get_dataset(cfg, 'validation', seed=0, process_index=0, process_count=1)
+    _dataset(cfg, 'validation', seed=0, process_index=0, process_count=1)
   with pytest.raises(ValueError, match='process_index'):
-    get_dataset(cfg, 'train', seed=0, process_index=2, process_count=2)
+    _dataset(cfg, 'train', seed=0, process_index=2, process_count=2)
   with pytest.raises(ValueError, match='seed'):
-    get_dataset(cfg, 'train', seed=-1, process_index=0, process_count=1)
-
-
-def test_lazy_registration(tmp_path, monkeypatch, csv_paths):
-  module = tmp_path / 'fake_kind_module.py'
-  module.write_text(
-      'from hmdlm_jax.data import register\n'
-      'import grain\n'
-      "@register('fake')\n"
-      'def build(config, split, *, seed, process_index, process_count):\n'
-      '  return grain.MapDataset.range(3).map(lambda i: {"i": i + seed}).to_iter_dataset()\n')
-  monkeypatch.syspath_prepend(str(tmp_path))
-  monkeypatch.setattr(pipeline, '_BUILDERS', dict(pipeline._BUILDERS))
-  monkeypatch.setattr(pipeline, '_LAZY_MODULES', dict(pipeline._LAZY_MODULES))
-  monkeypatch.delitem(sys.modules, 'fake_kind_module', raising=False)
-  cfg = _config(csv_paths)
-  cfg.data.kind = 'fake'
-  with pytest.raises(ValueError, match='not registered'):
-    get_dataset(cfg, 'train', seed=0, process_index=0, process_count=1)
-  pipeline.register_lazy('fake', 'no_such_module_for_fake')
-  with pytest.raises(ValueError, match="module 'no_such_module_for_fake'"):
-    get_dataset(cfg, 'train', seed=0, process_index=0, process_count=1)
-  pipeline.register_lazy('fake', 'fake_kind_module')
-  assert 'fake_kind_module' not in sys.modules
-  out = list(get_dataset(cfg, 'train', seed=10, process_index=0, process_count=1))
-  assert [x['i'] for x in out] == [10, 11, 12]
-  with pytest.raises(ValueError, match='already registered'):
-    pipeline.register('fake')(lambda *a, **k: None)
+    _dataset(cfg, 'train', seed=-1, process_index=0, process_count=1)

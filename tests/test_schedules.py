@@ -1,4 +1,4 @@
-"""Per-level schedules (SPEC 2): numpy re-derivations, MDLM reduction, Appendix D, validation."""
+"""Per-level schedules (docs/method.md §2): numpy re-derivations, MDLM reduction, Appendix D, validation."""
 
 from __future__ import annotations
 
@@ -27,7 +27,7 @@ CASES = [
 
 
 def reference(kind, params, t, s):
-  """Plain numpy float64 formulas of SPEC 2 / eq. 103-107: (α, α', λ', λ(s, t)), each [n, K]."""
+  """Plain numpy float64 formulas of docs/method.md §2 / eq. 103-107: (α, α', λ', λ(s, t)), each [n, K]."""
   t = np.asarray(t, np.float64)[:, None]
   s = np.asarray(s, np.float64)[:, None]
   p = np.asarray(params, np.float64)[None, :]

@@ -1,4 +1,4 @@
-"""Sudoku data (SPEC 6): solver, generator, Palm CSV, hierarchy labels, symmetries."""
+"""Sudoku data (docs/method.md §6): solver, generator, puzzle text, Palm CSV, labels, symmetries."""
 
 from __future__ import annotations
 
@@ -10,6 +10,8 @@ import numpy as np
 import pytest
 
 from hmdlm_jax.data import sudoku
+from hmdlm_jax.data import sudoku_csv
+from hmdlm_jax.data import sudoku_generator
 
 # Published puzzles with their published solutions (Wikipedia's example; Arto Inkala's 2012 one).
 KNOWN = [
@@ -28,7 +30,7 @@ def _grid(s: str) -> np.ndarray:
 def puzzles() -> tuple[np.ndarray, np.ndarray, np.ndarray]:
   """240 generated puzzles with targets spread over 17..40 givens (one removal order each)."""
   rng = np.random.default_rng(1234)
-  return sudoku.generate_puzzles(rng, 240, min_givens=17, max_givens=40, attempts=1)
+  return sudoku_generator.generate_puzzles(rng, 240, min_givens=17, max_givens=40, attempts=1)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -54,7 +56,8 @@ def _candidates(grid: list[int], cell: int) -> set[int]:
 
 
 def brute_levels(quiz: np.ndarray) -> list[int]:
-  """SPEC 6 labels with Python sets: rounds of naked + hidden singles from the round-start grid."""
+  """docs/method.md §6 labels with Python sets: rounds of naked + hidden singles from the grid at
+  the start of each round."""
   grid = [int(v) for v in quiz]
   level = [5 if v else 0 for v in grid]
   for rnd in range(1, 6):
@@ -108,7 +111,7 @@ def test_solver_known_puzzles(quiz, solution):
 
 def test_solver_counts_match_enumeration():
   rng = np.random.default_rng(0)
-  full = sudoku.random_full_grids(rng, 12)
+  full = sudoku_generator.random_full_grids(rng, 12)
   quizzes = []
   for g in full:
     q = g.copy()
@@ -155,7 +158,7 @@ def test_solver_unsolvable_and_empty():
 # Generator.
 
 def test_random_full_grids_valid_and_distinct():
-  grids = sudoku.random_full_grids(np.random.default_rng(3), 64)
+  grids = sudoku_generator.random_full_grids(np.random.default_rng(3), 64)
   assert sudoku.is_valid_solution(grids).all()
   assert len({g.tobytes() for g in grids}) == 64
 
@@ -180,9 +183,9 @@ def test_generated_puzzles_unique_and_in_range(puzzles):
 
 
 def test_generator_attempts_lower_givens():
-  quiz1, _, _ = sudoku.generate_puzzles(np.random.default_rng(5), 24, min_givens=17,
+  quiz1, _, _ = sudoku_generator.generate_puzzles(np.random.default_rng(5), 24, min_givens=17,
                                         max_givens=17, attempts=1)
-  quiz4, sol4, _ = sudoku.generate_puzzles(np.random.default_rng(5), 24, min_givens=17,
+  quiz4, sol4, _ = sudoku_generator.generate_puzzles(np.random.default_rng(5), 24, min_givens=17,
                                            max_givens=17, attempts=4)
   g1, g4 = (quiz1 > 0).sum(-1), (quiz4 > 0).sum(-1)
   # Same rng stream up to the retries: attempt 1 is shared, so extra attempts never add givens.
@@ -193,15 +196,15 @@ def test_generator_attempts_lower_givens():
 
 def test_generator_rejects_bad_range():
   with pytest.raises(ValueError, match='min_givens'):
-    sudoku.generate_puzzles(np.random.default_rng(0), 2, min_givens=10, max_givens=20)
+    sudoku_generator.generate_puzzles(np.random.default_rng(0), 2, min_givens=10, max_givens=20)
   with pytest.raises(ValueError, match='split'):
-    sudoku.generate_dataset(0, 2, 'validation')
+    sudoku_generator.generate_dataset(0, 2, 'validation')
 
 
 def test_generate_dataset_deterministic():
-  a = sudoku.generate_dataset(7, 6, 'train', min_givens=30, max_givens=34, progress=False)
-  b = sudoku.generate_dataset(7, 6, 'train', min_givens=30, max_givens=34, progress=False)
-  c = sudoku.generate_dataset(7, 6, 'test', min_givens=30, max_givens=34, progress=False)
+  gen = lambda split: sudoku_generator.generate_dataset(7, 6, split, min_givens=30, max_givens=34,
+                                                        progress=False)
+  a, b, c = gen('train'), gen('train'), gen('test')
   np.testing.assert_array_equal(a[0], b[0])
   np.testing.assert_array_equal(a[1], b[1])
   assert not np.array_equal(a[1], c[1])
@@ -209,25 +212,24 @@ def test_generate_dataset_deterministic():
 
 
 def test_generated_csv_cache(tmp_path, monkeypatch):
-  path = sudoku.generated_csv(3, 5, 'test', cache_dir=str(tmp_path), min_givens=31,
-                              max_givens=34, attempts=1, progress=False)
+  kw = dict(cache_dir=str(tmp_path), min_givens=31, max_givens=34, attempts=1)
+  path = sudoku_generator.generated_csv(3, 5, 'test', progress=False, **kw)
   assert os.path.dirname(path) == str(tmp_path)
   assert os.listdir(tmp_path) == [os.path.basename(path)]  # no temp file left behind
-  quiz, sol = sudoku.read_csv(path)
-  ref_quiz, ref_sol, _ = sudoku.generate_dataset(3, 5, 'test', min_givens=31, max_givens=34,
-                                                 attempts=1, progress=False)
+  quiz, sol = sudoku_csv.read_puzzles(path, need_solution=True)
+  ref_quiz, ref_sol, _ = sudoku_generator.generate_dataset(3, 5, 'test', min_givens=31,
+                                                           max_givens=34, attempts=1,
+                                                           progress=False)
   np.testing.assert_array_equal(quiz, ref_quiz)
   np.testing.assert_array_equal(sol, ref_sol)
 
   def boom(*a, **k):
     raise AssertionError('cache miss')
 
-  monkeypatch.setattr(sudoku, 'generate_dataset', boom)
-  assert sudoku.generated_csv(3, 5, 'test', cache_dir=str(tmp_path), min_givens=31,
-                              max_givens=34, attempts=1) == path
+  monkeypatch.setattr(sudoku_generator, 'generate_dataset', boom)
+  assert sudoku_generator.generated_csv(3, 5, 'test', **kw) == path
   with pytest.raises(AssertionError, match='cache miss'):  # another key is another file
-    sudoku.generated_csv(3, 6, 'test', cache_dir=str(tmp_path), min_givens=31, max_givens=34,
-                         attempts=1)
+    sudoku_generator.generated_csv(3, 6, 'test', **kw)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -240,8 +242,8 @@ def _row(q: np.ndarray, s: np.ndarray) -> str:
 def test_csv_round_trip_with_and_without_header(tmp_path, puzzles):
   quiz, sol, _ = puzzles
   path = str(tmp_path / 'a.csv')
-  sudoku.write_csv(path, quiz[:7], sol[:7])
-  src = sudoku.PalmCsvSource(path)
+  sudoku_csv.write_csv(path, quiz[:7], sol[:7])
+  src = sudoku_csv.PalmCsvSource(path)
   assert isinstance(src, grain.sources.RandomAccessDataSource)
   assert len(src) == 7
   item = src[3]
@@ -250,7 +252,7 @@ def test_csv_round_trip_with_and_without_header(tmp_path, puzzles):
   np.testing.assert_array_equal(item['solution'], sol[3])
   plain = tmp_path / 'b.csv'
   plain.write_text('\n'.join(_row(q, s) for q, s in zip(quiz[:3], sol[:3])) + '\n')
-  q2, s2 = sudoku.read_csv(str(plain))
+  q2, s2 = sudoku_csv.read_puzzles(str(plain), need_solution=True)
   np.testing.assert_array_equal(q2, quiz[:3])
   np.testing.assert_array_equal(s2, sol[:3])
 
@@ -270,10 +272,11 @@ def _swap_solution_cells(q: np.ndarray, s: np.ndarray) -> str:
 
 
 @pytest.mark.parametrize('make_bad,message', [
-    (lambda q, s: _row(q, s)[1:], 'quiz must be 81 digits'),
-    (lambda q, s: _row(q, s).replace(',', ',x', 1)[:-1], 'solution must be 81 digits'),
-    (lambda q, s: _row(q, s) + ',' + '1' * 81, 'expected 2 fields'),
-    (lambda q, s: _row(q, np.where(np.arange(81) == 5, 0, s)), 'contains a 0'),
+    (lambda q, s: _row(q, s)[1:], r'\(quiz\): a puzzle has 81 cells, got 80'),
+    (lambda q, s: _row(q, s).replace(',', ',x', 1)[:-1],
+     r"\(solution\): invalid character\(s\) \['x'\]"),
+    (lambda q, s: _row(q, s) + ',' + '1' * 81, 'expected "quiz,solution", got 3 field'),
+    (lambda q, s: _row(q, np.where(np.arange(81) == 5, 0, s)), 'contains a blank'),
     (_swap_solution_cells, 'not a valid Sudoku grid'),
     (_corrupt_quiz_digit, 'disagrees with the solution'),
 ])
@@ -284,7 +287,7 @@ def test_csv_errors_name_file_and_line(tmp_path, puzzles, make_bad, message):
   path = tmp_path / 'bad.csv'
   path.write_text('\n'.join(lines) + '\n')
   with pytest.raises(ValueError, match=message) as err:
-    sudoku.PalmCsvSource(str(path))
+    sudoku_csv.PalmCsvSource(str(path))
   assert f'{path}, line 3' in str(err.value)
 
 
@@ -292,7 +295,47 @@ def test_csv_empty_file(tmp_path):
   path = tmp_path / 'empty.csv'
   path.write_text('quiz,solution\n')
   with pytest.raises(ValueError, match='no puzzles'):
-    sudoku.read_csv(str(path))
+    sudoku_csv.read_puzzles(str(path), need_solution=True)
+
+
+def test_parse_puzzle_and_errors_name_the_input(tmp_path):
+  grid = KNOWN[0][1]
+  sol = _grid(grid)
+  text = grid[:40].replace('5', '.') + '0' * 41
+  q = sudoku_csv.parse_puzzle(text)
+  assert q.shape == (81,) and q.dtype == np.uint8
+  np.testing.assert_array_equal(q[:40], [0 if c == '5' else int(c) for c in grid[:40]])
+  assert (q[40:] == 0).all()
+  np.testing.assert_array_equal(sudoku_csv.parse_puzzle(' '.join(text)), q)  # whitespace ignored
+  with pytest.raises(ValueError, match=r'puzzle 3: a puzzle has 81 cells, got 80'):
+    sudoku_csv.parse_puzzle(grid[:80], where='puzzle 3')
+  with pytest.raises(ValueError, match=r"puzzle 2: invalid character\(s\) \['x'\] at position"):
+    sudoku_csv.parse_puzzle('x' + grid[1:], where='puzzle 2')
+  with pytest.raises(ValueError, match=r"invalid character\(s\) \['é'\] at position\(s\) \[0\]"):
+    sudoku_csv.parse_puzzle('é' + grid[1:])
+  # Arrays are checked, strings parsed, by the same entry point the pictures use.
+  np.testing.assert_array_equal(sudoku_csv.as_digits(q.reshape(9, 9)), q)
+  np.testing.assert_array_equal(sudoku_csv.as_digits(text), q)
+  with pytest.raises(ValueError, match='81 integers'):
+    sudoku_csv.as_digits(q[:80])
+  # Files: plain lines with a comment, CSV with header; errors name file and line.
+  f = tmp_path / 'p.txt'
+  f.write_text('# my puzzles\n' + text + '\n\n' + grid[:80] + '\n')
+  with pytest.raises(ValueError, match=rf'{f}, line 4 \(quiz\): a puzzle has 81 cells, got 80'):
+    sudoku_csv.read_puzzles(str(f))
+  f.write_text('# my puzzles\n' + text + '\n' + text.replace('.', '0') + '\n')
+  quiz, solution = sudoku_csv.read_puzzles(str(f))
+  assert quiz.shape == (2, 81) and solution is None
+  with pytest.raises(ValueError, match=rf'{f}, line 2: expected "quiz,solution", got 1 field'):
+    sudoku_csv.read_puzzles(str(f), need_solution=True)
+  quiz_s = ''.join(str(int(d)) if g else '0' for d, g in zip(sol, np.arange(81) < 30))
+  c = tmp_path / 'p.csv'
+  c.write_text(f'Quizzes,Solutions\n{quiz_s},{grid}\n')
+  quiz, solution = sudoku_csv.read_puzzles(str(c))
+  np.testing.assert_array_equal(solution[0], sol)
+  c.write_text(f'quiz,solution\n{quiz_s},{grid}\n{quiz_s}\n')
+  with pytest.raises(ValueError, match='some lines have a solution and some do not'):
+    sudoku_csv.read_puzzles(str(c))
 
 
 # ---------------------------------------------------------------------------------------------

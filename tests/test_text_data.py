@@ -1,4 +1,4 @@
-"""Language-task input pipelines (SPEC 6): rows, hierarchy labels, splits, LM1B, WikiHow.
+"""Language-task input pipelines (docs/method.md §6): rows, labels, splits, LM1B, WikiHow.
 
 Every pipeline output is checked against a direct re-implementation in this file: rows rebuilt
 from `tokenizer.encode`, frequency levels from `collections.Counter`, position levels from the
@@ -18,7 +18,7 @@ import pytest
 from configs import lm1b as lm1b_config
 from configs import text as text_config
 from configs import wikihow as wikihow_config
-from hmdlm_jax.data import get_dataset
+from hmdlm_jax import tasks
 from hmdlm_jax.data import lm1b
 from hmdlm_jax.data import text
 from hmdlm_jax.data import tokenizers as T
@@ -29,6 +29,10 @@ FIXTURES = pathlib.Path(__file__).parent / 'fixtures'
 SENTENCES = FIXTURES / 'britannica_1911_shakespeare_sentences.txt'
 WIKIHOW_CSV = FIXTURES / 'wikihow_sample.csv'
 PAPER_LEVEL1_SHARE = 0.799736  # Appendix B eq. 86: LM1B train split, τ = 1
+
+
+def _dataset(config, split: str, **kw):
+  return tasks.get(config).dataset(config, split, **kw)
 
 
 @pytest.fixture(scope='module')
@@ -138,7 +142,7 @@ def test_text_pipeline_rows_and_labels(tmp_path, bert):
   lines = sentences(40)
   c = text_cfg(tmp_path, lines, seq_len=32, test_fraction=0.2)
   expected = {tuple(bert_row(bert, s, 32)) for s in lines}
-  b = collect(get_dataset(c, 'train', seed=3, process_index=0, process_count=1), 10)
+  b = collect(_dataset(c, 'train', seed=3, process_index=0, process_count=1), 10)
   check_contract(b, 32)
   truncated = 0
   for tokens, levels, given, loss_mask in zip(b['tokens'], b['levels'], b['given'], b['loss_mask']):
@@ -151,7 +155,7 @@ def test_text_pipeline_rows_and_labels(tmp_path, bert):
   assert truncated > 0  # some sentences exceed 32 tokens and were cut
   assert (b['weight'] == 1).all()
   # Train and test are disjoint and cover the file (hash split).
-  test = collect(get_dataset(c, 'test', seed=0, process_index=0, process_count=1))
+  test = collect(_dataset(c, 'test', seed=0, process_index=0, process_count=1))
   test_rows = {tuple(t) for t, w in zip(test['tokens'], test['weight']) if w}
   train_rows = {tuple(bert_row(bert, s, 32)) for s in lines if not text.in_test_split(s, 0.2)}
   assert test_rows == expected - train_rows and test_rows and train_rows
@@ -161,7 +165,7 @@ def test_text_pipeline_rows_and_labels(tmp_path, bert):
 def test_train_order_is_seeded_and_sharded(tmp_path):
   c = text_cfg(tmp_path, sentences(48), test_fraction=0.1)
   def first(seed: int, p: int = 0, n: int = 1) -> np.ndarray:
-    ds = get_dataset(c, 'train', seed=seed, process_index=p, process_count=n)
+    ds = _dataset(c, 'train', seed=seed, process_index=p, process_count=n)
     return next(iter(ds))['tokens']
 
   np.testing.assert_array_equal(first(1), first(1))
@@ -176,7 +180,7 @@ def test_test_split_padded_equally_across_processes(tmp_path, bert):
   c = text_cfg(tmp_path, lines, seq_len=48, test_fraction=0.0)
   c.data.test_path = str(tmp_path / 'test.txt')
   (tmp_path / 'test.txt').write_text('\n'.join(lines) + '\n', encoding='utf-8')
-  shards = [collect(get_dataset(c, 'test', seed=0, process_index=p, process_count=2))
+  shards = [collect(_dataset(c, 'test', seed=0, process_index=p, process_count=2))
             for p in range(2)]
   assert [s['tokens'].shape[0] for s in shards] == [8, 8]  # ceil(ceil(13/2)/8) batches of 8
   real = [tuple(t) for s in shards for t, w in zip(s['tokens'], s['weight']) if w == 1]
@@ -217,7 +221,7 @@ def test_text_readers(tmp_path):
 def test_config_errors(tmp_path):
   c = text_cfg(tmp_path, sentences(10), test_fraction=0.2)
   def ds():
-    return get_dataset(c, 'train', seed=0, process_index=0, process_count=1)
+    return _dataset(c, 'train', seed=0, process_index=0, process_count=1)
 
   c.model.seq_len = 64
   with pytest.raises(ValueError, match=r'data.seq_len=32 differs from config.model.seq_len=64'):
@@ -239,16 +243,16 @@ def test_config_errors(tmp_path):
     ds()
   c.data.tau, c.data.test_fraction = 1, 0.0
   with pytest.raises(ValueError, match='no test split'):
-    get_dataset(c, 'test', seed=0, process_index=0, process_count=1)
+    _dataset(c, 'test', seed=0, process_index=0, process_count=1)
   c.data.batch_size = 9
   with pytest.raises(ValueError, match='data.batch_size=9'):
-    get_dataset(c, 'train', seed=0, process_index=0, process_count=2)
+    _dataset(c, 'train', seed=0, process_index=0, process_count=2)
 
 
 def test_mdlm_twin_has_one_level(tmp_path):
   c = text_cfg(tmp_path, sentences(20), test_fraction=0.2, hierarchy='none')
   c.model.num_levels = 1
-  b = next(iter(get_dataset(c, 'train', seed=0, process_index=0, process_count=1)))
+  b = next(iter(_dataset(c, 'train', seed=0, process_index=0, process_count=1)))
   assert not b['levels'].any() and b['loss_mask'].any()
 
 
@@ -291,7 +295,7 @@ def test_lm1b_prepared_dir_looks_like_tfds_build(lm1b_dir):
 
 def test_lm1b_end_to_end_frequency_labels(lm1b_dir, bert):
   c = lm1b_cfg(lm1b_dir)
-  b = collect(get_dataset(c, 'test', seed=0, process_index=0, process_count=1))
+  b = collect(_dataset(c, 'test', seed=0, process_index=0, process_count=1))
   check_contract(b, 128)
   real_rows = b['weight'] == 1
   assert real_rows.sum() == 746
@@ -312,7 +316,7 @@ def test_lm1b_end_to_end_frequency_labels(lm1b_dir, bert):
   # LM1B's 30.4, so a little more repetition). English prose of LM1B-like length lands near the
   # paper's share; a broken rule (all level 1, or counting padding) misses by far more than 0.1.
   assert abs(share - PAPER_LEVEL1_SHARE) < 0.1
-  train = next(iter(get_dataset(c, 'train', seed=0, process_index=0, process_count=1)))
+  train = next(iter(_dataset(c, 'train', seed=0, process_index=0, process_count=1)))
   train_expected = {tuple(bert_row(bert, s, 128)) for s in sentences(600)}
   assert all(tuple(t) in train_expected for t in train['tokens'])
 
@@ -321,19 +325,19 @@ def test_lm1b_errors(tmp_path, lm1b_dir):
   c = lm1b_cfg(lm1b_dir)
   c.data.tfds_data_dir = ''
   with pytest.raises(ValueError, match='tfds_data_dir is empty.*tfds build lm1b'):
-    get_dataset(c, 'train', seed=0, process_index=0, process_count=1)
+    _dataset(c, 'train', seed=0, process_index=0, process_count=1)
   c.data.tfds_data_dir = str(tmp_path)
   with pytest.raises(ValueError, match='no prepared lm1b dataset'):
-    get_dataset(c, 'train', seed=0, process_index=0, process_count=1)
+    _dataset(c, 'train', seed=0, process_index=0, process_count=1)
   version = tmp_path / 'lm1b' / '1.1.0'
   version.mkdir(parents=True)
   (version / 'dataset_info.json').write_text(json.dumps({'fileFormat': 'tfrecord'}))
   with pytest.raises(ValueError, match='needs array_record'):
-    get_dataset(c, 'train', seed=0, process_index=0, process_count=1)
+    _dataset(c, 'train', seed=0, process_index=0, process_count=1)
   c = lm1b_cfg(lm1b_dir)
   c.model.seq_len = 256
   with pytest.raises(ValueError, match='differs from config.model.seq_len=256'):
-    get_dataset(c, 'train', seed=0, process_index=0, process_count=1)
+    _dataset(c, 'train', seed=0, process_index=0, process_count=1)
 
 
 # ----------------------------------------------------------------------------- WikiHow
@@ -386,7 +390,7 @@ def test_wikihow_rows_given_and_levels(gpt2_dir, rule):
   seq_len = 320  # the tiny BPE needs 117..302 tokens per fixture article
   c = wikihow_cfg(gpt2_dir, seq_len, rule, test_path=str(WIKIHOW_CSV))
   tok = T.load_tokenizer(str(gpt2_dir))
-  b = collect(get_dataset(c, 'test', seed=0, process_index=0, process_count=1))
+  b = collect(_dataset(c, 'test', seed=0, process_index=0, process_count=1))
   check_contract(b, seq_len)
   rows = [expected_wikihow_row(tok, a, seq_len) for a in fixture_articles()]
   assert all(r is not None for r in rows)  # every article fits
@@ -408,14 +412,14 @@ def test_wikihow_overlong_rows_dropped(gpt2_dir):
   fits = [a for a in fixture_articles() if expected_wikihow_row(tok, a, seq_len) is not None]
   assert 0 < len(fits) < 5
   c = wikihow_cfg(gpt2_dir, seq_len, test_path=str(WIKIHOW_CSV))
-  b = collect(get_dataset(c, 'test', seed=0, process_index=0, process_count=1))
+  b = collect(_dataset(c, 'test', seed=0, process_index=0, process_count=1))
   assert int(b['weight'].sum()) == len(fits)
   want = {tuple(expected_wikihow_row(tok, a, seq_len)[0]) for a in fits}
-  train = collect(get_dataset(c, 'train', seed=0, process_index=0, process_count=1), 6)
+  train = collect(_dataset(c, 'train', seed=0, process_index=0, process_count=1), 6)
   assert {tuple(t) for t in train['tokens']} == want  # train skips them lazily
   c = wikihow_cfg(gpt2_dir, 64, test_path=str(WIKIHOW_CSV))
   with pytest.raises(ValueError, match='None of the first 5 train examples fits'):
-    get_dataset(c, 'train', seed=0, process_index=0, process_count=1)
+    _dataset(c, 'train', seed=0, process_index=0, process_count=1)
 
 
 def test_wikihow_pieces_tokenise_like_the_joined_text(gpt2_dir):

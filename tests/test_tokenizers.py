@@ -1,4 +1,4 @@
-"""Tokenizer loading, special ids, the appended MASK and vocabulary checks (SPEC 6)."""
+"""Tokenizer loading, special ids, the appended MASK and vocabulary checks (docs/method.md §6)."""
 
 from __future__ import annotations
 

@@ -18,6 +18,7 @@ import pytest
 
 from tests.conftest import REF_STEPS, main_cmd, read_jsonl, run_cmd, train_losses
 
+from hmdlm_jax import accumulate
 from hmdlm_jax import config as config_lib
 from hmdlm_jax import metrics as metrics_lib
 from hmdlm_jax import models
@@ -104,26 +105,29 @@ def test_metrics_jsonl_and_tensorboard(reference_run):
 def test_nan_steps_are_skipped_and_run_stops(tmp_path, puzzle_cache, jax_cache):
   """debug_nan_steps poisons the loss of steps 3.. (0-based): 3 good updates, then skipped steps.
 
-  With max_bad_steps=3 the loop stops after the third consecutive bad step (while the next one
-  is in flight), saves a checkpoint whose parameters and optimiser state equal those of the
-  last good step (checkpoint 3, saved by ckpt_every=3), and exits 1 with a clear message.
+  With max_bad_steps=2 the loop sees the second consecutive bad step (5) while step 6 is in
+  flight: it logs step 6 too, saves a checkpoint of it whose parameters and optimiser state equal
+  those of the last good step (checkpoint 3, saved by ckpt_every=3), and exits 1 with one clear
+  line. Every step the checkpoint holds has its metrics line (issue 15).
   """
   workdir = str(tmp_path)
   cmd = main_cmd(workdir, puzzle_cache, '--config.train.debug_nan_steps=(3,4,5,6,7,8,9)',
-                 '--config.train.max_bad_steps=3', '--config.train.ckpt_every=3')
+                 '--config.train.max_bad_steps=2', '--config.train.ckpt_every=3')
   proc = run_cmd(cmd, jax_cache, timeout=180)
   assert proc.returncode == 1, proc.stderr[-3000:]
-  assert 'consecutive' in proc.stderr and 'max_bad_steps=3' in proc.stderr
+  (line,) = [x for x in proc.stderr.splitlines() if x.startswith('hmdlm_jax: error:')]
+  assert 'consecutive' in line and 'max_bad_steps=2' in line and 'Traceback' not in proc.stderr
   recs = {r['step']: r for r in read_jsonl(os.path.join(workdir, 'metrics.jsonl'))}
+  assert sorted(recs) == list(range(1, 7))  # step 6, in flight when the guard stopped, logged
   assert [recs[s]['update_ok'] for s in (1, 2, 3)] == [1.0, 1.0, 1.0]
   assert [recs[s]['bad_steps'] for s in (4, 5, 6)] == [1.0, 2.0, 3.0]
   assert recs[6]['skipped_steps'] == 3.0 and recs[6]['loss'] == 'nan'
   from tests.conftest import load_checkpoint_state  # pylint: disable=g-import-not-at-top
   steps = sorted(int(s) for s in os.listdir(os.path.join(workdir, 'checkpoints')))
-  assert steps[0] == 3 and steps[-1] == 7, steps  # stop detected after step 7 was dispatched
-  good, last = load_checkpoint_state(workdir, 3), load_checkpoint_state(workdir, 7)
-  assert int(last['step']) == 7 and int(last['bad_steps']) == 4
-  assert int(last['skipped_steps']) == 4
+  assert steps == [3, 6], steps  # the last one: the logged step in flight at the stop
+  good, last = load_checkpoint_state(workdir, 3), load_checkpoint_state(workdir, 6)
+  assert int(last['step']) == 6 and int(last['bad_steps']) == 3
+  assert int(last['skipped_steps']) == 3
   for name in ('params', 'ema_params', 'opt_state'):
     jax.tree.map(lambda a, b: np.testing.assert_array_equal(np.asarray(a), np.asarray(b)),
                  good[name], last[name])
@@ -193,7 +197,7 @@ def test_prepare_batch_levels():
 
 def test_microbatches_are_strided():
   x = jnp.arange(12).reshape(6, 2)
-  mb = train._microbatches({'x': x}, 3)['x']  # pylint: disable=protected-access
+  mb = accumulate._microbatches({'x': x}, 3)['x']  # pylint: disable=protected-access
   assert mb.shape == (3, 2, 2)
   np.testing.assert_array_equal(mb[0], x[0::3])
   np.testing.assert_array_equal(mb[2], x[2::3])
@@ -219,16 +223,16 @@ def test_gradient_accumulation_equals_full_batch():
   params = {'w': jnp.float32(0.3), 'b': jnp.float32(0.1)}
   key = jax.random.PRNGKey(0)
   one = jnp.float32(1.0)
-  full = train.accumulate_value_and_grad(_toy_grad_fn(), params, batch, key, 1, one)
+  full = accumulate.value_and_grad(_toy_grad_fn(), params, batch, key, 1, one)
   for accum in (2, 4):
-    loss, aux, grads = jax.jit(train.accumulate_value_and_grad, static_argnums=(0, 4))(
+    loss, aux, grads = jax.jit(accumulate.value_and_grad, static_argnums=(0, 4))(
         _toy_grad_fn(), params, batch, key, accum, one)
     np.testing.assert_allclose(float(loss), float(full[0]), rtol=1e-6)
     for k in params:
       np.testing.assert_allclose(float(grads[k]), float(full[2][k]), rtol=1e-5)
     assert float(aux['num_loss_tokens']) == float(np.asarray(batch['loss_mask']).sum())
   # NaN anywhere makes the whole result non-finite (the step's guard then skips it).
-  loss, aux, grads = train.accumulate_value_and_grad(_toy_grad_fn(), params, batch, key, 2,
+  loss, aux, grads = accumulate.value_and_grad(_toy_grad_fn(), params, batch, key, 2,
                                                      jnp.float32(jnp.nan))
   assert np.isnan(float(loss)) and np.isnan(float(grads['w'])) and float(aux['finite']) == 0.0
 

@@ -1,4 +1,4 @@
-"""hmdlm_jax/unigram.py against hand-computed unigram perplexities on tiny arrays."""
+"""hmdlm_jax/evaluation/unigram.py against hand-computed unigram perplexities on tiny arrays."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from hmdlm_jax import unigram
+from hmdlm_jax.evaluation import unigram
 
 
 def _batch(tokens, loss_mask, weight=None):

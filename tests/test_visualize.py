@@ -1,4 +1,4 @@
-"""Tests of hmdlm_jax/visualize.py: the pictures carry exactly the numbers they claim to show."""
+"""Pictures (hmdlm_jax/visualize.py, tasks/*_pictures.py) carry exactly the numbers they claim."""
 
 from __future__ import annotations
 
@@ -13,6 +13,8 @@ import pytest
 from configs import base as base_config
 from hmdlm_jax.processes import schedules
 from hmdlm_jax import visualize
+from hmdlm_jax.tasks import sudoku_pictures
+from hmdlm_jax.tasks import text_pictures
 
 SOLUTION = ('534678912672195348198342567859761423426853791713924856961537284'
             '287419635345286179')
@@ -27,7 +29,7 @@ def _synthetic_run(seed: int = 0, num_steps: int = T, num_levels: int = 6):
   tokens = sol_digits - 1
   levels = rng.integers(0, num_levels, 81)
   steps = rng.integers(1, num_steps + 1, 81)
-  steps[quiz > 0] = num_steps + 1  # sampling.SampleOutput: given positions have T + 1
+  steps[quiz > 0] = num_steps + 1  # SampleOutput: given positions have T + 1
   return quiz, tokens, levels, steps
 
 
@@ -114,14 +116,14 @@ def test_plot_schedules_lines_carry_exact_alpha_and_hazard(kind, params, tmp_pat
     assert t.shape == (201,)
     # Exactly what the schedule computes ...
     np.testing.assert_array_equal(y, np.asarray(sched.alpha(t))[:, k])
-    # ... and the closed form of SPEC 2 (float64 re-derivation; float32 tolerance).
+    # ... and the closed form of docs/method.md §2 (float64 re-derivation; float32 tolerance).
     t64 = t.astype(np.float64)
     if kind == 'loglinear':
       ref = 1 - (1 - eps) * np.clip((t64 - p) / (1 - p), 0, 1)
     else:
       ref = 1 - (1 - eps) * t64**p
     np.testing.assert_allclose(y, ref, atol=2e-7)
-    # Hazard lines: the positive hazards only, equal to 1/(t - δ) resp. ω/t (SPEC 2).
+    # Hazard lines: the positive hazards only, equal to 1/(t - δ) resp. ω/t (docs/method.md §2).
     th = np.asarray(ax_h.lines[k].get_xdata(), np.float64)
     yh = np.asarray(ax_h.lines[k].get_ydata(), np.float64)
     ref_h = 1.0 / (th - p) if kind == 'loglinear' else p / th
@@ -168,8 +170,8 @@ def test_plot_sudoku_reveal_cell_colours_outlines_and_digits(tmp_path):
   tokens = tokens.copy()
   tokens[wrong] = (tokens[wrong] + 1) % 9
   path = tmp_path / 'grid.png'
-  fig = visualize.plot_sudoku_reveal(quiz, tokens, levels, steps, T, title='x', solution=SOLUTION,
-                                     path=path)
+  fig = sudoku_pictures.plot_sudoku_reveal(quiz, tokens, levels, steps, T, title='x',
+                                           solution=SOLUTION, path=path)
   assert path.stat().st_size > 0
   cells = _patches_by_gid(fig, 'cell-')
   assert len(cells) == 81
@@ -204,13 +206,13 @@ def test_plot_sudoku_reveal_rejects_inconsistent_inputs():
   bad = tokens.copy()
   bad[g] = (bad[g] + 1) % 9
   with pytest.raises(ValueError, match='disagree with the quiz'):
-    visualize.plot_sudoku_reveal(quiz, bad, levels, steps, T)
+    sudoku_pictures.plot_sudoku_reveal(quiz, bad, levels, steps, T)
   with pytest.raises(ValueError, match='0..8'):
-    visualize.plot_sudoku_reveal(quiz, np.where(quiz > 0, tokens, 9), levels, steps, T)
-  with pytest.raises(ValueError, match='81 digits'):
-    visualize.plot_sudoku_reveal('123', tokens, levels, steps, T)
+    sudoku_pictures.plot_sudoku_reveal(quiz, np.where(quiz > 0, tokens, 9), levels, steps, T)
+  with pytest.raises(ValueError, match='81 cells'):
+    sudoku_pictures.plot_sudoku_reveal('123', tokens, levels, steps, T)
   with pytest.raises(ValueError, match='levels must lie in 0..5'):
-    visualize.plot_sudoku_reveal(quiz, tokens, levels + 1, steps, T)
+    sudoku_pictures.plot_sudoku_reveal(quiz, tokens, levels + 1, steps, T)
 
 
 def test_sudoku_comparison_draws_both_runs_on_the_same_quiz():
@@ -222,7 +224,7 @@ def test_sudoku_comparison_draws_both_runs_on_the_same_quiz():
     def __init__(self, lv, st):
       self.tokens, self.levels, self.reveal_step = tokens[None], lv[None], st[None]
 
-  fig = visualize.plot_sudoku_reveal_comparison(
+  fig = sudoku_pictures.plot_sudoku_reveal_comparison(
       Out(levels, steps), Out(np.zeros_like(levels), mdlm_steps), ''.join(map(str, quiz)),
       num_steps=T)
   ax_h, ax_m = fig.axes[:2]
@@ -244,7 +246,7 @@ def test_sudoku_gif_has_one_frame_per_distinct_reveal_step_plus_quiz(tmp_path):
   quiz, tokens, levels, steps = _synthetic_run(seed=3)
   steps = np.where(quiz > 0, T + 1, np.minimum(steps, 9))  # steps 10..12 reveal nothing
   path = tmp_path / 'solve.gif'
-  frames = visualize.sudoku_reveal_gif(quiz, tokens, steps, levels, path, fps=5, num_steps=T)
+  frames = sudoku_pictures.sudoku_reveal_gif(quiz, tokens, steps, levels, path, fps=5, num_steps=T)
   expected = len(np.unique(steps[quiz == 0])) + 1
   assert expected == 10
   assert len(frames) == expected
@@ -256,7 +258,7 @@ def test_sudoku_gif_has_one_frame_per_distinct_reveal_step_plus_quiz(tmp_path):
   arrays = [np.asarray(f) for f in frames]
   assert all(np.any(a != b) for a, b in zip(arrays, arrays[1:]))
   with pytest.raises(ValueError, match='fps'):
-    visualize.sudoku_reveal_gif(quiz, tokens, steps, levels, path, fps=0, num_steps=T)
+    sudoku_pictures.sudoku_reveal_gif(quiz, tokens, steps, levels, path, fps=0, num_steps=T)
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -274,7 +276,7 @@ def test_text_timeline_one_box_per_token_with_colours_and_wrapping(tmp_path):
   given[:2] = True
   steps[:2] = T + 1
   path = tmp_path / 'text.png'
-  fig = visualize.plot_text_reveal(words, steps, levels, T, given=given, chars_per_line=30,
+  fig = text_pictures.plot_text_reveal(words, steps, levels, T, given=given, chars_per_line=30,
                                    path=path)
   assert path.stat().st_size > 0
   boxes = _patches_by_gid(fig, 'token-')
@@ -297,7 +299,7 @@ def test_text_timeline_one_box_per_token_with_colours_and_wrapping(tmp_path):
   xs = [(boxes[f'token-{i}'].get_y(), boxes[f'token-{i}'].get_x()) for i in range(num)]
   assert xs == sorted(xs, key=lambda yx: (-yx[0], yx[1]))
   with pytest.raises(ValueError, match='L = '):
-    visualize.plot_text_reveal(words[:-1], steps, levels, T)
+    text_pictures.plot_text_reveal(words[:-1], steps, levels, T)
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -317,7 +319,7 @@ def test_save_sample_pictures_sudoku_reads_givens_from_reveal_step(tmp_path):
   cfg.sample.num_steps = T
   runs = [_synthetic_run(seed=s) for s in range(3)]
   out = _Outputs(*(np.stack([r[j] for r in runs]) for j in (1, 2, 3)))
-  paths = visualize.save_sample_pictures(cfg, str(tmp_path), out, max_pictures=2)
+  paths = sudoku_pictures.save_sample_pictures(cfg, str(tmp_path), out, max_pictures=2)
   names = sorted(os.path.basename(p) for p in paths)
   assert names == ['sudoku_reveal_0.gif', 'sudoku_reveal_0.png', 'sudoku_reveal_1.png']
   for p in paths:
@@ -327,23 +329,28 @@ def test_save_sample_pictures_sudoku_reads_givens_from_reveal_step(tmp_path):
     assert im.n_frames == len(np.unique(steps0[quiz0 == 0])) + 1
 
 
-def test_save_sample_pictures_text_needs_decode_fn(tmp_path):
+def test_save_sample_pictures_text_cuts_rows_after_eos(tmp_path):
   cfg = base_config.get_base_config()
   cfg.data.kind = 'text'
   cfg.model.num_levels = 2
   cfg.sample.num_steps = T
   rng = np.random.default_rng(0)
-  out = _Outputs(rng.integers(0, 50, (2, 20)), rng.integers(0, 2, (2, 20)),
+  out = _Outputs(rng.integers(3, 50, (2, 20)), rng.integers(0, 2, (2, 20)),
                  rng.integers(1, T + 1, (2, 20)))
-  with pytest.raises(ValueError, match='decode_fn'):
-    visualize.save_sample_pictures(cfg, str(tmp_path), out)
-  paths = visualize.save_sample_pictures(cfg, str(tmp_path), out,
-                                         decode_fn=lambda ids: [f'w{i}' for i in ids])
+  out.tokens[0, 5] = 2  # EOS: row 0 is drawn up to and including it
+  seen = []
+
+  def decode(ids):
+    seen.append(len(ids))
+    return [f'w{i}' for i in ids]
+
+  paths = text_pictures.save_sample_pictures(cfg, str(tmp_path), out, decode_fn=decode, eos_id=2)
   assert [os.path.basename(p) for p in paths] == ['text_reveal_0.png', 'text_reveal_1.png']
+  assert seen == [6, 20]
 
 
 def test_save_record_pictures_from_run_sample_records(tmp_path):
-  # Sudoku records as evaluate.run_sample writes them (strings of digits, lists).
+  # Sudoku records as evaluation.run.run_sample writes them (strings of digits, lists).
   cfg = base_config.get_base_config()
   cfg.data.kind = 'sudoku'
   cfg.model.num_levels = 6
@@ -351,7 +358,7 @@ def test_save_record_pictures_from_run_sample_records(tmp_path):
   quiz, tokens, levels, steps = _synthetic_run(seed=4)
   rec = {'quiz': ''.join(map(str, quiz)), 'prediction': ''.join(str(d + 1) for d in tokens),
          'levels': levels.tolist(), 'reveal_step': steps.tolist()}
-  paths = visualize.save_record_pictures(cfg, str(tmp_path), [rec], gif=True)
+  paths = sudoku_pictures.save_record_pictures(cfg, str(tmp_path), [rec], gif=True)
   assert sorted(os.path.basename(p) for p in paths) == ['sudoku_reveal_0.gif',
                                                         'sudoku_reveal_0.png']
   with Image.open(next(p for p in paths if p.endswith('.gif'))) as im:
@@ -375,9 +382,10 @@ def test_save_record_pictures_from_run_sample_records(tmp_path):
   ids = [1, 5, 6, 7, 2, 0, 0, 0]
   text_rec = {'tokens': ids, 'levels': [0, 1, 0, 1, 0, 0, 0, 0],
               'reveal_step': [T + 1, 3, 4, 5, 6, 7, 8, 9], 'given': [1, 0, 0, 0, 0, 0, 0, 0]}
-  paths = visualize.save_record_pictures(cfg, str(tmp_path), [text_rec], tokenizer=_Tok())
+  paths = text_pictures.save_record_pictures(cfg, str(tmp_path), [text_rec], tokenizer=_Tok())
   assert [os.path.basename(p) for p in paths] == ['text_reveal_0.png']
   assert seen == [[1, 5, 6, 7, 2]]
   with pytest.raises(ValueError, match="no 'given' field"):
-    visualize.save_record_pictures(cfg, str(tmp_path), [{k: v for k, v in text_rec.items()
-                                                         if k != 'given'}], tokenizer=_Tok())
+    text_pictures.save_record_pictures(
+        cfg, str(tmp_path), [{k: v for k, v in text_rec.items() if k != 'given'}],
+        tokenizer=_Tok())

@@ -1,17 +1,6 @@
-"""Input pipelines (docs/design.md, Data): `get_dataset` dispatches on `config.data.kind`.
+"""Input pipelines (docs/design.md, Data): one Grain pipeline per data kind.
 
-'sudoku' is registered by `pipeline.py`; other kinds register from their own modules with
-`@register(kind)` and are imported lazily (see `pipeline._LAZY_MODULES` / `register_lazy`).
+pipeline.py holds the helpers and split semantics they share; sudoku_pipeline.py, text.py, lm1b.py
+and wikihow.py build the batches; the task registry (hmdlm_jax/tasks) picks one by
+`config.data.kind`.
 """
-
-from __future__ import annotations
-
-from hmdlm_jax.data.pipeline import (
-    get_dataset,
-    local_batch_size,
-    register,
-    register_lazy,
-    registered_kinds,
-)
-
-__all__ = ['get_dataset', 'local_batch_size', 'register', 'register_lazy', 'registered_kinds']

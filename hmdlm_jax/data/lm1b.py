@@ -1,4 +1,4 @@
-"""LM1B through TensorFlow Datasets' array_record format (SPEC 6, 9), read without TensorFlow.
+"""LM1B through TensorFlow Datasets' array_record format (docs/method.md §6, §9), read without TensorFlow.
 
 Reading: `tfds.data_source('lm1b', data_dir=config.data.tfds_data_dir, download=False)` gives a
 random-access source of {'text': bytes} records (array_record files; tensorflow-datasets 4.9.10
@@ -34,7 +34,6 @@ from typing import Any
 import grain
 
 from hmdlm_jax.data import text as text_lib
-from hmdlm_jax import config as config_lib
 from hmdlm_jax.data import tokenizers as tokenizers_lib
 
 TFDS_NAME = 'lm1b'
@@ -127,12 +126,23 @@ def lm1b_pieces(record: dict[str, Any]) -> list[tuple[str, int]]:
   return [(raw.decode('utf-8') if isinstance(raw, bytes) else str(raw), text_lib.SEG_BODY)]
 
 
+def check_lm1b_config(config: Any) -> tokenizers_lib.TextTokenizer:
+  """What LM1B checks before reading data (fields, tokenizer, the TFDS folder); the tokenizer."""
+  tok = text_lib.text_tokenizer(config, allowed_rules=('frequency', 'none'))
+  data_dir = config.data.get('tfds_data_dir', '')
+  if not data_dir:
+    raise ValueError(f'config.data.tfds_data_dir is empty: LM1B is read from a prepared TFDS '
+                     f'data_dir. {PREPARE_HINT}')
+  if not pathlib.Path(data_dir).expanduser().is_dir():
+    raise ValueError(f'config.data.tfds_data_dir={data_dir!r} is not a folder: LM1B is read from '
+                     f'a prepared TFDS data_dir. {PREPARE_HINT}')
+  return tok
+
+
 def make_lm1b_dataset(config: Any, split: str, *, seed: int, process_index: int,
                       process_count: int) -> grain.IterDataset:
   """LM1B batches {tokens, levels, given, loss_mask} [B, L] (module docstring)."""
-  text_lib.check_text_config(config, allowed_rules=('frequency', 'none'))
-  tok = tokenizers_lib.tokenizer_from_config(config.data)
-  tokenizers_lib.check_vocab(config.model, tok, num_masks=config_lib.num_noise_rows(config))
+  tok = check_lm1b_config(config)
   source = lm1b_source(config.data.get('tfds_data_dir', ''), split)
   encode = text_lib.EncodeRows(tok, lm1b_pieces, text_lib.data_seq_len(config),
                                config.data.get('overlong', 'truncate'))

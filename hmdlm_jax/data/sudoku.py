@@ -1,16 +1,18 @@
-"""Sudoku data (SPEC 6): encoding, solver, generator, Palm CSV source, hierarchy labels, symmetries.
+"""Sudoku core (docs/method.md §6): encoding, solver, hierarchy labels, symmetries.
 
 Grids are flat `uint8 [..., 81]` in row-major order, digits 1..9 and 0 = blank (Palm et al. 2018's
 `quiz,solution` CSV format). Model tokens are `digit - 1`, so digits 1..9 become tokens 0..8 and the
 MASK token is 9: the model config uses `vocab_size = VOCAB_SIZE = 10`, `mask_id = MASK_ID = 9`, and
-`num_levels = NUM_LEVELS = 6`.
+`num_levels = NUM_LEVELS = 6`. Puzzle text (the one parser, the Palm CSV) lives in
+data/sudoku_csv.py, the generator in data/sudoku_generator.py, the Grain pipeline in
+data/sudoku_pipeline.py.
 
 Solver and propagation work on candidate bitmasks `uint16 [N, 81]` (bit d-1 set = digit d still
 possible), vectorised over N puzzles: one round of naked singles + hidden singles is a handful of
 numpy ops on [N, 81] / [N, 27, 9] arrays, and the depth-first search runs all N searches in lockstep,
 one node per puzzle per iteration, with an explicit stack per puzzle.
 
-Hierarchy labels (SPEC 6, K = 6), see `hierarchy_levels`:
+Hierarchy labels (docs/method.md §6, K = 6), see `hierarchy_levels`:
   round r = 1, 2, ...: from the grid at the START of the round (givens + cells filled in earlier
   rounds), a blank cell is determined when it is a naked single (exactly one digit is absent from its
   row, column and box) or a hidden single (some digit that is not yet placed in one of its units has
@@ -19,49 +21,25 @@ Hierarchy labels (SPEC 6, K = 6), see `hierarchy_levels`:
   round 5 -> level 1; cells first determined in round >= 6, or never, get level 0. Givens get level 5
   (the level whose embedding they carry); they are never masked and carry no loss.
 
-Generated puzzles (`generate_puzzles`): random full grid, target given count t ~ U{17..34} (Palm et
-al.'s 'sudoku-hard' spans 17-34 givens), clues removed in random order while the solution stays
-unique. Random removal ends at minimal puzzles of 21-28 givens (mode 24), so targets below that are
-missed; 8 removal orders per missed puzzle (`attempts`) bring most of them to 22-23 givens. Reached
-distribution for the defaults (2048 puzzles, seed 0): 21: 0.2%, 22: 8.6%, 23: 23.8%, 24: 11.2%,
-25..34: about 5.5% each; no puzzle below 21 (17-20-clue puzzles need dedicated searches). Blank
-cells by level: 5: 14.4%, 4: 11.2%, 3: 9.2%, 2: 7.6%, 1: 6.5%, 0: 51.1%
-(`scripts/sudoku_levels.py` prints these). Speed on one CPU core: about 130-150 puzzles/s with
-attempts=8, 500-800 puzzles/s with attempts=1; the result is identical for any number of worker
-processes. Because generation costs minutes for ~20k puzzles, sets are cached as Palm CSVs, and
-training streams an effectively infinite set by applying a fresh random symmetry (1.2e12 of them)
-to every base puzzle in every epoch.
-
-Symmetries (SPEC 6): digit relabelling, row permutations within bands, column permutations within
-stacks, band permutations, stack permutations, transpose. They map rows/columns/boxes onto
-rows/columns/boxes, so they preserve validity, the number of solutions and the hierarchy levels.
+Symmetries (docs/method.md §6): digit relabelling, row permutations within bands, column
+permutations within stacks, band permutations, stack permutations, transpose. They map
+rows/columns/boxes onto rows/columns/boxes, so they preserve validity, the number of solutions and
+the hierarchy levels.
 """
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-import multiprocessing
-import os
-import tempfile
-import time
-from typing import Iterable
 
 import numpy as np
-import tqdm
 
 VOCAB_SIZE = 10  # tokens 0..8 = digits 1..9, plus MASK
 MASK_ID = 9
-NUM_LEVELS = 6  # K (SPEC 6)
+NUM_LEVELS = 6  # K (docs/method.md §6)
 GIVEN_LEVEL = NUM_LEVELS - 1  # givens carry the level-5 embedding
 NUM_CELLS = 81
 ALL_DIGITS = np.uint16(0x1FF)
 SPLITS = ('train', 'test')
-# Bump when the generator's algorithm changes: it is part of the cache key.
-GENERATOR_VERSION = 1
-# Puzzles per independently seeded generation chunk; fixed so that a (seed, count, split) always
-# yields the same puzzles whatever the number of worker processes.
-_CHUNK = 256
 
 
 # ----------------------------------------------------------------------------------------------
@@ -268,7 +246,7 @@ def is_valid_solution(grid: np.ndarray) -> np.ndarray:
 
 
 # ----------------------------------------------------------------------------------------------
-# Hierarchy labels (SPEC 6).
+# Hierarchy labels (docs/method.md §6).
 
 def hierarchy_levels(quiz: np.ndarray) -> np.ndarray:
   """Level of every cell of `[..., 81]` quizzes (0 = blank) -> `int32 [..., 81]` in 0..5.
@@ -300,14 +278,14 @@ def hierarchy_levels(quiz: np.ndarray) -> np.ndarray:
     if (_POPCOUNT[hidden] > 1).any():
       raise ValueError(f'quiz is contradictory: round {r} of singles forces a cell to two digits')
     determined = naked | (hidden != 0)
-    levels[determined] = NUM_LEVELS - r  # round r -> level 6 - r (SPEC 6)
+    levels[determined] = NUM_LEVELS - r  # round r -> level 6 - r (docs/method.md §6)
     vals = np.where(determined, np.where(naked, cand, hidden), vals)
     filled = filled | determined
   return levels.reshape(shape)
 
 
 # ----------------------------------------------------------------------------------------------
-# Symmetries (SPEC 6).
+# Symmetries (docs/method.md §6).
 
 @dataclasses.dataclass(frozen=True)
 class Symmetry:
@@ -341,281 +319,6 @@ def augment(quiz: np.ndarray, solution: np.ndarray,
   """Apply one random symmetry jointly to a `[81]` quiz and its `[81]` solution."""
   sym = random_symmetry(rng)
   return sym.apply_grid(quiz), sym.apply_grid(solution)
-
-
-# ----------------------------------------------------------------------------------------------
-# Generator.
-
-@dataclasses.dataclass(frozen=True)
-class GenStats:
-  """What a generation run reached (for the docs and scripts/sudoku_levels.py)."""
-  count: int
-  seconds: float
-  givens_hist: dict[int, int]
-
-  @property
-  def puzzles_per_s(self) -> float:
-    return self.count / max(self.seconds, 1e-9)
-
-
-def random_full_grids(rng: np.random.Generator, n: int) -> np.ndarray:
-  """`uint8 [n, 81]` random complete grids: random diagonal boxes, then randomised search.
-
-  The three diagonal boxes never constrain each other, so they are drawn as independent random
-  permutations; the rest is completed by search with uniformly random branching digits.
-  Not exactly uniform over all 6.7e21 grids, but every grid has positive probability.
-  """
-  masks = np.full((n, NUM_CELLS), ALL_DIGITS, np.uint16)
-  for b in (0, 4, 8):
-    cells = UNIT_CELLS[18 + b]
-    perms = rng.permuted(np.tile(np.arange(9), (n, 1)), axis=1)
-    masks[:, cells] = (np.uint16(1) << perms.astype(np.uint16)).astype(np.uint16)
-  count, grid = search(masks, limit=1, rng=rng)
-  if not (count == 1).all():
-    raise RuntimeError('random grid completion failed (a diagonal-box fill is always completable)')
-  return grid
-
-
-def _remove_clues(solution: np.ndarray, target: np.ndarray, order: np.ndarray) -> np.ndarray:
-  """Remove cells of full grids `[n, 81]` in `order` `[n, 81]` while the puzzle stays unique.
-
-  Stops at `target` `[n]` givens or after every cell was tried (the puzzle is then minimal: a cell
-  whose removal broke uniqueness would break it again after further removals). Removing cell c keeps
-  uniqueness iff no solution has a digit other than the known solution's at c, so each check is one
-  search for a single solution with that digit struck from c's candidates.
-  Returns the given mask `bool [n, 81]`.
-  """
-  n = solution.shape[0]
-  given = np.ones((n, NUM_CELLS), bool)
-  num_given = np.full(n, NUM_CELLS)
-  sol_bits = digits_to_masks(solution)
-  for j in range(NUM_CELLS):
-    idx = np.flatnonzero(num_given > target)
-    if not idx.size:
-      break
-    cell = order[idx, j]
-    rows = np.arange(idx.size)
-    masks = np.where(given[idx], sol_bits[idx], ALL_DIGITS)
-    masks[rows, cell] = ALL_DIGITS & ~sol_bits[idx, cell]
-    other, _ = search(masks, limit=1)
-    ok = other == 0  # no solution that differs at `cell` -> still unique
-    given[idx[ok], cell[ok]] = False
-    num_given[idx[ok]] -= 1
-  return given
-
-
-def generate_puzzles(rng: np.random.Generator, n: int, *, min_givens: int = 17,
-                     max_givens: int = 34,
-                     attempts: int = 8) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-  """`n` uniquely solvable puzzles -> (quiz `uint8 [n, 81]`, solution `uint8 [n, 81]`, target `[n]`).
-
-  For each puzzle: a random full grid and a target given count t ~ U{min_givens..max_givens}; cells
-  are removed in a random order while the puzzle stays uniquely solvable, until t givens remain
-  (`_remove_clues`). When the removal ends at a minimal puzzle with more than t givens, it is
-  repeated from the full grid with `attempts - 1` fresh random orders, and the first puzzle with
-  the fewest givens is kept. Random removal yields minimal puzzles with 21-28 givens
-  (mode 24), so targets below ~22 end above the target: see scripts/sudoku_levels.py.
-  """
-  if not 17 <= min_givens <= max_givens <= 81:
-    raise ValueError(f'need 17 <= data.min_givens <= data.max_givens <= 81, got '
-                     f'{min_givens}, {max_givens}')
-  if attempts < 1:
-    raise ValueError(f'data.gen_attempts must be >= 1, got {attempts}')
-  solution = random_full_grids(rng, n)
-  target = rng.integers(min_givens, max_givens + 1, size=n)
-  order = rng.permuted(np.tile(np.arange(NUM_CELLS), (n, 1)), axis=1)
-  given = _remove_clues(solution, target, order)
-  idx = np.flatnonzero(given.sum(-1) > target)
-  if idx.size and attempts > 1:
-    # The other attempts of all missed puzzles run side by side: one lockstep pass, not many.
-    rep = np.repeat(idx, attempts - 1)
-    order = rng.permuted(np.tile(np.arange(NUM_CELLS), (rep.size, 1)), axis=1)
-    tries = _remove_clues(solution[rep], target[rep], order).reshape(idx.size, attempts - 1, -1)
-    tries = np.concatenate([given[idx, None], tries], axis=1)  # [m, attempts, 81]
-    best = np.argmin(tries.sum(-1), axis=1)  # first attempt with the fewest givens
-    given[idx] = tries[np.arange(idx.size), best]
-  quiz = np.where(given, solution, 0).astype(np.uint8)
-  return quiz, solution, target
-
-
-def _generate_chunk(args: tuple[int, ...]) -> tuple[np.ndarray, np.ndarray]:
-  seed, split_id, chunk, n, lo, hi, attempts = args
-  rng = np.random.default_rng(np.random.SeedSequence([seed, split_id, chunk, GENERATOR_VERSION]))
-  quiz, sol, _ = generate_puzzles(rng, n, min_givens=lo, max_givens=hi, attempts=attempts)
-  return quiz, sol
-
-
-def generate_dataset(seed: int, count: int, split: str, *, min_givens: int = 17,
-                     max_givens: int = 34, attempts: int = 8, processes: int = 1,
-                     progress: bool = True) -> tuple[np.ndarray, np.ndarray, GenStats]:
-  """Deterministic puzzle set for (seed, count, split, givens range, attempts), in chunks of 256.
-
-  Chunk c is seeded with SeedSequence([seed, split index, c, GENERATOR_VERSION]), so the result does
-  not depend on `processes`; train and test use independent seed streams (a puzzle in both is
-  astronomically unlikely).
-  Returns (quiz `uint8 [count, 81]`, solution `uint8 [count, 81]`, stats).
-  """
-  if split not in SPLITS:
-    raise ValueError(f'split must be one of {SPLITS}, got {split!r}')
-  if count <= 0:
-    raise ValueError(f'puzzle count must be positive, got {count}')
-  if processes < 1:
-    raise ValueError(f'data.gen_processes must be >= 1, got {processes}')
-  split_id = SPLITS.index(split)
-  jobs = [(seed, split_id, c, min(_CHUNK, count - c * _CHUNK), min_givens, max_givens, attempts)
-          for c in range(-(-count // _CHUNK))]
-  start = time.perf_counter()
-  quizzes, sols = [], []
-  with contextlib.ExitStack() as stack:
-    bar = stack.enter_context(_progress(total=count, desc=f'generating {split} sudoku',
-                                        enabled=progress))
-    if processes > 1:
-      pool = stack.enter_context(multiprocessing.get_context('spawn').Pool(processes))
-      results: Iterable[tuple[np.ndarray, np.ndarray]] = pool.imap(_generate_chunk, jobs)
-    else:
-      results = map(_generate_chunk, jobs)
-    for q, s in results:
-      quizzes.append(q)
-      sols.append(s)
-      bar.update(len(q))
-  quiz, sol = np.concatenate(quizzes), np.concatenate(sols)
-  givens = (quiz > 0).sum(-1)
-  hist = {int(k): int(v) for k, v in zip(*np.unique(givens, return_counts=True))}
-  return quiz, sol, GenStats(count, time.perf_counter() - start, hist)
-
-
-def _progress(total: int, desc: str, enabled: bool) -> tqdm.tqdm:
-  return tqdm.tqdm(total=total, desc=desc, unit='puzzle', disable=not enabled)
-
-
-# ----------------------------------------------------------------------------------------------
-# Palm CSV format.
-
-def _to_ascii(grid: np.ndarray) -> np.ndarray:
-  return (np.asarray(grid, np.uint8) + ord('0')).astype(np.uint8)
-
-
-def write_csv(path: str, quiz: np.ndarray, solution: np.ndarray) -> None:
-  """Write `quiz,solution` rows atomically (temp file in the same folder + os.replace)."""
-  quiz, solution = np.asarray(quiz), np.asarray(solution)
-  if quiz.shape != solution.shape or quiz.ndim != 2 or quiz.shape[1] != NUM_CELLS:
-    raise ValueError(f'quiz and solution must both be [N, 81], got {quiz.shape}, {solution.shape}')
-  n = quiz.shape[0]
-  rows = np.concatenate([_to_ascii(quiz), np.full((n, 1), ord(','), np.uint8),
-                         _to_ascii(solution), np.full((n, 1), ord('\n'), np.uint8)], axis=1)
-  folder = os.path.dirname(os.path.abspath(path))
-  os.makedirs(folder, exist_ok=True)
-  fd, tmp = tempfile.mkstemp(dir=folder, prefix='.tmp_sudoku_', suffix='.csv')
-  try:
-    with os.fdopen(fd, 'wb') as f:
-      f.write(b'quiz,solution\n')
-      f.write(rows.tobytes())
-    os.replace(tmp, path)
-  except BaseException:
-    if os.path.exists(tmp):
-      os.unlink(tmp)
-    raise
-
-
-def _line_error(line: str, where: str) -> str:
-  """Why a data line is not `<81 digits>,<81 digits>`."""
-  fields = line.split(',')
-  if len(fields) != 2:
-    return f'{where}: expected 2 fields "quiz,solution", got {len(fields)}'
-  for name, val in zip(('quiz', 'solution'), fields):
-    if len(val) != NUM_CELLS or not (val.isascii() and val.isdigit()):
-      return f'{where}: {name} must be 81 digits 0-9, got {len(val)} characters {val[:20]!r}...'
-  return f'{where}: malformed line'
-
-
-def read_csv(path: str) -> tuple[np.ndarray, np.ndarray]:
-  """Parse and validate a Palm `quiz,solution` CSV -> (quiz, solution) `uint8 [N, 81]`.
-
-  A header line `quiz,solution` is optional; blank lines are skipped; `\r\n` line ends are fine.
-  Raises ValueError naming the file and 1-based line number for: a wrong field count, a field that
-  is not exactly 81 digits, a solution with a 0 or that is not a valid grid, or a quiz digit that
-  disagrees with the solution.
-  """
-  with open(path, 'rb') as f:
-    raw = f.read().split(b'\n')
-  linenos, lines = [], []
-  for i, line in enumerate(raw, start=1):
-    line = line.rstrip(b'\r')
-    if not line.strip():
-      continue
-    if i == 1 and line.strip().lower() == b'quiz,solution':
-      continue
-    linenos.append(i), lines.append(line)
-  if not lines:
-    raise ValueError(f'{path}: no puzzles found')
-  width = 2 * NUM_CELLS + 1
-  for i, line in zip(linenos, lines):  # cheap shape check; details only for a bad line
-    if len(line) != width or line[NUM_CELLS] != ord(','):
-      raise ValueError(_line_error(line.decode('utf-8', 'replace'), f'{path}, line {i}'))
-  arr = np.frombuffer(b''.join(lines), np.uint8).reshape(-1, width)
-  text = np.delete(arr, NUM_CELLS, axis=1)
-  not_digit = ((text < ord('0')) | (text > ord('9'))).any(-1)
-  if not_digit.any():
-    i = int(np.argmax(not_digit))
-    raise ValueError(_line_error(lines[i].decode('utf-8', 'replace'), f'{path}, line {linenos[i]}'))
-  quiz = arr[:, :NUM_CELLS] - ord('0')
-  sol = arr[:, NUM_CELLS + 1:] - ord('0')
-  checks = [
-      ((sol == 0).any(-1), 'solution contains a 0 (blank)'),
-      (~is_valid_solution(sol), 'solution is not a valid Sudoku grid'),
-      (((quiz != 0) & (quiz != sol)).any(-1), 'a quiz digit disagrees with the solution'),
-  ]
-  for bad, msg in checks:
-    if bad.any():
-      i = int(np.argmax(bad))
-      raise ValueError(f'{path}, line {linenos[i]}: {msg}')
-  return np.ascontiguousarray(quiz), np.ascontiguousarray(sol)
-
-
-class PalmCsvSource:
-  """Grain RandomAccessDataSource over a Palm `quiz,solution` CSV, loaded and validated eagerly.
-
-  `source[i]` -> dict(quiz=uint8[81], solution=uint8[81]).
-  """
-
-  def __init__(self, path: str):
-    self.path = path
-    self.quiz, self.solution = read_csv(path)
-
-  def __len__(self) -> int:
-    return self.quiz.shape[0]
-
-  def __getitem__(self, index: int) -> dict[str, np.ndarray]:
-    return {'quiz': self.quiz[index], 'solution': self.solution[index]}
-
-  def __repr__(self) -> str:
-    return f'PalmCsvSource({self.path!r}, n={len(self)})'
-
-
-def cache_path(cache_dir: str, seed: int, count: int, split: str, min_givens: int,
-               max_givens: int, attempts: int) -> str:
-  """Cache file of a generated set: every argument of `generate_dataset` that changes it."""
-  name = (f'sudoku_v{GENERATOR_VERSION}_{split}_seed{seed}_n{count}'
-          f'_givens{min_givens}-{max_givens}_att{attempts}.csv')
-  return os.path.join(os.path.expanduser(cache_dir), name)
-
-
-def default_cache_dir() -> str:
-  return os.path.join(os.path.expanduser('~'), '.cache', 'hmdlm_jax', 'sudoku')
-
-
-def generated_csv(seed: int, count: int, split: str, *, cache_dir: str = '', min_givens: int = 17,
-                  max_givens: int = 34, attempts: int = 8, processes: int = 1,
-                  progress: bool = True) -> str:
-  """Path of the cached Palm CSV of a generated set, generating and writing it if absent."""
-  path = cache_path(cache_dir or default_cache_dir(), seed, count, split, min_givens, max_givens,
-                    attempts)
-  if not os.path.exists(path):
-    quiz, sol, _ = generate_dataset(seed, count, split, min_givens=min_givens,
-                                    max_givens=max_givens, attempts=attempts,
-                                    processes=processes, progress=progress)
-    write_csv(path, quiz, sol)
-  return path
 
 
 def to_tokens(digits: np.ndarray) -> np.ndarray:

@@ -1,4 +1,4 @@
-"""Text rows and hierarchy labels for the language tasks (SPEC 6), plus the offline 'text' kind.
+"""Text rows and hierarchy labels of the language tasks (docs/method.md §6); the 'text' kind.
 
 Every language pipeline (this 'text' kind, 'lm1b', 'wikihow') runs the same Grain chain
 (`batched_dataset`; split semantics of hmdlm_jax/data/pipeline.py):
@@ -16,7 +16,7 @@ truncated (`data.overlong='truncate'`: the content is cut, the closing [SEP]/EOS
 `truncation=True` does for LM1B) or dropped (`'drop'`: the paper's WikiHow filtering).
 
 `AssignLevels` (a Grain map) applies the hierarchy rule named by `config.data.hierarchy` and emits
-the batch contract of docs/design.md (+ the registry's `weight`):
+the batch contract of docs/design.md (+ the row's `weight`):
   tokens [L] int32, levels [L] int32, given [L] bool, loss_mask [L] bool, weight [] float32.
 - 'frequency' (K=2): a token occurring at most τ (`data.tau`) times among the real (non-padding)
   positions of its own row -> level 1, else level 0. [CLS]/[SEP]/BOS/EOS and, for WikiHow, the
@@ -24,8 +24,8 @@ the batch contract of docs/design.md (+ the registry's `weight`):
 - 'position' (K=2, WikiHow only): summary -> 1, body -> 0; the given prompt (title) -> 1, the top
   level, as Sudoku givens carry the top level; padding 0.
 - 'none' (K=1, the MDLM twin): every position level 0.
-Padding is corrupted like any position but never carries loss (loss_mask False, given False, SPEC
-6); the prompt is given (never corrupted) and carries no loss.
+Padding is corrupted like any position but never carries loss (loss_mask False, given False,
+docs/method.md §6); the prompt is given (never corrupted) and carries no loss.
 
 The offline 'text' kind reads what the user points to: `data.train_path` / `data.test_path`, each a
 plain-text file, a folder of `.txt` / `.jsonl` files (sorted, non-recursive), or a JSON-lines file
@@ -46,8 +46,9 @@ from typing import Any
 import grain
 import numpy as np
 
-from hmdlm_jax.data import pipeline
 from hmdlm_jax import config as config_lib
+from hmdlm_jax.data import pipeline
+from hmdlm_jax.data import text_encode
 from hmdlm_jax.data import tokenizers as tokenizers_lib
 
 # Segment of each row position (an internal field between EncodeRows and AssignLevels).
@@ -66,7 +67,9 @@ BATCH_KEYS = ('tokens', 'levels', 'given', 'loss_mask', 'weight')
 
 
 def frequency_levels(tokens: np.ndarray, real: np.ndarray, tau: int) -> np.ndarray:
-  """Frequency rule (SPEC 6): level 1 iff the token occurs <= τ times among its row's real tokens.
+  """Frequency rule (docs/method.md §6): level 1 iff the token occurs <= τ times in its row.
+
+  Only the row's real (non-padding) tokens are counted.
 
   Args:
     tokens: int [..., L].
@@ -91,7 +94,7 @@ def frequency_levels(tokens: np.ndarray, real: np.ndarray, tau: int) -> np.ndarr
 
 
 def position_levels(segments: np.ndarray) -> np.ndarray:
-  """Position rule (SPEC 6, WikiHow-P): summary (and the given title) -> 1, body/padding -> 0.
+  """Position rule (docs/method.md §6, WikiHow-P): summary and given title -> 1, else 0.
 
   Args:
     segments: int [..., L] of SEG_* values.
@@ -159,7 +162,8 @@ class EncodeRows(grain.transforms.Map):
   """Grain map: one raw record -> {'tokens' [L], 'segments' [L]} or None (dropped overlong row).
 
   `to_pieces(record)` returns [(text, SEG_*), ...] in row order; each piece is tokenised on its own
-  (pieces should end with a separator such as '\\n' so that this equals joint tokenisation).
+  (pieces should end with a separator such as '\\n' so that this equals joint tokenisation). A
+  piece may also be token ids already (an int array: the 'text' kind encodes its corpus once).
   """
 
   def __init__(self, tok: tokenizers_lib.TextTokenizer,
@@ -174,7 +178,8 @@ class EncodeRows(grain.transforms.Map):
     self._overlong = overlong
 
   def map(self, record: Any) -> dict[str, np.ndarray] | None:
-    pieces = [(self._tok.encode(text), seg) for text, seg in self._to_pieces(record)]
+    pieces = [(self._tok.encode(p) if isinstance(p, str) else p, seg)
+              for p, seg in self._to_pieces(record)]
     row = build_row(self._tok, pieces, self.seq_len, overlong=self._overlong)
     if row is None:
       return None
@@ -229,6 +234,25 @@ def data_seq_len(config: Any) -> int:
   return seq_len
 
 
+def text_tokenizer(config: Any, *, allowed_rules: Sequence[str]) -> tokenizers_lib.TextTokenizer:
+  """The checks every text kind makes first (`check_text_config`, the tokenizer against
+  model.vocab_size / mask_id); returns the tokenizer."""
+  check_text_config(config, allowed_rules=allowed_rules)
+  tok = tokenizers_lib.tokenizer_from_config(config.data)
+  tokenizers_lib.check_vocab(config.model, tok, num_masks=config_lib.num_noise_rows(config))
+  return tok
+
+
+def check_local_paths(config: Any) -> None:
+  """data.train_path (required) and data.test_path (optional) exist; raises ValueError."""
+  d = config.data
+  if not d.train_path:
+    raise ValueError(f'config.data.train_path is empty; data.kind={d.kind!r} reads local files.')
+  for field in ('train_path', 'test_path'):
+    if d[field] and not pathlib.Path(d[field]).expanduser().exists():
+      raise ValueError(f'config.data.{field}={d[field]!r}: no such file or folder.')
+
+
 def check_text_config(config: Any, *, allowed_rules: Sequence[str]) -> None:
   """Validates the data fields shared by the text kinds; raises ValueError naming the field."""
   d = config.data
@@ -263,13 +287,7 @@ def _finalize_train(ds: grain.MapDataset, config: Any, batch: int) -> grain.Iter
   instead of leaving holes; options as `pipeline.finalize` (data.read_threads,
   data.prefetch_batches, data.num_workers).
   """
-  d = config.data
-  workers = int(d.get('num_workers', 0))
-  threads = int(d.get('read_threads', 1))
-  buffer = int(d.get('prefetch_batches', 4))
-  if workers < 0 or threads < 0 or buffer < 0:
-    raise ValueError(f'data.num_workers, data.read_threads, data.prefetch_batches must be >= 0, '
-                     f'got {workers}, {threads}, {buffer}')
+  workers, threads, buffer = pipeline.loader_options(config)
   it = ds.to_iter_dataset(grain.ReadOptions(num_threads=threads,
                                             prefetch_buffer_size=buffer * batch))
   it = it.batch(batch, drop_remainder=True)
@@ -339,13 +357,19 @@ def _paragraphs(lines: Sequence[str]) -> list[str]:
   return out
 
 
-def read_text_file(path: str | pathlib.Path, unit: str = 'line') -> list[str]:
+def read_text_file(path: str | pathlib.Path, unit: str = 'line', *,
+                   field: str = 'data.train_path') -> list[str]:
   """Examples of one file: JSON-lines (`.jsonl`/`.json`, objects with a string 'text') or text."""
   path = pathlib.Path(path)
   if unit not in TEXT_UNITS:
     raise ValueError(f'config.data.text_unit={unit!r}; allowed: {list(TEXT_UNITS)}.')
-  with open(path, encoding='utf-8') as f:
-    lines = f.read().splitlines()
+  try:
+    with open(path, encoding='utf-8') as f:
+      lines = f.read().splitlines()
+  except UnicodeDecodeError as e:
+    raise ValueError(f'config.{field}: {path} is not UTF-8 text (byte '
+                     f'{e.object[e.start:e.start + 1]!r} at offset {e.start:,}); give UTF-8 '
+                     'plain text, .jsonl or .json files (convert with iconv -t utf-8).') from None
   if path.suffix in ('.jsonl', '.json'):
     out = []
     for n, line in enumerate(lines, start=1):
@@ -366,6 +390,12 @@ def read_text_file(path: str | pathlib.Path, unit: str = 'line') -> list[str]:
 
 def read_text_source(path: str, unit: str = 'line', *, field: str = 'data.train_path') -> list[str]:
   """Examples of a file or of a folder's `.txt`/`.jsonl`/`.json` files (sorted by name)."""
+  return [x for _, xs in read_text_files(path, unit, field=field) for x in xs]
+
+
+def read_text_files(path: str, unit: str = 'line', *, field: str = 'data.train_path'
+                    ) -> list[tuple[pathlib.Path, list[str]]]:
+  """`read_text_source`, file by file: [(file, its examples), ...]."""
   p = pathlib.Path(path).expanduser()
   if p.is_dir():
     suffixes = ('.txt', '.jsonl', '.json')
@@ -376,7 +406,7 @@ def read_text_source(path: str, unit: str = 'line', *, field: str = 'data.train_
     files = [p]
   else:
     raise ValueError(f'config.{field}={path!r}: no such file or folder.')
-  return [x for f in files for x in read_text_file(f, unit)]
+  return [(f, read_text_file(f, unit, field=field)) for f in files]
 
 
 def in_test_split(key: str, fraction: float) -> bool:
@@ -415,47 +445,35 @@ def split_records(config: Any, split: str, read: Callable[[str, str], list[Any]]
   return split_examples(read(d.train_path, 'data.train_path'), split, fraction, key)
 
 
-def text_pieces(text: str) -> list[tuple[str, int]]:
-  return [(text, SEG_BODY)]
+def ids_pieces(ids: np.ndarray) -> list[tuple[np.ndarray, int]]:
+  """The one body piece of an already tokenised 'text' example."""
+  return [(ids, SEG_BODY)]
+
+
+def check_text_kind(config: Any) -> tokenizers_lib.TextTokenizer:
+  """What the offline 'text' kind checks before reading its files; returns the tokenizer."""
+  tok = text_tokenizer(config, allowed_rules=('frequency', 'none'))
+  check_local_paths(config)
+  return tok
 
 
 def make_text_dataset(config: Any, split: str, *, seed: int, process_index: int,
                       process_count: int) -> grain.IterDataset:
-  """The offline 'text' kind: local files -> frequency (or 'none') labelled rows -> batches."""
-  check_text_config(config, allowed_rules=('frequency', 'none'))
-  tok = tokenizers_lib.tokenizer_from_config(config.data)
-  tokenizers_lib.check_vocab(config.model, tok, num_masks=config_lib.num_noise_rows(config))
+  """The offline 'text' kind: local files -> frequency (or 'none') labelled rows -> batches.
+
+  The split's examples are tokenised once, up front, with a report per file of what
+  data.overlong cuts (hmdlm_jax/data/text_encode.py).
+  """
+  tok = check_text_kind(config)
   unit = config.data.get('text_unit', 'line')
-  records = split_records(config, split, lambda p, f: read_text_source(p, unit, field=f), str)
-  encode = EncodeRows(tok, text_pieces, data_seq_len(config),
-                      config.data.get('overlong', 'truncate'))
+  seq_len, overlong = data_seq_len(config), config.data.get('overlong', 'truncate')
+
+  def read(path: str, field: str) -> list[tuple[str, str]]:
+    return [(f'config.{field}: {f}', x) for f, xs in read_text_files(path, unit, field=field)
+            for x in xs]
+
+  examples = split_records(config, split, read, lambda e: e[1])
+  records = text_encode.encode_examples(tok, examples, seq_len, overlong, split=split)
+  encode = EncodeRows(tok, ids_pieces, seq_len, overlong)
   return batched_dataset(records, encode, config, split, seed=seed, process_index=process_index,
                          process_count=process_count)
-
-
-# ----------------------------------------------------------------------------- registry
-# pipeline._LAZY_MODULES imports this module for all three kinds; LM1B and WikiHow are imported
-# on use so that the plain-text kind needs neither TFDS nor the WikiHow readers.
-
-
-@pipeline.register('text')
-def text_dataset(config: Any, split: str, *, seed: int, process_index: int,
-                 process_count: int) -> grain.IterDataset:
-  return make_text_dataset(config, split, seed=seed, process_index=process_index,
-                           process_count=process_count)
-
-
-@pipeline.register('lm1b')
-def lm1b_dataset(config: Any, split: str, *, seed: int, process_index: int,
-                 process_count: int) -> grain.IterDataset:
-  from hmdlm_jax.data import lm1b  # pylint: disable=g-import-not-at-top
-  return lm1b.make_lm1b_dataset(config, split, seed=seed, process_index=process_index,
-                                process_count=process_count)
-
-
-@pipeline.register('wikihow')
-def wikihow_dataset(config: Any, split: str, *, seed: int, process_index: int,
-                    process_count: int) -> grain.IterDataset:
-  from hmdlm_jax.data import wikihow  # pylint: disable=g-import-not-at-top
-  return wikihow.make_wikihow_dataset(config, split, seed=seed, process_index=process_index,
-                                      process_count=process_count)

@@ -1,4 +1,4 @@
-"""Tokenizers for the language tasks (SPEC 6): loading, special ids and the MASK convention.
+"""Tokenizers for the language tasks (docs/method.md §6): loading, special ids and the MASK convention.
 
 `load_tokenizer(name_or_path)` returns a `TextTokenizer`: a Hugging Face tokenizer plus the ids the
 input pipeline needs. Accepted names:
@@ -22,7 +22,7 @@ len = 50257, so mask_id = 50257 and vocab_size = 50258: exactly the rows of MDLM
 `vocab_size = 30522`, which gives MDLM's exact 139,292,986 parameters); text that spells the mask
 token literally is then encoded as `[UNK]` so that no real token can collide with MASK.
 
-Row layout (SPEC 6): BERT style `[CLS] ... [SEP] [PAD]...`; GPT-2 style `BOS ... EOS` with
+Row layout (docs/method.md §6): BERT style `[CLS] ... [SEP] [PAD]...`; GPT-2 style `BOS ... EOS` with
 BOS = EOS = `<|endoftext|>` (MDLM's BOS/EOS convention for GPT-2) and padding with the tokenizer's
 pad token if it has one, else with EOS. Padding is marked explicitly by the pipeline (never inferred from the id),
 so padding with EOS is unambiguous.
@@ -93,14 +93,19 @@ class TextTokenizer:
 
   def encode(self, text: str) -> list[int]:
     """Token ids of `text` without special tokens, without truncation or padding."""
-    ids = list(self.hf(text, add_special_tokens=False, truncation=False)['input_ids'])
+    return self.encode_batch([text])[0]
+
+  def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
+    """`encode` of every text, in one call of the tokenizer (its fast batch path)."""
+    out = [list(ids) for ids in
+           self.hf(list(texts), add_special_tokens=False, truncation=False)['input_ids']]
     if self.mask_token == 'tokenizer':
-      unk = self.hf.unk_token_id
-      ids = [unk if i == self.mask_id else i for i in ids]
-    return ids
+      unk, mask = self.hf.unk_token_id, self.mask_id
+      out = [[unk if i == mask else i for i in ids] for ids in out]
+    return out
 
   def cut(self, ids: Sequence[int]) -> list[int]:
-    """The content of one generated row: drop a leading BOS, stop at the first EOS (SPEC 6).
+    """The content of one generated row: drop a leading BOS, stop at the first EOS (docs/method.md §6).
 
     For BERT rows this is "cut at the first [SEP]". MASK ids (still-masked positions) are kept so
     that `decode` can flag them.

@@ -1,4 +1,4 @@
-"""WikiHow (Koupaee & Wang 2018) for HMDLM fine-tuning (SPEC 6; paper section 5.1.2, Appendix C).
+"""WikiHow (Koupaee & Wang 2018) for HMDLM fine-tuning (docs/method.md §6; paper section 5.1.2, Appendix C).
 
 Sources (config.data.train_path / test_path, or one path + data.test_fraction):
 - the public `wikihowAll.csv` (columns `headline` = summary, `title`, `text` = body; read with the
@@ -160,7 +160,12 @@ def read_articles(path: str, field: str = 'data.train_path') -> list[dict[str, s
     raise ValueError(f'config.{field}={path!r}: no such file or folder.')
   out = []
   for f in files:
-    arts, skipped = READERS[f.suffix](f)
+    try:
+      arts, skipped = READERS[f.suffix](f)
+    except UnicodeDecodeError as e:
+      raise ValueError(f'config.{field}: {f} is not UTF-8 text (byte '
+                       f'{e.object[e.start:e.start + 1]!r} at offset {e.start:,}); convert it '
+                       'with iconv -t utf-8.') from None
     if skipped:
       logging.warning('%s: skipped %d rows with an empty title, summary or body.', f, skipped)
     out.extend(arts)
@@ -174,12 +179,17 @@ def wikihow_pieces(article: dict[str, str]) -> list[tuple[str, int]]:
           (article['body'], text_lib.SEG_BODY)]
 
 
+def check_wikihow_config(config: Any) -> tokenizers_lib.TextTokenizer:
+  """What WikiHow checks before reading its files (fields, tokenizer, paths); the tokenizer."""
+  tok = text_lib.text_tokenizer(config, allowed_rules=('position', 'frequency', 'none'))
+  text_lib.check_local_paths(config)
+  return tok
+
+
 def make_wikihow_dataset(config: Any, split: str, *, seed: int, process_index: int,
                          process_count: int) -> grain.IterDataset:
   """WikiHow batches {tokens, levels, given, loss_mask} [B, L] (module docstring)."""
-  text_lib.check_text_config(config, allowed_rules=('position', 'frequency', 'none'))
-  tok = tokenizers_lib.tokenizer_from_config(config.data)
-  tokenizers_lib.check_vocab(config.model, tok)
+  tok = check_wikihow_config(config)
   records = text_lib.split_records(config, split, read_articles, lambda a: a['title'])
   encode = text_lib.EncodeRows(tok, wikihow_pieces, text_lib.data_seq_len(config),
                                config.data.get('overlong', 'drop'))

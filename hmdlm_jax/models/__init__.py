@@ -6,29 +6,26 @@ Public API:
   init_params(model, rng, seq_len) -> params     plain arrays (logical-axis boxes removed)
   logical_specs(model, seq_len) -> PartitionSpec tree of logical axis names (same tree as params)
   count_params(params) -> int;  param_count_breakdown(cfg_model) -> dict;  param_count_report(...)
-  model_config(cfg_model) -> ModelConfig         validated, hashable copy of the config section
-  resolve_mask_id(cfg_model) -> int              mask_id with -1 resolved to vocab_size - 1
+The validated, hashable view of the `model` section is `hmdlm_jax.config.ModelConfig`.
 
 The models return raw float32 logits; SUBS and the hierarchy prior correction live in
-hmdlm_jax/parameterization.py. The hierarchy parts shared by both backbones are in hierarchy.py;
+hmdlm_jax/processes/parameterization.py. The hierarchy parts shared by both backbones are in hierarchy.py;
 exact parameter counts are explained in dit.py and gpt2.py. The logical -> mesh axis rules live in
 hmdlm_jax/sharding.py (LOGICAL_RULES).
 """
 
 from __future__ import annotations
 
-import dataclasses
 import zlib
-from typing import Any, Callable, Mapping
+from typing import Any, Callable
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
 
+from hmdlm_jax.config import ModelConfig
 from hmdlm_jax.models import hierarchy
-from hmdlm_jax.models import layers
-from hmdlm_jax.models import sudoku_positions
 from hmdlm_jax.models.dit import DiT
 from hmdlm_jax.models.gpt2 import GPT2
 
@@ -36,109 +33,12 @@ Array = jax.Array
 Params = Any
 ApplyFn = Callable[..., dict[str, Array]]
 
-VARIANTS = ('two_pass', 'single_pass')
-POSITION_EMBEDDINGS = ('rotary', 'learned', 'sudoku', 'sudoku_rel')
 BACKBONES: dict[str, type[hierarchy.HierarchicalBackbone]] = {'dit': DiT, 'gpt2': GPT2}
-
-
-@dataclasses.dataclass(frozen=True)
-class ModelConfig:
-  """The validated `model` config section (configs/base.py); hashable."""
-  backbone: str
-  num_levels: int
-  vocab_size: int
-  mask_id: int  # resolved: never -1
-  seq_len: int
-  num_layers: int
-  hidden_size: int
-  num_heads: int
-  mlp_dim: int
-  cond_dim: int
-  dropout: float
-  time_conditioning: bool
-  variant: str
-  position_embedding: str
-  tie_embeddings: bool
-  dtype: str
-  hier_stop_gradient: bool
-
-
-def _err(field: str, value: Any, allowed: str) -> ValueError:
-  return ValueError(f'model.{field}={value!r} is invalid: {allowed}')
-
-
-def model_config(cfg_model: Any) -> ModelConfig:
-  """Validate the `model` config section; errors name the field and the allowed values."""
-  if isinstance(cfg_model, ModelConfig):
-    return cfg_model
-  get = (cfg_model.get if isinstance(cfg_model, Mapping) or hasattr(cfg_model, 'get')
-         else lambda k, d=None: getattr(cfg_model, k, d))
-  if get('backbone', None) is None and get('model', None) is not None:
-    raise ValueError('build_model expects the `model` config section (cfg.model), not the whole '
-                     'config')
-  values = {}
-  for f in dataclasses.fields(ModelConfig):
-    v = get(f.name, None)
-    if v is None:
-      raise ValueError(f'model.{f.name} is missing from the model config')
-    values[f.name] = v
-
-  def _int(name: str, lo: int) -> int:
-    v = values[name]
-    if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < lo:
-      raise _err(name, v, f'must be an integer >= {lo}')
-    return int(v)
-
-  if values['backbone'] not in BACKBONES:
-    raise _err('backbone', values['backbone'], f'allowed {tuple(BACKBONES)}')
-  for name, lo in (('num_levels', 1), ('vocab_size', 2), ('seq_len', 1), ('num_layers', 1),
-                   ('hidden_size', 1), ('num_heads', 1), ('mlp_dim', 1), ('cond_dim', 1)):
-    values[name] = _int(name, lo)
-  if values['hidden_size'] % values['num_heads']:
-    raise _err('hidden_size', values['hidden_size'],
-               f"must be divisible by model.num_heads={values['num_heads']}")
-  mask_id = _int('mask_id', -1)
-  if mask_id == -1:
-    mask_id = values['vocab_size'] - 1
-  if not 0 <= mask_id < values['vocab_size']:
-    raise _err('mask_id', values['mask_id'],
-               f"must be -1 (= vocab_size - 1) or in [0, model.vocab_size={values['vocab_size']})")
-  values['mask_id'] = mask_id
-  dropout = values['dropout']
-  if isinstance(dropout, bool) or not isinstance(dropout, (int, float)) or not 0 <= dropout < 1:
-    raise _err('dropout', dropout, 'must be a float in [0, 1)')
-  values['dropout'] = float(dropout)
-  for name in ('time_conditioning', 'tie_embeddings', 'hier_stop_gradient'):
-    if not isinstance(values[name], (bool, np.bool_)):
-      raise _err(name, values[name], 'must be True or False')
-    values[name] = bool(values[name])
-  if values['variant'] not in VARIANTS:
-    raise _err('variant', values['variant'], f'allowed {VARIANTS}')
-  pe = values['position_embedding']
-  if pe not in POSITION_EMBEDDINGS:
-    raise _err('position_embedding', pe, f'allowed {POSITION_EMBEDDINGS}')
-  if pe in sudoku_positions.SUDOKU_KINDS and values['seq_len'] != sudoku_positions.SUDOKU_LEN:
-    raise _err('seq_len', values['seq_len'],
-               f"model.position_embedding={pe!r} needs model.seq_len == 81 (a 9×9 grid)")
-  if pe == 'sudoku_rel' and values['backbone'] != 'dit':
-    raise _err('position_embedding', pe, "'sudoku_rel' (relation attention bias) needs "
-               "model.backbone='dit'")
-  if pe == 'rotary' and (values['hidden_size'] // values['num_heads']) % 2:
-    raise _err('num_heads', values['num_heads'],
-               'rotary embeddings need an even head dimension hidden_size / num_heads')
-  if values['dtype'] not in layers.COMPUTE_DTYPES:
-    raise _err('dtype', values['dtype'], f'allowed {tuple(layers.COMPUTE_DTYPES)}')
-  return ModelConfig(**values)
-
-
-def resolve_mask_id(cfg_model: Any) -> int:
-  """The MASK token id, with the config's -1 meaning vocab_size - 1."""
-  return model_config(cfg_model).mask_id
 
 
 def build_model(cfg_model: Any) -> nn.Module:
   """`cfg.model` -> the Flax module of `cfg.model.backbone` (registry BACKBONES)."""
-  cfg = model_config(cfg_model)
+  cfg = ModelConfig.from_section(cfg_model)
   return BACKBONES[cfg.backbone](
       vocab_size=cfg.vocab_size, num_levels=cfg.num_levels, num_layers=cfg.num_layers,
       hidden_size=cfg.hidden_size, num_heads=cfg.num_heads, mlp_dim=cfg.mlp_dim,
@@ -237,7 +137,7 @@ def _group(name: str) -> str:
 
 def param_count_breakdown(cfg_model: Any) -> dict[str, int]:
   """{group: count} plus 'mdlm backbone' (all but the HMDLM parts), 'hmdlm extras' and 'total'."""
-  cfg = model_config(cfg_model)
+  cfg = ModelConfig.from_section(cfg_model)
   params = abstract_params(build_model(cfg), cfg.seq_len)
   by_group: dict[str, int] = {}
   for name, sub in params.items():
@@ -253,7 +153,7 @@ def param_count_breakdown(cfg_model: Any) -> dict[str, int]:
 
 def param_count_report(cfg_model: Any) -> str:
   """Human-readable parameter breakdown (no allocation: jax.eval_shape)."""
-  cfg = model_config(cfg_model)
+  cfg = ModelConfig.from_section(cfg_model)
   counts = param_count_breakdown(cfg)
   lines = [f'{cfg.backbone}: K={cfg.num_levels} V={cfg.vocab_size} H={cfg.hidden_size} '
            f'layers={cfg.num_layers} heads={cfg.num_heads} mlp={cfg.mlp_dim} '
@@ -269,7 +169,7 @@ def param_count_report(cfg_model: Any) -> str:
 
 
 __all__ = [
-    'BACKBONES', 'DiT', 'GPT2', 'ModelConfig', 'abstract_params', 'build_model',
-    'count_params', 'heads_salt', 'init_params', 'logical_specs', 'make_apply_fn', 'model_config',
-    'param_count_breakdown', 'param_count_report', 'resolve_mask_id',
+    'BACKBONES', 'DiT', 'GPT2', 'abstract_params', 'build_model', 'count_params', 'heads_salt',
+    'init_params', 'logical_specs', 'make_apply_fn', 'param_count_breakdown',
+    'param_count_report',
 ]

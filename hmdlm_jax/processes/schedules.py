@@ -1,4 +1,4 @@
-"""Per-level masking schedules α_k(t) of HMDLM (SPEC 2, paper eq. 6, Appendices B, D, E).
+"""Per-level masking schedules α_k(t) of HMDLM (docs/method.md §2, paper eq. 6, Appendices B, D, E).
 
 `α_k(t)` is the probability that a level-k position is still revealed at time t ∈ [0, 1]; higher
 levels are masked more slowly. Two families, vectorised over the K levels:
@@ -173,7 +173,7 @@ class Schedule:
 
 
 def schedule_from_config(cfg_schedule: Any, num_levels: int) -> Schedule:
-  """Builds and validates a `Schedule` from the config's `schedule` section (SPEC 2).
+  """Builds and validates a `Schedule` from the config's `schedule` section (docs/method.md §2).
 
   Args:
     cfg_schedule: object with fields kind, offsets, exponents, eps (configs/base.py).
@@ -209,7 +209,7 @@ def schedule_from_config(cfg_schedule: Any, num_levels: int) -> Schedule:
                        'decrease in t.')
   if any(b < a_ for a_, b in zip(params, params[1:])):
     warnings.warn(f'schedule.{field}={params} is not non-decreasing in the level: higher levels '
-                  'should be masked more slowly (SPEC 1-2, Appendix D).', stacklevel=2)
+                  'should be masked more slowly (docs/method.md §1-2, Appendix D).', stacklevel=2)
   return sched
 
 
@@ -264,11 +264,14 @@ def check_ordering(schedule: Schedule, num_steps: int, mode: str = 'error') -> l
   viol = ordering_violations(schedule, num_steps)
   if viol:
     shown = '; '.join(f'n={v.step}: λ_{v.k}={v.lam_k:.6g} > λ_{v.k_prime}={v.lam_k_prime:.6g}'
-                      for v in viol[:10])
-    more = f' (and {len(viol) - 10} more)' if len(viol) > 10 else ''
+                      for v in viol[:3])
+    steps = len({v.step for v in viol})
     msg = (f'schedule {schedule.kind} {schedule.params} violates the reveal ordering of Appendix D '
-           f'at {len(viol)} of {num_steps} steps (t_n = n/{num_steps}): {shown}{more}. '
-           'Set schedule.check_ordering to "warn" or "off" to proceed anyway.')
+           f'(a lower level revealed with a higher probability than a higher one) at {steps} of '
+           f'the {num_steps} steps of the sampling grid (t_n = n/{num_steps}, sample.num_steps), '
+           f'{len(viol)} (step, level pair) violations, e.g. {shown}. Make the schedule '
+           'non-decreasing in the level, or set schedule.check_ordering to "warn" or "off" to '
+           'proceed anyway.')
     if mode == 'error':
       raise ValueError(msg)
     warnings.warn(msg, stacklevel=2)

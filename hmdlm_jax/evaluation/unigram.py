@@ -4,9 +4,9 @@ A model that ignores all context can do no better, per token, than the unigram d
 data; a trained language model's test perplexity bound should sit well below the unigram
 perplexity of the same test tokens. `unigram_perplexity` fits p(w) on the TRAIN split's loss tokens
 and scores the TEST split's loss tokens, counting exactly the positions
-`evaluate.evaluate_perplexity` counts: `loss_mask` of the real rows (rows whose 'weight' /
+`perplexity.evaluate_perplexity` counts: `loss_mask` of the real rows (rows whose 'weight' /
 'valid' field is 0 are the pipeline's eval padding and count nowhere; [CLS]/[SEP] carry loss and
-count like any token, SPEC 6). Both splits must come from the same tokenizer and row layout.
+count like any token, docs/method.md §6). Both splits must come from the same tokenizer and row layout.
 
     PPL = exp( -(1/N_test) Σ_{test loss tokens w} log p(w) )
 
@@ -26,10 +26,10 @@ from collections.abc import Iterable, Mapping, Sequence
 
 import numpy as np
 
+from hmdlm_jax.evaluation import batches as batches_lib
+
 # smoothing name -> pseudo-count a added to every emittable id.
 SMOOTHING: dict[str, float] = {'add-one': 1.0, 'add-half': 0.5, 'none': 0.0}
-# Per-row validity fields of a padded eval batch, checked in this order (as evaluate.VALID_FIELDS).
-VALID_FIELDS = ('weight', 'valid')
 
 
 @dataclasses.dataclass(frozen=True)
@@ -50,18 +50,6 @@ class UnigramResult:
   vocab_size: int
   num_excluded: int
   smoothing: str
-
-
-def _row_validity(batch: Mapping[str, np.ndarray], num_rows: int, where: str) -> np.ndarray:
-  """bool [B]: the batch's per-row validity field (> 0 = real row) if present, else all True."""
-  for name in VALID_FIELDS:
-    if name in batch:
-      valid = np.asarray(batch[name]) > 0
-      if valid.shape != (num_rows,):
-        raise ValueError(f'{where}: field {name!r} must have shape [B]=({num_rows},), got '
-                         f'{valid.shape}.')
-      return valid
-  return np.ones((num_rows,), bool)
 
 
 def loss_token_counts(batches: Iterable[Mapping[str, np.ndarray]], vocab_size: int, *,
@@ -90,7 +78,7 @@ def loss_token_counts(batches: Iterable[Mapping[str, np.ndarray]], vocab_size: i
     if tokens.ndim != 2 or loss_mask.shape != tokens.shape:
       raise ValueError(f'{where}[{j}]: tokens must be [B, L] and loss_mask the same shape, got '
                        f'{tokens.shape} and {loss_mask.shape}.')
-    where_loss = loss_mask & _row_validity(batch, tokens.shape[0], f'{where}[{j}]')[:, None]
+    where_loss = loss_mask & batches_lib.row_validity(batch, f'{where}[{j}]')[:, None]
     ids = tokens[where_loss].astype(np.int64)
     if ids.size and (ids.min() < 0 or ids.max() >= vocab_size):
       raise ValueError(f'{where}[{j}]: loss token ids in [{ids.min()}, {ids.max()}] fall outside '

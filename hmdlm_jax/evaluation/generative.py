@@ -1,4 +1,4 @@
-"""Generative metrics of text samples (SPEC 8): entropy, generative perplexity, MAUVE.
+"""Generative metrics of text samples (docs/method.md §8): entropy, generative PPL, MAUVE.
 
 * Entropy: per-sequence unigram entropy of the sampled token ids (nats), averaged over sequences, as
   MDLM reports it (`entr(counts / counts.sum()).sum()` per sample). A collapsed, repetitive sampler

@@ -1,0 +1,102 @@
+"""What evaluation reports are made of: rates, seed statistics, flat scalars and JSON files.
+
+JSON files are written by process 0 only; non-finite floats become the strings 'nan' / 'inf' /
+'-inf' (JSON has no NaN), as in metrics.jsonl (hmdlm_jax/metrics.py).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from typing import Any, Iterable, Mapping, Sequence
+
+import jax
+import numpy as np
+
+from hmdlm_jax import metrics as metrics_lib
+
+
+PICTURES_DIR = 'pictures'  # reveal-order pictures of --mode=sample
+
+
+def eval_file(step: int) -> str:
+  """Name of the evaluation report of checkpoint `step` (evaluation/run.py's schema)."""
+  return f'eval_{int(step)}.json'
+
+
+def samples_file(step: int) -> str:
+  """Name of the samples (JSON lines, every token's reveal step) of checkpoint `step`."""
+  return f'samples_{int(step)}.jsonl'
+
+
+def ratio(num: float, den: float) -> float | None:
+  """num / den, or None when den is 0 (nothing to measure)."""
+  return float(num) / float(den) if den > 0 else None
+
+
+def mean_std(per_seed: Sequence[Mapping[str, Any]]) -> tuple[dict[str, Any], dict[str, Any]]:
+  """Mean and (population) std over seeds of every numeric metric; None if any seed has None.
+
+  Metrics that are strings for every seed (reasons, names) are kept per seed only.
+  """
+  mean, std = {}, {}
+  for k in per_seed[0]:
+    vals = [d[k] for d in per_seed]
+    if all(isinstance(v, str) for v in vals):
+      continue
+    if any(v is None or isinstance(v, (str, bool)) for v in vals):
+      mean[k] = std[k] = None
+      continue
+    a = np.asarray(vals, np.float64)
+    mean[k], std[k] = float(a.mean()), float(a.std())
+  return mean, std
+
+
+def flatten_metrics(tree: Mapping[str, Any], prefix: str = '') -> dict[str, float]:
+  """Nested results -> {'a/b/c': float} of the finite numbers only (for metrics.jsonl / TB)."""
+  out: dict[str, float] = {}
+  for k, v in tree.items():
+    name = f'{prefix}{k}'
+    if isinstance(v, Mapping):
+      out.update(flatten_metrics(v, name + '/'))
+    elif isinstance(v, (int, float, np.number)) and not isinstance(v, bool):
+      if math.isfinite(float(v)):
+        out[name] = float(v)
+  return out
+
+
+def json_safe(o: Any) -> Any:
+  """A nested structure with non-finite floats as strings and numpy values as Python ones."""
+  if isinstance(o, Mapping):
+    return {str(k): json_safe(v) for k, v in o.items()}
+  if isinstance(o, (list, tuple)):
+    return [json_safe(v) for v in o]
+  if isinstance(o, np.ndarray):
+    return json_safe(o.tolist())
+  if isinstance(o, np.generic):
+    o = o.item()
+  if isinstance(o, float):
+    return metrics_lib.json_value(o)
+  return o
+
+
+def write_json(path: str, obj: Any) -> None:
+  """Atomic JSON write (temp file + rename); process 0 only."""
+  if jax.process_index() != 0:
+    return
+  os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+  tmp = path + '.tmp'
+  with open(tmp, 'w', encoding='utf-8') as f:
+    json.dump(json_safe(obj), f, indent=2, allow_nan=False)
+  os.replace(tmp, path)
+
+
+def write_jsonl(path: str, records: Iterable[Mapping[str, Any]]) -> None:
+  """One JSON object per line; process 0 only."""
+  if jax.process_index() != 0:
+    return
+  os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+  with open(path, 'w', encoding='utf-8') as f:
+    for r in records:
+      f.write(json.dumps(json_safe(r), allow_nan=False) + '\n')

@@ -1,0 +1,163 @@
+"""Entry points of main.py: --mode=eval, --mode=sample, and the evaluation hook of training.
+
+`run_eval(config, workdir, step=None)` evaluates a checkpoint with its task (tasks/) on the whole
+test split, samples included; `TrainingEvaluator(config, task)` is `train.train_and_evaluate`'s
+`eval_fn`: the same evaluation of the live train state on `config.eval.num_examples` examples, no
+samples, compiled once for the whole training run (the evaluator owns its `compiled.Network`).
+Both print the task's summary and write DIR/eval_<step>.json with one schema (`write_report`):
+
+  step          int: the checkpoint / training step
+  kind          config.eval.kind ('sudoku' | 'perplexity')
+  use_ema       bool: EMA (True) or raw parameters (config.eval.use_ema)
+  num_examples  int, or null for the whole test split
+  seconds       float: wall time of the evaluation
+  results       the task's nested results
+  scalars       the finite numbers of `results`, flat ('greedy/mean/cell_accuracy': float); the
+                training loop also logs them to metrics.jsonl / TensorBoard (split 'eval')
+
+`run_sample(config, workdir, puzzles=, puzzle_file=)` prints the task's samples (Sudoku grids,
+texts), saves them with every token's reveal step to OUT/samples_<step>.jsonl and, with
+config.sample.pictures, their reveal-order pictures to OUT/pictures.
+
+Eval and sample runs write only into their output directory OUT (`out_dir`, default DIR; nothing
+else is written into DIR), and refuse to replace an output of an earlier run (`task.outputs`)
+unless `overwrite` (hmdlm_jax/workdir.py).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from typing import Any, Mapping, Sequence
+
+import jax
+import ml_collections
+
+from hmdlm_jax import config as config_lib
+from hmdlm_jax import models
+from hmdlm_jax import processes
+from hmdlm_jax import tasks
+from hmdlm_jax import train
+from hmdlm_jax import workdir as workdir_lib
+from hmdlm_jax.evaluation import compiled
+from hmdlm_jax.evaluation import reports
+from hmdlm_jax.tasks import base as tasks_base
+
+
+def eval_params(config: ml_collections.ConfigDict, state: train.TrainState) -> Any:
+  """EMA parameters when config.eval.use_ema, else the raw ones."""
+  return state.ema_params if config.eval.use_ema else state.params
+
+
+def _context(config: ml_collections.ConfigDict, network: compiled.Network, params: Any,
+             step: int, workdir: str, *, progress: bool) -> tasks_base.EvalContext:
+  return tasks_base.EvalContext(config=config, apply_fn=network.bind(params),
+                                process=processes.build(config), step=int(step),
+                                workdir=workdir, progress=progress)
+
+
+def write_report(config: ml_collections.ConfigDict, workdir: str, step: int,
+                 results: Mapping[str, Any], *, num_examples: int | None,
+                 seconds: float) -> tuple[dict[str, Any], str]:
+  """(report, path) of `workdir`/eval_<step>.json in the schema of the module docstring."""
+  report = {'step': int(step), 'kind': config.eval.kind, 'use_ema': bool(config.eval.use_ema),
+            'num_examples': num_examples, 'seconds': seconds, 'results': dict(results),
+            'scalars': reports.flatten_metrics(results)}
+  path = os.path.join(workdir, reports.eval_file(step))
+  reports.write_json(path, report)
+  return report, path
+
+
+def _print_summary(config: ml_collections.ConfigDict, task: tasks_base.Task,
+                   results: Mapping[str, Any], what: str, path: str) -> None:
+  """'<what> (<eval kind>, EMA|raw params) -> <path>' and the task's summary, on stdout."""
+  print(f'{what} ({config.eval.kind}, {"EMA" if config.eval.use_ema else "raw"} params) -> '
+        f'{path}', flush=True)
+  for line in task.summary(results):
+    print(line, flush=True)
+
+
+def _restore(config: ml_collections.ConfigDict, task: tasks_base.Task, mode: str, workdir: str,
+             step: int | None, out_dir: str, overwrite: bool) -> tuple[Any, int]:
+  """(evaluation params, step) of checkpoint `step` (None: the latest) of DIR, once the run's
+  outputs are known not to replace an earlier run's (unless `overwrite`)."""
+  state, step = train.restore_for_eval(config, workdir, step)
+  workdir_lib.check_outputs(out_dir, task.outputs(config, mode, step), overwrite)
+  return eval_params(config, state), step
+
+
+def run_eval(config: ml_collections.ConfigDict, workdir: str, step: int | None = None, *,
+             out_dir: str | None = None, overwrite: bool = False,
+             progress: bool = True) -> dict[str, Any]:
+  """Evaluates checkpoint `step` (default: the latest) of DIR; returns the eval_<step>.json
+  report (written to `out_dir`, default DIR) and prints the task's summary."""
+  config = config_lib.resolve(config)
+  task = tasks.get(config)
+  out_dir = out_dir or workdir
+  params, step = _restore(config, task, 'eval', workdir, step, out_dir, overwrite)
+  network = compiled.flax_network(models.build_model(config.model))
+  ctx = _context(config, network, params, step, out_dir, progress=progress)
+  start = time.perf_counter()
+  results = task.evaluate(ctx, None, True)
+  report, path = write_report(config, out_dir, step, results, num_examples=None,
+                              seconds=time.perf_counter() - start)
+  _print_summary(config, task, results, f'Evaluation of step {step}', path)
+  return report
+
+
+class TrainingEvaluator:
+  """`train.EvalFn`: the task's evaluation of the live train state, on config.eval.num_examples.
+
+  Uses EMA params when config.eval.use_ema; no samples (gen PPL / MAUVE are for `run_eval`). Its
+  network keeps the compiled programs, so evaluations after the first one do not recompile.
+  Returns the flat scalars for the training loop's metrics writer.
+  """
+
+  def __init__(self, config: ml_collections.ConfigDict, task: tasks_base.Task) -> None:
+    self._task = task
+    self._network = compiled.flax_network(models.build_model(config.model))
+
+  def __call__(self, config: ml_collections.ConfigDict, state: train.TrainState, step: int,
+               workdir: str) -> dict[str, float]:
+    num = int(config.eval.num_examples)
+    limit = num if num > 0 else None
+    ctx = _context(config, self._network, eval_params(config, state), step, workdir,
+                   progress=False)
+    start = time.perf_counter()
+    results = self._task.evaluate(ctx, limit, False)
+    report, path = write_report(config, workdir, step, results, num_examples=limit,
+                                seconds=time.perf_counter() - start)
+    if jax.process_index() == 0:  # the same readable summary as --mode=eval
+      _print_summary(config, self._task, results, f'Evaluation at step {step}', path)
+    return report['scalars']
+
+
+def run_sample(config: ml_collections.ConfigDict, workdir: str,
+               puzzles: Sequence[str] | None = None, puzzle_file: str | None = None, *,
+               step: int | None = None, out_dir: str | None = None,
+               overwrite: bool = False) -> tasks_base.Records:
+  """Samples from checkpoint `step` (default: the latest) of DIR; prints and saves them.
+
+  Sudoku: solves `puzzles` (81-character strings, '.' or '0' = blank) and/or the puzzles of
+  `puzzle_file` (one per line, or the `quiz,solution` CSV). Text: `config.sample.num_samples`
+  samples (WikiHow: conditioned on test titles). Every record holds the tokens' reveal steps.
+  Output: `out_dir` (default DIR)/samples_<step>.jsonl and pictures/.
+  """
+  config = config_lib.resolve(config)
+  task = tasks.get(config)
+  inputs = task.prepare_sample(config, puzzles, puzzle_file)  # bad input fails before restoring
+  out_dir = out_dir or workdir
+  params, step = _restore(config, task, 'sample', workdir, step, out_dir, overwrite)
+  network = compiled.flax_network(models.build_model(config.model))
+  records, text = task.sample(_context(config, network, params, step, out_dir, progress=False),
+                              inputs)
+  path = os.path.join(out_dir, reports.samples_file(step))
+  reports.write_jsonl(path, records)
+  print(text)
+  print(f'{len(records)} samples of step {step} -> {path}', file=sys.stderr)
+  if config.sample.pictures:
+    pictures = task.pictures(config, out_dir, records)
+    print(f'reveal-order pictures -> {os.path.join(out_dir, reports.PICTURES_DIR)} ({pictures})',
+          file=sys.stderr)
+  return records

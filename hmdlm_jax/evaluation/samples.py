@@ -1,0 +1,106 @@
+"""Rows from the reverse process (docs/method.md §7), unconditional or conditioned on given positions.
+
+`sampler` compiles `process.sample` once per (network, process, settings, shape); `sample_rows`
+draws any number of rows in fixed-shape batches; `given_inputs` turns a pipeline batch into the
+sampler's conditioning, hiding everything that is not given.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Callable, Iterable
+
+import jax
+import numpy as np
+
+from hmdlm_jax.config import SampleConfig
+from hmdlm_jax.evaluation import batches as batches_lib
+from hmdlm_jax.evaluation import compiled
+from hmdlm_jax.processes import base as process_base
+
+
+def sampler(apply_fn: compiled.ApplyFn, process: process_base.Process, cfg: SampleConfig, *,
+            batch_size: int, seq_len: int) -> Callable[..., process_base.SampleOutput]:
+  """Jitted `(key[, given_tokens, given_levels, given_mask]) -> SampleOutput` for [B, L] rows.
+
+  The process validates the settings first (`check_sampling`).
+  """
+  process.check_sampling(cfg)
+
+  def make(a: compiled.ApplyFn) -> Callable[..., process_base.SampleOutput]:
+    def run(key, given_tokens=None, given_levels=None, given_mask=None):
+      return process.sample(a, key, cfg, batch_size=batch_size, seq_len=seq_len,
+                            given_tokens=given_tokens, given_levels=given_levels,
+                            given_mask=given_mask)
+    return run
+
+  return compiled.jit_apply(apply_fn, make, ('sample', process, cfg, batch_size, seq_len))
+
+
+def given_inputs(batch: batches_lib.Batch, process: process_base.Process, cfg: SampleConfig
+                 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+  """Sampler conditioning int32/int32/bool [B, L]: the given tokens and levels (levels as the
+  process sees them, `prepare_batch`); MASK / h_m elsewhere, so no answer leaks."""
+  given = np.asarray(batch['given'], bool)
+  tokens = np.where(given, batch['tokens'], cfg.mask_id).astype(np.int32)
+  levels = np.where(given, process.prepare_batch(batch)['levels'], cfg.num_levels)
+  return tokens, levels.astype(np.int32), given
+
+
+@dataclasses.dataclass
+class SampledRows:
+  """Generated rows on the host: tokens/levels/reveal_step int [N, L], given bool [N, L]; nfe of
+  every sampler call."""
+  tokens: np.ndarray
+  levels: np.ndarray
+  reveal_step: np.ndarray
+  given: np.ndarray
+  nfe: list[int]
+
+
+def sample_rows(apply_fn: compiled.ApplyFn, key: jax.Array, process: process_base.Process,
+                cfg: SampleConfig, *, num_samples: int, seq_len: int, batch_size: int,
+                prompts: Iterable[batches_lib.Batch] | None = None,
+                progress: bool = False) -> SampledRows:
+  """`num_samples` rows from the reverse process, in batches of `batch_size` (one compilation).
+
+  With `prompts` (pipeline batches whose `given` positions are e.g. WikiHow titles), sample n is
+  conditioned on the given positions of the n-th valid prompt row; otherwise sampling is
+  unconditional. Batch j uses `fold_in(key, j)`.
+  """
+  if num_samples < 1 or batch_size < 1:
+    raise ValueError(f'sample_rows: num_samples and batch_size must be >= 1, got {num_samples}, '
+                     f'{batch_size}')
+  run = sampler(apply_fn, process, cfg, batch_size=batch_size, seq_len=seq_len)
+  prompt_iter = None if prompts is None else batches_lib.rebatch(prompts, batch_size)
+  parts: dict[str, list[np.ndarray]] = {'tokens': [], 'levels': [], 'reveal_step': [], 'given': []}
+  nfe, done, j = [], 0, 0
+  bar = batches_lib.progress(None, desc='sampling', enabled=progress,
+                             total=-(-num_samples // batch_size))
+  while done < num_samples:
+    k = jax.random.fold_in(key, j)
+    if prompt_iter is not None:
+      try:
+        batch, valid = next(prompt_iter)
+      except StopIteration:
+        raise ValueError(f'sample_rows: only {done} prompt rows for {num_samples} '
+                         'samples') from None
+      take = int(valid.sum())
+      gt, gl, given = given_inputs(batch, process, cfg)
+      out = jax.device_get(run(k, gt, gl, given))
+    else:
+      take = batch_size
+      out = jax.device_get(run(k))
+      given = np.zeros((batch_size, seq_len), bool)
+    take = min(take, num_samples - done)
+    for name, arr in (('tokens', out.tokens), ('levels', out.levels),
+                      ('reveal_step', out.reveal_step), ('given', given)):
+      parts[name].append(np.asarray(arr)[:take])
+    nfe.append(int(out.nfe))
+    done += take
+    j += 1
+    if bar is not None:
+      bar.update()
+  if bar is not None:
+    bar.close()
+  return SampledRows(**{n: np.concatenate(v) for n, v in parts.items()}, nfe=nfe)

@@ -1,0 +1,179 @@
+"""Everything a run checks before it writes anything (main.run calls `check` first).
+
+A mistake in the config, the data's shape, the workdir, the checkpoint or the inputs is reported as
+one ValueError naming the field or file and what to do, before a file is created or the model is
+initialised. In order:
+
+1. the config (hmdlm_jax/config.py resolves and validates every section), the task's data against
+   the model (`task.validate`: row length, vocabulary, levels, paths), the process
+   (`processes.build`: e.g. Appendix D's ordering with schedule.check_ordering='error'), the batch
+   against the process count;
+2. train: the workdir exists as a writable directory or can be created (nothing is created);
+   eval / sample: it exists, and the output directory (--out, default the workdir when writable)
+   is writable, and --puzzles / --out / --step fit the mode;
+3. the checkpoint: resuming, the latest step's stored config must agree with this run on the model,
+   process, schedule, loss, optimiser, seed and data layout (workdir.RESUME_FIELDS; overridable
+   with `resume_with_changes`) and its stored tree must match this model's state; eval / sample:
+   --step must exist (the steps that do are listed) and its tree must match;
+4. a fresh training run with init.mdlm_checkpoint or init.workdir: the source is readable and its
+   shapes fit the model (abstract parameters, nothing allocated; a warm start across processes
+   maps the vocabulary rows first, hmdlm_jax/warm_start.py), before the ~10 s of initialisation;
+5. sample: the puzzles parse and are solvable; eval / sample: the outputs of this run
+   (`task.outputs`) do not exist yet, unless `overwrite`.
+
+The data itself (the corpus' encoding, a puzzle file) is read by the task's pipeline, which main.run
+builds after these checks and before the run's record is written.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from typing import Any, Sequence
+
+import jax
+import ml_collections
+
+from hmdlm_jax import checkpoint as ckpt_lib
+from hmdlm_jax import config as config_lib
+from hmdlm_jax import convert_mdlm
+from hmdlm_jax import models
+from hmdlm_jax import processes
+from hmdlm_jax import sharding
+from hmdlm_jax import tasks
+from hmdlm_jax import train
+from hmdlm_jax import warm_start
+from hmdlm_jax import workdir as workdir_lib
+from hmdlm_jax.tasks import base as tasks_base
+
+MODES = ('train', 'eval', 'sample')
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+  """A checked run. step: train, the checkpoint resumed from (None: a fresh start); eval / sample,
+  the checkpoint used. out_dir: eval / sample, where outputs go (None for train)."""
+  mode: str
+  config: ml_collections.ConfigDict
+  task: tasks_base.Task
+  workdir: str
+  step: int | None
+  out_dir: str | None
+
+
+def _abstract_state(config: ml_collections.ConfigDict) -> Any:
+  model = models.build_model(config.model)
+  return train.state_shardings(config, model, sharding.make_mesh(config.mesh))[0]
+
+
+def _stored_config(ckpt: ckpt_lib.Checkpointer, workdir: str, step: int) -> tuple[Any, str]:
+  """(the config a checkpoint was trained with, where it was read): its meta, else config.json."""
+  stored = ckpt.meta(step).get('config')
+  if stored:
+    return stored, os.path.join(ckpt.step_dir(step), 'meta')
+  path = os.path.join(workdir, 'config.json')
+  try:
+    with open(path, encoding='utf-8') as f:
+      return json.load(f), path
+  except (OSError, ValueError):  # none, or unreadable: the tree check below still applies
+    return None, ''
+
+
+def check_resume(config: ml_collections.ConfigDict, workdir: str, *,
+                 resume_with_changes: bool = False) -> int | None:
+  """The step a training run in `workdir` resumes from (None: a fresh start), checked."""
+  if not os.path.isdir(os.path.join(workdir, 'checkpoints')):
+    return None
+  ckpt = ckpt_lib.Checkpointer(workdir, config.train, read_only=True)
+  try:
+    step = ckpt.latest_step()
+    if step is None:
+      return None
+    stored, where = _stored_config(ckpt, workdir, step)
+    changes = workdir_lib.config_changes(stored, config)
+    if changes and not resume_with_changes:
+      raise ValueError(
+          f'--workdir={workdir!r} holds checkpoints (latest step {step}) trained with another '
+          f'config ({where}): ' + '; '.join(changes) + '. A rerun resumes that training: drop '
+          'these overrides, use a new --workdir to start afresh, or pass --resume_with_changes '
+          'to resume with them anyway.')
+    ckpt.check_compatible(_abstract_state(config), step)
+    return step
+  finally:
+    ckpt.close()
+
+
+def check_init(config: ml_collections.ConfigDict) -> None:
+  """init.mdlm_checkpoint / init.workdir (when set) is readable and fits the model's parameters
+  (a warm start across processes, hmdlm_jax/warm_start.py, maps the vocabulary rows first)."""
+  if warm_start.handles(config):
+    warm_start.check(config)
+    return
+  path = config.init.mdlm_checkpoint
+  if not path:
+    return
+  model = models.build_model(config.model)
+  shapes = {k: tuple(v.shape) for k, v in convert_mdlm.flatten(
+      models.abstract_params(model, int(config.model.seq_len))).items()}
+  try:
+    convert_mdlm.check_shapes(shapes, convert_mdlm.pretrained_shapes(path))
+  except ValueError as e:
+    raise ValueError(f'init.mdlm_checkpoint={path!r}: {e}') from None
+
+
+def check_checkpoint(config: ml_collections.ConfigDict, workdir: str, step: int | None) -> int:
+  """The checkpoint step an eval / sample run reads (`step`, None: the latest), checked."""
+  ckpt = ckpt_lib.Checkpointer(workdir, config.train, read_only=True)
+  try:
+    step = ckpt.select_step(step)
+    try:
+      ckpt.check_compatible(_abstract_state(config), step)
+    except ckpt_lib.CheckpointError as e:
+      stored, where = _stored_config(ckpt, workdir, step)
+      changes = [c for c in workdir_lib.config_changes(stored, config) if c.startswith('model.')]
+      if not changes:
+        raise
+      raise ValueError(f'checkpoint {ckpt.step_dir(step)!r} holds another model ({where}): '
+                       + '; '.join(changes) + '. Use the config it was trained with (its '
+                       f'config.json / runs.jsonl). {e}') from e
+    return step
+  finally:
+    ckpt.close()
+
+
+def check(mode: str, config: ml_collections.ConfigDict, workdir: str, *,
+          step: int | None = None, puzzles: Sequence[str] | None = None,
+          puzzle_file: str | None = None, out: str | None = None, overwrite: bool = False,
+          resume_with_changes: bool = False) -> Plan:
+  """Checks a run of `mode` (module docstring); raises ValueError, writes nothing."""
+  if mode not in MODES:
+    raise ValueError(f'--mode={mode!r} is not one of {MODES}.')
+  config = config_lib.resolve(config)
+  task = tasks.get(config)
+  task.validate(config)
+  processes.build(config)
+  train.validate_config(config)
+  sharding.resolve_mesh_shape(config.mesh, jax.device_count())
+  workdir = os.path.abspath(workdir)
+  if mode == 'train':
+    extra = [f for f, v in (('--step', step is not None), ('--out', out),
+                            ('--puzzles', puzzles), ('--puzzle_file', puzzle_file)) if v]
+    if extra:
+      raise ValueError(f'{", ".join(extra)} apply to --mode=eval / --mode=sample, not to '
+                       'training (a rerun of training resumes from the latest checkpoint).')
+    workdir_lib.check_creatable(workdir, '--workdir')
+    resumed = check_resume(config, workdir, resume_with_changes=resume_with_changes)
+    if resumed is None:
+      check_init(config)
+    return Plan(mode, config, task, workdir, resumed, None)
+  if mode == 'eval' and (puzzles or puzzle_file):
+    raise ValueError('--puzzles / --puzzle_file apply to --mode=sample; --mode=eval evaluates the '
+                     'test split (data.test_path or the generated puzzles).')
+  workdir_lib.check_run_dir(workdir)
+  step = check_checkpoint(config, workdir, step)
+  if mode == 'sample':
+    task.prepare_sample(config, puzzles, puzzle_file)
+  out_dir = workdir_lib.output_dir(workdir, out, mode)
+  workdir_lib.check_outputs(out_dir, task.outputs(config, mode, step), overwrite)
+  return Plan(mode, config, task, workdir, step, out_dir)

@@ -1,0 +1,169 @@
+"""Process start-up settings: keep XLA:CPU's large buffers resident (issue 14, item 3).
+
+Why: XLA:CPU allocates every buffer of a step (parameters, optimiser state, activations, the
+[B, L, V] logits) with the C library's malloc. glibc serves any request above its mmap threshold
+(dynamic, at most 32 MiB on 64-bit) with a fresh mmap and unmaps it on free(), so every step
+maps, zero-fills (one minor page fault per 4 KiB page) and unmaps the same gigabytes again.
+Measured with benchmarks/side_by_side.py on this 2-core VM: the real MDLM step makes 0.58 M
+(tiny) / 0.59 M (small) minor faults per step and spends 19% (tiny) of its CPU time in the
+kernel; the plain-JAX bare step 0.96 M faults, 24%.
+
+What keeps them resident (benchmarks/README.md, "Kernel time"):
+  * tcmalloc (Debian's libtcmalloc-minimal4) by LD_PRELOAD with TCMALLOC_RELEASE_RATE=0 (never
+    give free spans back): 0 faults and 0.03 s system time per step at both shapes (small: 0.03 s
+    of 18 s CPU). The measured choice. LD_PRELOAD acts at process start only, hence
+    `reexec_with_allocator()` (re-executes the same command once) or the launch scripts'
+    `eval "$(python -m hmdlm_jax.runtime)"`.
+  * glibc without installing anything: tunables `mmap_max=0` (big chunks from the brk heap),
+    `trim_threshold` (never shrink the heap), `arena_max=1` (one heap for all threads). The 32 MiB
+    cap concerns `mmap_threshold` only (mallopt and GLIBC_TUNABLES reject more alike), which is
+    why the threshold is not the knob used. Measured: only partial and pattern-dependent (tiny:
+    faults halved by GLIBC_TUNABLES; mallopt() in the process removed all faults of the real step
+    at tiny but not at small; the heap fragments and grows, peak RSS up to 2x). A fallback where
+    tcmalloc cannot be installed.
+
+None of this changes a single computed value: the allocator decides where buffers live, never
+what is computed in them. On non-Linux systems, or a C library other than glibc, every function
+here is a no-op.
+
+Use (the entry point, first thing, before JAX is imported):
+    runtime.reexec_with_allocator('auto')   # tcmalloc if installed (else glibc tunables): exec
+    runtime.configure_allocator()           # glibc mallopt() fallback; no-op under tcmalloc
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import os
+import platform
+import runpy
+import shlex
+import sys
+from typing import Sequence
+
+MARKER = 'HMDLM_JAX_ALLOCATOR'  # set in a re-executed process (and by the benchmarks' children)
+# glibc mallopt() parameter numbers (malloc.h).
+_M_TRIM_THRESHOLD, _M_MMAP_MAX, _M_ARENA_MAX = -1, -4, -8
+TRIM_THRESHOLD = 64 << 30  # 64 GiB: never trim
+GLIBC_TUNABLES = (f'glibc.malloc.mmap_max=0:glibc.malloc.trim_threshold={TRIM_THRESHOLD}:'
+                  'glibc.malloc.arena_max=1')
+TCMALLOC_PATHS = ('/usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4',
+                  '/usr/lib/aarch64-linux-gnu/libtcmalloc_minimal.so.4',
+                  '/usr/lib64/libtcmalloc_minimal.so.4', '/usr/lib/libtcmalloc_minimal.so.4')
+KINDS = ('glibc', 'tcmalloc', 'auto')
+
+
+def _is_glibc_linux() -> bool:
+  return sys.platform.startswith('linux') and platform.libc_ver()[0] == 'glibc'
+
+
+def tcmalloc_path() -> str | None:
+  """The tcmalloc shared library, if installed (apt-get install libtcmalloc-minimal4)."""
+  found = next((p for p in TCMALLOC_PATHS if os.path.exists(p)), None)
+  return found or ctypes.util.find_library('tcmalloc_minimal')
+
+
+def allocator_env(kind: str = 'glibc') -> dict[str, str]:
+  """Environment variables that apply the allocator settings to a NEW process.
+
+  'glibc': GLIBC_TUNABLES (merged after any tunables already in the environment);
+  'tcmalloc': LD_PRELOAD of tcmalloc ({} when it is not installed); 'auto': tcmalloc when
+  installed, else glibc. {} on non-Linux or non-glibc systems.
+  """
+  if kind not in KINDS:
+    raise ValueError(f'allocator kind {kind!r}: allowed {KINDS}')
+  if not _is_glibc_linux():
+    return {}
+  if kind in ('tcmalloc', 'auto'):
+    path = tcmalloc_path()
+    if path:
+      pre = os.environ.get('LD_PRELOAD', '')
+      # RELEASE_RATE=0: never hand free spans back to the kernel (the default rate 1 madvises
+      # them away gradually, and the next step faults them in again).
+      return {'LD_PRELOAD': path if not pre else f'{path}:{pre}', 'TCMALLOC_RELEASE_RATE': '0'}
+    if kind == 'tcmalloc':
+      return {}
+  old = os.environ.get('GLIBC_TUNABLES', '')
+  kept = [t for t in old.split(':') if t and not t.startswith(
+      ('glibc.malloc.mmap_max=', 'glibc.malloc.trim_threshold=', 'glibc.malloc.arena_max='))]
+  return {'GLIBC_TUNABLES': ':'.join(kept + [GLIBC_TUNABLES])}
+
+
+def configure_allocator() -> dict[str, int]:
+  """Applies the glibc settings to THIS process with mallopt(); returns {parameter: value} set.
+
+  Call it before JAX (or anything that starts threads) allocates: allocations made afterwards
+  stay in the process; arenas created before it by other threads keep their own heaps. Returns {}
+  (and does nothing) off glibc/Linux or when tcmalloc is preloaded. Applying it on top of the
+  GLIBC_TUNABLES of `allocator_env('glibc')` is harmless (and measured to be needed: the
+  tunables alone halve the page faults, mallopt() removes them).
+  """
+  if not _is_glibc_linux():
+    return {}
+  if 'tcmalloc' in os.environ.get('LD_PRELOAD', ''):
+    return {}
+  try:
+    libc = ctypes.CDLL(None)
+    mallopt = libc.mallopt
+  except (OSError, AttributeError):
+    return {}
+  mallopt.argtypes, mallopt.restype = (ctypes.c_int, ctypes.c_int), ctypes.c_int
+  done = {}
+  # mallopt takes an int; glibc converts it to size_t, so -1 means SIZE_MAX ("never trim").
+  # (2**31 - 1 would be too small: the temporaries freed at the end of a step exceed 2 GiB.)
+  trim = -1
+  for name, param, value in (('M_MMAP_MAX', _M_MMAP_MAX, 0), ('M_ARENA_MAX', _M_ARENA_MAX, 1),
+                             ('M_TRIM_THRESHOLD', _M_TRIM_THRESHOLD, trim)):
+    if mallopt(param, value) == 1:
+      done[name] = value
+  return done
+
+
+def reexec_with_allocator(kind: str = 'auto', argv: Sequence[str] | None = None) -> None:
+  """Re-executes this Python command once with `allocator_env(kind)` (needed for LD_PRELOAD).
+
+  Does nothing when the marker variable is set (already re-executed, or a parent chose the
+  allocator), when there is nothing to set, or off glibc/Linux. Otherwise does not return.
+  """
+  if os.environ.get(MARKER) or not _is_glibc_linux():
+    return
+  env = allocator_env(kind)
+  if not env:
+    return
+  os.environ.update(env)
+  os.environ[MARKER] = kind
+  args = list(sys.argv if argv is None else argv)
+  if args and args[0] in ('-m', '-c'):  # not expected from sys.argv, kept for completeness
+    args = args[1:]
+  orig = getattr(sys, 'orig_argv', None)  # Python >= 3.10: the interpreter's own argv
+  cmd = list(orig) if orig and argv is None else [sys.executable] + args
+  sys.stdout.flush()
+  sys.stderr.flush()
+  os.execv(sys.executable, cmd)
+
+
+def shell_exports(kind: str = 'auto') -> str:
+  """`export NAME=VALUE` lines of `allocator_env(kind)` plus the marker (for launch scripts)."""
+  env = allocator_env(kind)
+  if not env:
+    return ''
+  env[MARKER] = kind
+  return '\n'.join(f'export {k}={shlex.quote(v)}' for k, v in env.items())
+
+
+def run_module_with_allocator(module: str, args: Sequence[str]) -> None:
+  """configure_allocator(), then runs `python -m module args` in this process."""
+  configure_allocator()
+  os.environ.setdefault(MARKER, 'mallopt')
+  sys.argv = [module] + list(args)
+  runpy.run_module(module, run_name='__main__', alter_sys=True)
+
+
+if __name__ == '__main__':
+  # eval "$(python -m hmdlm_jax.runtime [glibc|tcmalloc|auto])"   (launch scripts)
+  # python -m hmdlm_jax.runtime run MODULE [ARGS...]   (mallopt() first, then python -m MODULE)
+  if len(sys.argv) > 2 and sys.argv[1] == 'run':
+    run_module_with_allocator(sys.argv[2], sys.argv[3:])
+  else:
+    print(shell_exports(sys.argv[1] if len(sys.argv) > 1 else 'auto'))

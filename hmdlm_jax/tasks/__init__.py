@@ -1,0 +1,37 @@
+"""The task registry, keyed by `config.data.kind`: the only place that branches on the task.
+
+A task (tasks/base.py) owns its data pipeline, evaluation, sample mode, printed summary and
+pictures. `config.eval.kind` names the evaluation the config expects; it must be the task's
+('sudoku' for Sudoku, 'perplexity' for the language tasks).
+"""
+
+from __future__ import annotations
+
+import ml_collections
+
+from hmdlm_jax.data import lm1b
+from hmdlm_jax.data import text as text_data
+from hmdlm_jax.data import wikihow
+from hmdlm_jax.tasks import base
+from hmdlm_jax.tasks import sudoku
+from hmdlm_jax.tasks import text
+
+TASKS: dict[str, base.Task] = {
+    'sudoku': sudoku.SudokuTask(),
+    'text': text.TextTask(text_data.make_text_dataset, text_data.check_text_kind),
+    'lm1b': text.TextTask(lm1b.make_lm1b_dataset, lm1b.check_lm1b_config),
+    'wikihow': text.TextTask(wikihow.make_wikihow_dataset, wikihow.check_wikihow_config,
+                             prompted=True),
+}
+
+
+def get(config: ml_collections.ConfigDict) -> base.Task:
+  """The task of `config.data.kind`, checked against `config.eval.kind`."""
+  kind = config.data.kind
+  if kind not in TASKS:
+    raise ValueError(f'config.data.kind={kind!r} is not one of {sorted(TASKS)}')
+  task = TASKS[kind]
+  if config.eval.kind != task.eval_kind:
+    raise ValueError(f'config.eval.kind={config.eval.kind!r} does not fit data.kind={kind!r}: its '
+                     f'evaluation is {task.eval_kind!r} (set --config.eval.kind={task.eval_kind})')
+  return task

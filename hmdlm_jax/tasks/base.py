@@ -1,0 +1,112 @@
+"""What a task provides: its data, evaluation, sampling, printed summary and pictures.
+
+A task is one kind of data and what is measured on it (tasks/sudoku.py, tasks/text.py); the
+registry in tasks/__init__.py picks it by `config.data.kind`. main.py trains on `task.dataset`;
+evaluation/run.py restores a checkpoint, builds an `EvalContext` and calls the rest.
+"""
+
+from __future__ import annotations
+
+import abc
+import dataclasses
+from typing import Any, Callable, ClassVar, Iterable, Mapping, Sequence
+
+import grain
+import jax
+import ml_collections
+
+from hmdlm_jax.evaluation import batches as batches_lib
+from hmdlm_jax.evaluation import compiled
+from hmdlm_jax.evaluation import reports
+from hmdlm_jax.processes import base as process_base
+
+# The data/ builder of a task: (config, split, *, seed, process_index, process_count) -> batches.
+DatasetBuilder = Callable[..., grain.IterDataset]
+Records = list[dict[str, Any]]
+
+
+@dataclasses.dataclass
+class EvalContext:
+  """What a task's evaluation and sampling read: the config, the network with its parameters
+  (a `compiled.Bound`: its programs compile once per network), the process, the checkpoint step
+  and `workdir`, the directory its outputs go to (the run directory, or --out)."""
+  config: ml_collections.ConfigDict
+  apply_fn: compiled.Bound
+  process: process_base.Process
+  step: int
+  workdir: str
+  progress: bool = True
+
+
+def sample_seeds(config: ml_collections.ConfigDict) -> tuple[int, ...]:
+  """config.sample.seeds as a non-empty tuple of ints."""
+  seeds = config.sample.seeds
+  seeds = (seeds,) if isinstance(seeds, int) else tuple(seeds)
+  if not seeds or any(isinstance(s, bool) or not isinstance(s, int) for s in seeds):
+    raise ValueError(f'config.sample.seeds must be a non-empty tuple of ints, got {seeds!r}')
+  return seeds
+
+
+@dataclasses.dataclass(frozen=True)
+class Task(abc.ABC):
+  """A task: `build_dataset` is its Grain pipeline (data/); subclasses add the rest.
+
+  eval_kind: the `config.eval.kind` the task evaluates with (a consistency check of the config).
+  """
+  build_dataset: DatasetBuilder
+  eval_kind: ClassVar[str]
+
+  def dataset(self, config: ml_collections.ConfigDict, split: str, *, seed: int,
+              process_index: int | None = None,
+              process_count: int | None = None) -> grain.IterDataset:
+    """This process's batches of `split` (data/pipeline.py); process defaults from JAX."""
+    process_index = jax.process_index() if process_index is None else process_index
+    process_count = jax.process_count() if process_count is None else process_count
+    if process_count < 1 or not 0 <= process_index < process_count:
+      raise ValueError(f'need 0 <= process_index < process_count, got {process_index}, '
+                       f'{process_count}')
+    if not 0 <= seed < 2**32:
+      raise ValueError(f'dataset seed must lie in [0, 2**32), got {seed}')
+    return self.build_dataset(config, split, seed=seed, process_index=process_index,
+                              process_count=process_count)
+
+  @abc.abstractmethod
+  def validate(self, config: ml_collections.ConfigDict) -> None:
+    """Raises ValueError naming the field when the (resolved) config does not fit the task's
+    data (row length, vocabulary, levels, paths); reads no data, writes nothing."""
+
+  def outputs(self, config: ml_collections.ConfigDict, mode: str, step: int) -> tuple[str, ...]:
+    """What an eval / sample run of checkpoint `step` writes into its output directory (files
+    and folders; a later run refuses to replace them without --overwrite)."""
+    if mode == 'eval':
+      return (reports.eval_file(step),)
+    return (reports.samples_file(step),) + ((reports.PICTURES_DIR,) if config.sample.pictures
+                                             else ())
+
+  def test_batches(self, config: ml_collections.ConfigDict) -> Iterable[batches_lib.Batch]:
+    """The whole test split on this process (every host evaluates everything; equal results)."""
+    return self.dataset(config, 'test', seed=int(config.seed), process_index=0, process_count=1)
+
+  @abc.abstractmethod
+  def evaluate(self, ctx: EvalContext, max_examples: int | None, with_samples: bool
+               ) -> dict[str, Any]:
+    """Results (JSON-able, nested) on the first `max_examples` test examples (None: all);
+    `with_samples` adds sample-based metrics that are too slow for evaluations in training."""
+
+  @abc.abstractmethod
+  def prepare_sample(self, config: ml_collections.ConfigDict, puzzles: Sequence[str] | None,
+                     puzzle_file: str | None) -> Any:
+    """The validated inputs of `sample` (before any checkpoint is restored)."""
+
+  @abc.abstractmethod
+  def sample(self, ctx: EvalContext, inputs: Any) -> tuple[Records, str]:
+    """(records for DIR/samples_<step>.jsonl, printable text) of sample mode."""
+
+  @abc.abstractmethod
+  def summary(self, results: Mapping[str, Any]) -> list[str]:
+    """Short human-readable lines of `evaluate`'s results."""
+
+  @abc.abstractmethod
+  def pictures(self, config: ml_collections.ConfigDict, workdir: str,
+               records: Records) -> list[str]:
+    """Reveal-order pictures of sample-mode records in DIR/pictures; the written paths."""

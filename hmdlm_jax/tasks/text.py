@@ -1,0 +1,240 @@
+"""The language tasks ('text', 'lm1b', 'wikihow'; docs/method.md §6, §8): perplexity and samples.
+
+Evaluation: the rigorous bound over the test split (evaluation/perplexity.py); with
+config.eval.num_samples > 0 (and samples wanted, i.e. not during training) also that many samples
+per seed of config.sample.seeds, scored per seed (entropy, gen PPL, MAUVE -- None with a reason
+when the scorer / featuriser is not available locally -- and drawn-vs-recomputed level
+disagreement), then mean and std; the samples go to DIR/samples_<step>.jsonl. Samples are cut at
+the first [SEP] / EOS. A prompted task (WikiHow) conditions its samples on the test rows' given
+positions (the titles); the others sample unconditionally.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from typing import Any, Callable, Mapping, Sequence
+
+import jax
+import ml_collections
+import numpy as np
+
+from hmdlm_jax.config import SampleConfig
+from hmdlm_jax.config import num_noise_rows
+from hmdlm_jax.data import text as text_data
+from hmdlm_jax.data import tokenizers as tokenizers_lib
+from hmdlm_jax.evaluation import batches as batches_lib
+from hmdlm_jax.evaluation import generative
+from hmdlm_jax.evaluation import perplexity
+from hmdlm_jax.evaluation import reports
+from hmdlm_jax.evaluation import samples as samples_lib
+from hmdlm_jax.tasks import base
+from hmdlm_jax.tasks import text_pictures
+
+
+def content_mask(tokens: np.ndarray, bos_id: int, eos_id: int) -> tuple[np.ndarray, np.ndarray]:
+  """Row extents of generated text, as `TextTokenizer.cut` sees them (docs/method.md §6: cut at
+  the first EOS / [SEP]).
+
+  Args:
+    tokens: int [N, L] generated rows (`BOS text EOS pad...`).
+    bos_id, eos_id: the tokenizer's row delimiters ([CLS]/[SEP], or <|endoftext|> twice).
+
+  Returns:
+    real bool [N, L]: the row as the data labeller sees it: positions up to and including the
+      first EOS that is not the opening BOS (everything when no EOS was generated);
+    text bool [N, L]: the content only: `real` without the opening BOS and without that EOS.
+  """
+  tokens = np.asarray(tokens)
+  pos = np.arange(tokens.shape[1])
+  start = (tokens[:, :1] == bos_id).astype(np.int64)  # [N, 1]: 1 if the row opens with BOS
+  is_eos = (tokens == eos_id) & (pos >= start)
+  first = np.where(is_eos.any(-1), is_eos.argmax(-1), tokens.shape[1])[:, None]  # [N, 1]
+  real = pos <= first
+  text = (pos >= start) & (pos < first)
+  return real, text
+
+
+def recomputed_text_levels(tokens: np.ndarray, real: np.ndarray, rule: str, tau: int
+                           ) -> np.ndarray | None:
+  """Levels the data labeller would give the generated tokens, or None if the rule needs more
+  than tokens (the 'position' rule needs the summary/body segments)."""
+  if rule == 'frequency':
+    return text_data.frequency_levels(tokens, real, tau)
+  if rule == 'none':
+    return np.zeros(np.shape(tokens), np.int32)
+  return None
+
+
+def text_sample_metrics(samples: samples_lib.SampledRows, tokenizer: Any, *,
+                        level_rule: str | None = None, tau: int = 1,
+                        references: Callable[[], list[str]] | None = None,
+                        scorer: generative.ARScorer | None = None,
+                        gen_ppl_model: str = generative.DEFAULT_SCORER,
+                        gen_ppl_unavailable: str | None = None,
+                        featurizer: generative.TransformersFeaturizer | None = None,
+                        mauve_featurizer: str = generative.DEFAULT_FEATURIZER,
+                        mauve_unavailable: str | None = None
+                        ) -> tuple[dict[str, Any], list[str]]:
+  """Entropy, gen PPL, MAUVE and level disagreement of decoded samples -> (metrics, texts).
+
+  `tokenizer` is a `data.tokenizers.TextTokenizer` (cut at the first EOS/[SEP], decode). Entropy
+  counts the generated content (prompt excluded); level disagreement compares the drawn levels
+  with the data rule (`level_rule`, e.g. 'frequency') applied to the generated row. `references`
+  (reference texts for MAUVE) is called only when MAUVE can run. Scorer / featuriser: given, or
+  loaded from `gen_ppl_model` / `mauve_featurizer`, unless a `*_unavailable` reason is passed.
+  Unavailable metrics are None with a reason.
+  """
+  real, text = content_mask(samples.tokens, tokenizer.bos_id, tokenizer.eos_id)
+  texts = [tokenizer.decode(row) for row in samples.tokens]
+  metrics: dict[str, Any] = {'num_samples': int(samples.tokens.shape[0]),
+                             'nfe': float(np.mean(samples.nfe))}
+  metrics.update(generative.entropy_report(samples.tokens, text & ~samples.given))
+  generated = real & ~samples.given
+  if level_rule is not None:
+    rec = recomputed_text_levels(samples.tokens, real, level_rule, tau)
+    if rec is None:
+      metrics['level_disagreement'] = None
+      metrics['level_disagreement_unavailable_reason'] = (
+          f'data.hierarchy={level_rule!r} levels cannot be recomputed from tokens alone')
+    else:
+      metrics['level_disagreement'] = reports.ratio(
+          (generated & (rec != samples.levels)).sum(), generated.sum())
+  metrics.update(generative.gen_ppl_report(
+      texts, scorer=scorer, model_name=gen_ppl_model, unavailable_reason=gen_ppl_unavailable))
+  metrics.update(generative.mauve_report(
+      texts, references if references is not None else [], featurizer=featurizer,
+      featurize_model_name=mauve_featurizer, unavailable_reason=mauve_unavailable))
+  return metrics, texts
+
+
+def _records(rows: samples_lib.SampledRows, texts: Sequence[str]) -> base.Records:
+  return [{'index': n, 'text': texts[n], 'tokens': rows.tokens[n].tolist(),
+           'levels': rows.levels[n].tolist(), 'reveal_step': rows.reveal_step[n].tolist(),
+           'given': rows.given[n].astype(int).tolist()} for n in range(len(texts))]
+
+
+def _tokenizer(config: ml_collections.ConfigDict) -> tokenizers_lib.TextTokenizer:
+  tok = tokenizers_lib.tokenizer_from_config(config.data)
+  tokenizers_lib.check_vocab(config.model, tok, num_masks=num_noise_rows(config))
+  return tok
+
+
+@dataclasses.dataclass(frozen=True)
+class TextTask(base.Task):
+  """A language task over one data/ pipeline; `check_data(config)` is that pipeline's check
+  before it reads anything (fields, tokenizer against the model, paths); `prompted`: samples are
+  conditioned on the test rows' given positions (WikiHow titles)."""
+  check_data: Callable[[ml_collections.ConfigDict], Any]
+  prompted: bool = False
+  eval_kind = 'perplexity'
+
+  def validate(self, config: ml_collections.ConfigDict) -> None:
+    self.check_data(config)
+
+  def outputs(self, config: ml_collections.ConfigDict, mode: str, step: int) -> tuple[str, ...]:
+    extra = (reports.samples_file(step),) if mode == 'eval' and config.eval.num_samples else ()
+    return super().outputs(config, mode, step) + extra
+
+  def _samples(self, ctx: base.EvalContext, num: int, seed: int) -> samples_lib.SampledRows:
+    """`num` samples with sampling seed `seed`, in batches of data.eval_batch_size (one compile)."""
+    config = ctx.config
+    key = jax.random.fold_in(jax.random.PRNGKey(int(config.seed)), int(seed))
+    return samples_lib.sample_rows(
+        ctx.apply_fn, key, ctx.process, SampleConfig.from_config(config), num_samples=num,
+        seq_len=int(config.model.seq_len), batch_size=min(int(config.data.eval_batch_size), num),
+        prompts=self.test_batches(config) if self.prompted else None, progress=ctx.progress)
+
+  def evaluate(self, ctx: base.EvalContext, max_examples: int | None, with_samples: bool
+               ) -> dict[str, Any]:
+    config = ctx.config
+    res: dict[str, Any] = {'perplexity': perplexity.evaluate_perplexity(
+        ctx.apply_fn, ctx.process, self.test_batches(config), time_seed=int(config.eval.time_seed),
+        num_t_samples=int(config.eval.num_t_samples), t_min=float(config.loss.t_min),
+        max_examples=max_examples, progress=ctx.progress)}
+    num = int(config.eval.num_samples)
+    if with_samples and num > 0:
+      res['samples'] = self._scored_samples(ctx, num)
+    return res
+
+  def _scored_samples(self, ctx: base.EvalContext, num: int) -> dict[str, Any]:
+    """`num` samples per seed, scored per seed, then mean and std; written to
+    DIR/samples_<step>.jsonl."""
+    config = ctx.config
+    tok = _tokenizer(config)
+    # GPT-2 Large (scorer, MAUVE featuriser) is loaded once for all seeds, or reported unavailable.
+    gen_ppl_model = config.eval.gen_ppl_model
+    scorer, scorer_reason = generative.load_or_reason(generative.TransformersGPT2Scorer,
+                                                      gen_ppl_model)
+    mauve_model = config.eval.mauve_featurizer
+    featurizer, mauve_reason = None, generative.mauve_unavailable()
+    if mauve_reason is None:
+      featurizer, mauve_reason = generative.load_or_reason(generative.TransformersFeaturizer,
+                                                           mauve_model)
+    refs: list[str] = []
+
+    def references() -> list[str]:  # decoded test rows, read once, only if MAUVE runs
+      if not refs:
+        for b, v in batches_lib.fixed_batches(self.test_batches(config), max_examples=num):
+          refs.extend(tok.decode(row) for row in b['tokens'][v])
+      return refs
+
+    level_rule = config.data.hierarchy if int(config.model.num_levels) > 1 else None
+    per_seed, records = {}, []
+    for seed in base.sample_seeds(config):
+      rows = self._samples(ctx, num, seed)
+      metrics, texts = text_sample_metrics(
+          rows, tok, level_rule=level_rule, tau=int(config.data.tau), references=references,
+          scorer=scorer, gen_ppl_model=gen_ppl_model, gen_ppl_unavailable=scorer_reason,
+          featurizer=featurizer, mauve_featurizer=mauve_model, mauve_unavailable=mauve_reason)
+      per_seed[str(seed)] = metrics
+      records.extend(dict(r, seed=seed) for r in _records(rows, texts))
+    mean, std = reports.mean_std(list(per_seed.values()))
+    path = os.path.join(ctx.workdir, reports.samples_file(ctx.step))
+    reports.write_jsonl(path, records)
+    return {'per_seed': per_seed, 'mean': mean, 'std': std, 'path': path,
+            'gen_ppl_unavailable_reason': scorer_reason, 'mauve_unavailable_reason': mauve_reason}
+
+  def prepare_sample(self, config: ml_collections.ConfigDict, puzzles: Sequence[str] | None,
+                     puzzle_file: str | None) -> None:
+    if puzzles or puzzle_file:
+      raise ValueError(f'--puzzles / --puzzle_file are for Sudoku, not data.kind='
+                       f'{config.data.kind!r}')
+
+  def sample(self, ctx: base.EvalContext, inputs: None) -> tuple[base.Records, str]:
+    del inputs  # the text tasks sample config.sample.num_samples rows, no user input
+    tok = _tokenizer(ctx.config)
+    seed = base.sample_seeds(ctx.config)[0]
+    rows = self._samples(ctx, int(ctx.config.sample.num_samples), seed)
+    texts = [tok.decode(row) for row in rows.tokens]
+    text = '\n'.join(f'[{n}] {t}' for n, t in enumerate(texts))
+    return [dict(r, seed=seed) for r in _records(rows, texts)], text
+
+  def summary(self, results: Mapping[str, Any]) -> list[str]:
+    p = results['perplexity']
+    # The process's own terms (HMDLM: lm, hier, cons; MultiMDM: recon, ident) and estimates.
+    terms = ', '.join(f'{k[:-len("_nats_per_token")]} {v:.4f}' for k, v in p.items()
+                      if k.endswith('_nats_per_token') and k != 'bound_nats_per_token')
+    lines = [
+        f'Bound ({p["bound_kind"]}): {p["bound_nats_per_token"]:.4f} ± {p["bound_stderr"]:.4f} '
+        f'nats/token  PPL {p["ppl"]:.3f}  ({terms}) over '
+        f'{p["num_tokens"]} tokens / {p["num_sequences"]} sequences',
+    ] + [f'{k[len("ppl_"):-len("_estimate")].replace("_", " ")} estimate (not a bound): '
+         f'PPL {v:.3f}' for k, v in p.items() if k.startswith('ppl_') and k.endswith('_estimate')]
+    s = results.get('samples')
+    if s:
+      m, sd = s['mean'], s['std']
+
+      def show(k: str) -> str:
+        if m.get(k) is None:
+          return f'n/a ({s.get(k + "_unavailable_reason") or "undefined"})'
+        return f'{m[k]:.4f} ± {sd[k]:.4f}'
+      n = next(iter(s['per_seed'].values()))['num_samples']
+      lines.append(f'Samples: {n} per seed x {len(s["per_seed"])} seeds  entropy '
+                   f'{show("entropy")}  gen PPL {show("gen_ppl")}  MAUVE {show("mauve")}  level '
+                   f'disagreement {show("level_disagreement")}')
+    return lines
+
+  def pictures(self, config: ml_collections.ConfigDict, workdir: str,
+               records: base.Records) -> list[str]:
+    return text_pictures.save_record_pictures(config, workdir, records)

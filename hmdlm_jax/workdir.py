@@ -1,0 +1,217 @@
+"""The run directory: its record of runs, and the checks made before anything is written into it.
+
+Record (process 0 writes it, when a run has passed every check of hmdlm_jax/preflight.py and
+really starts):
+
+  config.json / config.yaml   the resolved config of the training run that created DIR's
+                              checkpoints: written when training starts from step 0, never
+                              rewritten by a resume (a resume must keep the model, process and
+                              optimiser; its other overrides, e.g. a larger train.num_steps, are
+                              in runs.jsonl). config.yaml only when PyYAML is installed.
+  runs.jsonl                  one JSON object per run that started, appended (train in DIR;
+                              eval / sample in their output directory, DIR unless --out):
+                                time       ISO 8601 UTC start time
+                                mode       'train' | 'eval' | 'sample'
+                                workdir    absolute run directory
+                                out        eval / sample: absolute output directory; train: null
+                                step       train: the checkpoint step resumed from (0: fresh);
+                                           eval / sample: the checkpoint step used
+                                argv       the command line (null for a call of main.run)
+                                overrides  its --config.* arguments
+                                config     the resolved config of this run
+
+A rejected run writes nothing: no config.json, no runs.jsonl line, no directory. Eval and sample
+runs never create or write into DIR unless it is also their output directory (the default, when
+DIR is writable); their outputs (eval_<step>.json, samples_<step>.jsonl, pictures/) are never
+replaced without --overwrite.
+"""
+
+from __future__ import annotations
+
+import copy
+import datetime
+import json
+import os
+import tempfile
+from typing import Any, Iterable, Mapping, Sequence
+
+import jax
+import ml_collections
+
+from hmdlm_jax import config as config_lib
+
+RUNS_FILE = 'runs.jsonl'
+# What a resumed training run must share with its checkpoints (dotted prefixes of config fields).
+RESUME_FIELDS = ('seed', 'process.', 'model.', 'schedule.', 'loss.', 'optim.', 'data.kind',
+                 'data.batch_size', 'data.seq_len')
+RESUME_FREE = ('schedule.check_ordering',)  # checked on the sampling grid only
+
+
+def config_to_dict(config: ml_collections.ConfigDict) -> dict[str, Any]:
+  """JSON-ready nested dict (tuples become lists)."""
+  return json.loads(config.to_json_best_effort())
+
+
+# ------------------------------------------------------------------------------------ directories
+
+
+def _probe_writable(directory: str) -> str | None:
+  """None if a file can be created in the existing `directory`, else why not.
+
+  Creates and at once removes an empty probe folder: permission bits alone cannot tell (root
+  ignores them; /proc and read-only mounts refuse anyway).
+  """
+  if not os.access(directory, os.W_OK | os.X_OK):
+    return 'permission denied'
+  try:
+    os.rmdir(tempfile.mkdtemp(prefix='.hmdlm_write_probe_', dir=directory))
+  except OSError as e:
+    return f'creating a folder there fails: {e.strerror or type(e).__name__}'
+  return None
+
+
+def check_creatable(path: str, flag: str) -> bool:
+  """Raises ValueError unless `path` is a writable directory or can be created; creates nothing.
+
+  Returns:
+    Whether `path` already exists.
+  """
+  path = os.path.abspath(path)
+  if os.path.exists(path):
+    if not os.path.isdir(path):
+      raise ValueError(f'{flag}={path!r} exists and is not a directory; choose another '
+                       f'{flag} or remove that file.')
+    why = _probe_writable(path)
+    if why:
+      raise ValueError(f'{flag}={path!r} is not writable ({why}); choose a writable {flag}.')
+    return True
+  parent = os.path.dirname(path)
+  while not os.path.exists(parent):
+    parent = os.path.dirname(parent)
+  if not os.path.isdir(parent):
+    raise ValueError(f'{flag}={path!r} cannot be created: {parent!r} is a file, not a '
+                     f'directory; choose another {flag}.')
+  why = _probe_writable(parent)
+  if why:
+    raise ValueError(f'{flag}={path!r} cannot be created: {parent!r} is not writable ({why}); '
+                     f'choose a writable {flag}.')
+  return False
+
+
+def check_run_dir(workdir: str) -> None:
+  """Raises ValueError unless `workdir` is an existing directory (eval / sample read it)."""
+  if not os.path.exists(workdir):
+    raise ValueError(f'--workdir={workdir!r} does not exist: train first (--mode=train with this '
+                     '--workdir) or point --workdir at a trained run.')
+  if not os.path.isdir(workdir):
+    raise ValueError(f'--workdir={workdir!r} is not a directory; point --workdir at a trained '
+                     'run.')
+
+
+def output_dir(workdir: str, out: str | None, mode: str) -> str:
+  """The directory an eval / sample run writes to: `out`, else `workdir` when it is writable."""
+  if out:
+    check_creatable(out, '--out')
+    return os.path.abspath(out)
+  why = _probe_writable(workdir)
+  if why:
+    raise ValueError(f'--workdir={workdir!r} is not writable ({why}); pass --out=DIR for the '
+                     f'outputs of this --mode={mode} run.')
+  return os.path.abspath(workdir)
+
+
+def check_outputs(directory: str, names: Iterable[str], overwrite: bool) -> None:
+  """Raises ValueError if an output of `names` exists in `directory` (a non-empty folder counts),
+  unless `overwrite`."""
+  if overwrite:
+    return
+  for name in names:
+    path = os.path.join(directory, name)
+    if os.path.isfile(path) or (os.path.isdir(path) and os.listdir(path)):
+      raise ValueError(f'{path} exists (from an earlier run) and would be replaced: pass '
+                       '--overwrite to replace it, or --out=ANOTHER_DIR to keep it.')
+
+
+# ------------------------------------------------------------------------------------ the config
+
+
+def _flat(tree: Mapping[str, Any], prefix: str = '') -> dict[str, Any]:
+  out = {}
+  for k, v in tree.items():
+    if isinstance(v, Mapping):
+      out.update(_flat(v, f'{prefix}{k}.'))
+    else:
+      out[f'{prefix}{k}'] = v
+  return out
+
+
+def _resolved_stored(stored: Mapping[str, Any], config: ml_collections.ConfigDict
+                     ) -> dict[str, Any]:
+  """The stored config as this code resolves it (older records kept e.g. mask_id=-1); the raw
+  stored values when it no longer resolves."""
+  raw = json.loads(json.dumps(stored))
+  try:
+    merged = copy.deepcopy(config)
+    with merged.unlocked():
+      for key, value in _flat(raw).items():
+        section, _, name = key.rpartition('.')
+        node = merged
+        for part in section.split('.') if section else ():
+          node = node[part]
+        if name in node:
+          old = node[name]
+          node[name] = tuple(value) if isinstance(old, tuple) and isinstance(value, list) else value
+    return _flat(config_to_dict(config_lib.resolve(merged)))
+  except (AttributeError, KeyError, TypeError, ValueError):
+    return _flat(raw)
+
+
+def config_changes(stored: Mapping[str, Any] | None, config: ml_collections.ConfigDict
+                   ) -> list[str]:
+  """'field: stored -> now' for every RESUME_FIELDS field where `config` (resolved) differs from
+  the `stored` config dict of a checkpoint; fields absent from either side are skipped."""
+  if not stored:
+    return []
+  old = _resolved_stored(stored, config)
+  new = _flat(config_to_dict(config))
+  keys = [k for k in new if k in old and k not in RESUME_FREE
+          and any(k == f or (f.endswith('.') and k.startswith(f)) for f in RESUME_FIELDS)]
+  return [f'{k}: {old[k]!r} -> {new[k]!r}' for k in sorted(keys) if old[k] != new[k]]
+
+
+# ------------------------------------------------------------------------------------ the record
+
+
+def _atomic_write(path: str, text: str) -> None:
+  tmp = f'{path}.tmp'
+  with open(tmp, 'w', encoding='utf-8') as f:
+    f.write(text)
+  os.replace(tmp, path)
+
+
+def start_run(config: ml_collections.ConfigDict, directory: str, mode: str, *, workdir: str,
+              step: int, write_config: bool, argv: Sequence[str] | None = None) -> None:
+  """Creates `directory`, writes config.json/.yaml when `write_config` and appends the run's line
+  to runs.jsonl (module docstring); process 0 only."""
+  if jax.process_index() != 0:
+    return
+  os.makedirs(directory, exist_ok=True)
+  d = config_to_dict(config)
+  if write_config:
+    _atomic_write(os.path.join(directory, 'config.json'), json.dumps(d, indent=2, sort_keys=True))
+    try:
+      import yaml  # pylint: disable=g-import-not-at-top
+    except ImportError:
+      yaml = None
+    if yaml is not None:
+      _atomic_write(os.path.join(directory, 'config.yaml'), yaml.safe_dump(d, sort_keys=True))
+  record = {
+      'time': datetime.datetime.now(datetime.timezone.utc).isoformat(timespec='seconds'),
+      'mode': mode, 'workdir': os.path.abspath(workdir),
+      'out': None if mode == 'train' else os.path.abspath(directory), 'step': int(step),
+      'argv': None if argv is None else list(argv),
+      'overrides': [a for a in argv or () if a.startswith(('--config.', '--noconfig.'))],
+      'config': d,
+  }
+  with open(os.path.join(directory, RUNS_FILE), 'a', encoding='utf-8') as f:
+    f.write(json.dumps(record, sort_keys=True) + '\n')

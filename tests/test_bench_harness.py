@@ -1,0 +1,87 @@
+"""benchmarks/side_by_side.py, bare_step.py, aot.py: the parts that need no long run (issue 14)."""
+
+import os
+import sys
+
+import jax
+import numpy as np
+import pytest
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, REPO)
+
+from benchmarks import aot  # pylint: disable=g-import-not-at-top
+from benchmarks import bare_step
+from benchmarks import side_by_side
+
+HLO = """
+  %all-reduce.3 = f32[768,3072]{1,0} all-reduce(f32[768,3072]{1,0} %x), channel_id=1, replica_groups=[1,8]<=[8], to_apply=%add
+  %ag = bf16[64,128]{1,0} all-gather(bf16[8,128]{1,0} %y), channel_id=2, replica_groups={{0,1,2,3,4,5,6,7}}, dimensions={0}
+  %rs = f32[96]{0} reduce-scatter(f32[768]{0} %z), channel_id=3, replica_groups=[2,4]<=[8], dimensions={0}, to_apply=%add
+  ROOT %t = (f32[2]{0}, s32[]) all-reduce(f32[2]{0} %a, s32[] %b), replica_groups=[4,2]<=[8], to_apply=%add
+  %cp = f32[10]{0} collective-permute(f32[10]{0} %w), source_target_pairs={{0,1},{1,0}}
+"""
+
+
+def test_collective_bytes_from_hlo_text():
+  c = aot.parse_collectives(HLO, 8)
+  ar = c['by_op']['all-reduce']
+  assert ar['count'] == 2
+  assert ar['result_bytes'] == 768 * 3072 * 4 + 2 * 4 + 4
+  np.testing.assert_allclose(ar['ring_bytes_per_device'],
+                             2 * 7 / 8 * 768 * 3072 * 4 + 2 * 1 / 2 * 12)
+  assert c['by_op']['all-gather']['result_bytes'] == 64 * 128 * 2
+  np.testing.assert_allclose(c['by_op']['all-gather']['ring_bytes_per_device'], 7 / 8 * 16384)
+  np.testing.assert_allclose(c['by_op']['reduce-scatter']['ring_bytes_per_device'], 3 * 96 * 4)
+  assert c['by_op']['collective-permute']['ring_bytes_per_device'] == 40
+  assert c['count'] == 5
+
+
+def test_roofline_is_the_max_of_its_terms():
+  rec = {'xla_flops_per_device': 312e12, 'xla_bytes_accessed_per_device': 2.039e12 / 2,
+         'collectives': {'ring_bytes_per_device': 600e9}, 'model_flops_per_step': 8 * 156e12,
+         'memory': {'peak_bytes': 90e9}}
+  e = aot.roofline(rec, aot.HARDWARE['8xA100-80GB'])
+  assert e['t_compute_s'] == pytest.approx(1.0) and e['t_comm_s'] == pytest.approx(2.0)
+  assert e['step_s'] == pytest.approx(2.0) and e['mfu'] == pytest.approx(0.25)
+  assert not e['fits_memory']
+
+
+def test_features_parse():
+  f = bare_step.Features.parse('clip,dropout,attn=bhqd')
+  assert f.clip and f.dropout == 0.1 and f.attn == 'bhqd' and not f.ema
+  a = bare_step.Features.parse('all')
+  assert a.clip and a.ema and a.nan_guard and a.donate and a.fused_nll and a.layout == '4d'
+  with pytest.raises(ValueError):
+    bare_step.Features.parse('nonsense')
+
+
+@pytest.mark.slow
+def test_bare_step_fused_nll_and_layouts_agree():
+  """The bisection's variants compute the same loss (one step, tiny dims)."""
+  d = bare_step.Dims(num_layers=1, hidden=32, heads=2, mlp=64, cond=16, vocab=50, batch=2,
+                     length=8, mask_id=3)
+  losses = {}
+  for spec in ('', 'fused_nll', 'attn=bhqd', 'attn=xla', 'rotary=complex', 'clip,ema,nan_guard'):
+    state, step, batch = bare_step.make(d, bare_step.Features.parse(spec))
+    _, loss = step(state, batch, jax.random.PRNGKey(0))
+    losses[spec] = float(loss)
+  ref = losses['']
+  assert np.isfinite(ref) and ref > 0
+  for spec, v in losses.items():
+    assert v == pytest.approx(ref, rel=1e-5), spec
+
+
+def test_summary_ratios_are_per_round():
+  recs = []
+  for rd, (ours, ref) in enumerate(((200.0, 100.0), (150.0, 100.0))):
+    for lb, tps in (('ours_mdlm', ours), ('bare', ref), ('md4', ref / 2)):
+      recs.append({'label': lb, 'round': rd, 'tokens_per_s': tps, 'median_step_s': 1.0,
+                   'tokens_per_step': tps,
+                   'user_s_per_step': 1.0, 'sys_s_per_step': 0.1, 'minflt_per_step': 10,
+                   'majflt_per_step': 0, 'peak_rss_bytes': 2**20, 'compile_s': 1.0})
+  s = side_by_side.summarise(recs, ['ours_mdlm', 'bare', 'md4'], 'bare')
+  assert s['ours_mdlm']['ratio_to_best_reference_rounds'] == [2.0, 1.5]
+  assert s['ours_mdlm']['ratio_to_best_reference'] == pytest.approx(1.75)
+  assert s['md4']['ratio_to_baseline'] == pytest.approx(0.5)
+  assert s['ours_mdlm']['sys_share'] == pytest.approx(0.1 / 1.1)

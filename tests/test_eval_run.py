@@ -1,0 +1,144 @@
+"""Tests of the evaluation entry points (hmdlm_jax/evaluation/run.py) and the task registry.
+
+run_sample / run_eval / TrainingEvaluator on a real (untrained) tiny checkpoint: printed grids and
+summaries, the records, the one eval_<step>.json schema, and one compilation across the
+evaluations of a training run.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+import jax
+import numpy as np
+import pytest
+
+from benchmarks import train_step as ts
+from configs import base as base_config
+from configs import tiny_test
+from hmdlm_jax import checkpoint
+from hmdlm_jax import config as config_lib
+from hmdlm_jax import sharding
+from hmdlm_jax import tasks
+from hmdlm_jax import train
+from hmdlm_jax.evaluation import reports
+from hmdlm_jax.evaluation import run as eval_run
+from tests.eval_helpers import puzzle_set
+
+SCHEMA = {'step', 'kind', 'use_ema', 'num_examples', 'seconds', 'results', 'scalars'}
+
+
+def test_flatten_metrics():
+  flat = reports.flatten_metrics({'a': {'b': 1, 'c': None, 'd': float('nan'), 'e': True},
+                                  'f': 2.5, 'g': 'text'})
+  assert flat == {'a/b': 1.0, 'f': 2.5}
+
+
+def test_registry_keys_and_eval_kind_check():
+  config = base_config.get_base_config()
+  assert sorted(tasks.TASKS) == ['lm1b', 'sudoku', 'text', 'wikihow']
+  assert tasks.get(config).eval_kind == 'sudoku'
+  assert tasks.TASKS['wikihow'].prompted and not tasks.TASKS['lm1b'].prompted
+  config.data.kind = 'text'
+  with pytest.raises(ValueError, match=r"config.eval.kind='sudoku' does not fit data.kind='text'"
+                                       r".*--config.eval.kind=perplexity"):
+    tasks.get(config)
+  config.data.kind = 'nonsense'
+  with pytest.raises(ValueError, match=r"config.data.kind='nonsense' is not one of \['lm1b'"):
+    tasks.get(config)
+
+
+class _FakeIterator:
+  """Stands in for the Grain train iterator whose state a checkpoint stores."""
+
+  def get_state(self) -> bytes:
+    return b'{}'
+
+
+def _read_json(path: str) -> dict:
+  with open(path, encoding='utf-8') as f:
+    return json.load(f)
+
+
+def test_entry_points_from_a_checkpoint(tmp_path, capsys):
+  config = tiny_test.get_config()
+  config.data.cache_dir = str(tmp_path / 'cache')
+  config.data.num_test_puzzles = 6
+  config.data.eval_batch_size = 4  # 6 puzzles: the second batch is padded by the pipeline
+  config.eval.num_examples = 4
+  config.eval.decodings = ('greedy',)  # = the config's sampler (greedy): one compilation in all
+  config.train.async_checkpoint = False
+  config = config_lib.resolve(config)
+  workdir = str(tmp_path / 'run')
+  state, _ = train.create_train_state(config, sharding.make_mesh(config.mesh))
+  ck = checkpoint.Checkpointer(workdir, config.train)
+  ck.save(7, state, _FakeIterator())
+  ck.close()
+
+  quiz, _ = puzzle_set(4)  # 4 = eval_batch_size: run_sample's batch shape is run_eval's
+  strings = [''.join(str(d) if d else '.' for d in q) for q in quiz]
+  records = eval_run.run_sample(config, workdir, puzzles=strings)
+  out = capsys.readouterr().out
+  assert out.count('Puzzle ') == 4 and out.count('+---------+---------+---------+') == 16
+  with open(os.path.join(workdir, 'samples_7.jsonl')) as f:
+    saved = [json.loads(line) for line in f]
+  assert saved == records and len(saved) == 4
+  num_steps = config.sample.num_steps
+  for q, rec in zip(quiz, saved):
+    pred = np.array([int(c) for c in rec['prediction']])
+    assert (pred[q > 0] == q[q > 0]).all()  # clues kept
+    steps = np.asarray(rec['reveal_step'])
+    assert (steps[q > 0] == num_steps + 1).all()
+    assert ((steps[q == 0] >= 1) & (steps[q == 0] <= num_steps)).all()
+    assert f'[{q[0]}]' in out or q[0] == 0
+    assert rec['solved'] is None  # no solution given on the command line
+  assert os.path.exists(os.path.join(workdir, 'pictures', 'sudoku_reveal_0.png'))
+  # The same puzzles from a quiz,solution CSV, to another output directory: 'solved' is filled in.
+  quiz_sol = puzzle_set(4)
+  csv_path = tmp_path / 'puzzles.csv'
+  csv_path.write_text('quiz,solution\n' + ''.join(
+      ''.join(map(str, q)) + ',' + ''.join(map(str, a)) + '\n' for q, a in zip(*quiz_sol)))
+  with pytest.raises(ValueError, match='samples_7.jsonl exists .* --overwrite'):
+    eval_run.run_sample(config, workdir, puzzle_file=str(csv_path))  # never replaced silently
+  out_path = str(tmp_path / 'solved' / 'samples_7.jsonl')
+  from_file = eval_run.run_sample(config, workdir, puzzle_file=str(csv_path),
+                                  out_dir=str(tmp_path / 'solved'))
+  assert os.path.exists(out_path) and [r['prediction'] for r in from_file] == [
+      r['prediction'] for r in records]  # same key, same puzzles -> same grids
+  for rec, a in zip(from_file, quiz_sol[1]):
+    assert rec['solved'] == (rec['prediction'] == ''.join(map(str, a)))
+  # Bad input fails before the checkpoint is read, naming the flag.
+  with pytest.raises(ValueError, match='needs --puzzles'):
+    eval_run.run_sample(config, str(tmp_path / 'no_run_here'))
+  capsys.readouterr()
+
+  report = eval_run.run_eval(config, workdir, progress=False)
+  saved = _read_json(os.path.join(workdir, 'eval_7.json'))
+  assert set(saved) == SCHEMA and saved['results']['num_puzzles'] == 6
+  assert saved['step'] == 7 and saved['kind'] == 'sudoku' and saved['use_ema']
+  assert saved['num_examples'] is None  # the whole test split
+  assert saved['scalars'] == reports.flatten_metrics(saved['results'])
+  assert report['step'] == 7 and report['scalars'] == saved['scalars']
+  m = report['results']['greedy']['mean']
+  assert 0.0 <= m['cell_accuracy'] <= 1.0 and m['num_puzzles'] == 6
+  printed = capsys.readouterr().out
+  assert printed.startswith(f'Evaluation of step 7 (sudoku, EMA params) -> {workdir}/eval_7.json')
+
+  # The training hook: the same schema on eval.num_examples, compiled once for all its calls.
+  evaluator = eval_run.TrainingEvaluator(config, tasks.get(config))
+  flat = evaluator(config, state, 7, workdir)
+  assert flat['num_puzzles'] == 4 and 0.0 <= flat['greedy/mean/cell_accuracy'] <= 1.0
+  assert all(isinstance(v, float) for v in flat.values())
+  saved = _read_json(os.path.join(workdir, 'eval_7.json'))
+  assert set(saved) == SCHEMA and saved['num_examples'] == 4 and saved['scalars'] == flat
+  printed = capsys.readouterr().out  # the demo prints its figures at the end of training
+  pct = f'{100 * flat["greedy/mean/cell_accuracy"]:.2f}%'
+  assert 'greedy     solve' in printed and f'cell acc {pct}' in printed
+  assert 'per level: L0=' in printed
+  moved = state.replace(ema_params=jax.tree.map(lambda x: 0.5 * x, state.ema_params))
+  counter = ts.compile_counter()
+  n0 = len(counter.events)
+  evaluator(config, moved, 8, workdir)
+  assert [n for n, _ in counter.events[n0:]] == []  # new parameters, no new compilation
+  assert set(_read_json(os.path.join(workdir, 'eval_8.json'))) == SCHEMA
