@@ -107,7 +107,7 @@ def get_base_config() -> ml_collections.ConfigDict:
   d.tokenizer = ''  # HF name / directory / vocab.txt / 'offline:bert-base-uncased'
   d.tokenizer_allow_download = False
   d.mask_token = 'append'  # 'append' (a new last row) | 'tokenizer' (reuse its [MASK])
-  d.hierarchy = 'none'  # 'none' | 'frequency' | 'position' (WikiHow)
+  d.hierarchy = 'none'  # 'none' | 'frequency' | 'position' (WikiHow); 'none' when num_levels=1
   d.tau = 1  # frequency rule: at most tau occurrences in the row -> level 1
   d.overlong = 'truncate'  # 'truncate' | 'drop' rows longer than seq_len
   d.text_unit = 'line'  # plain text: 'line' | 'paragraph' records

@@ -49,7 +49,8 @@ def get_config() -> ml_collections.ConfigDict:
 
   s = c.schedule
   s.kind = 'loglinear'
-  s.offsets = (0.0, 0.25)
+  s.offsets_max = 0.25  # δ = (0, 0.25); with --config.model.num_levels=1 (the MDLM twin) δ = (0,)
+  s.offsets = (0.0, 0.25)  # as derived, for readers
   s.eps = 1e-3
 
   d = c.data

@@ -61,7 +61,8 @@ def get_config() -> ml_collections.ConfigDict:
   m.hier_stop_gradient = True
 
   c.schedule.kind = 'loglinear'
-  c.schedule.offsets = (0.0, 0.25)
+  c.schedule.offsets_max = 0.25  # δ = (0, 0.25); δ = (0,) for the MDLM twin (num_levels=1)
+  c.schedule.offsets = (0.0, 0.25)  # as derived, for readers
 
   c.loss.beta_hier = 1.0  # the tied weights (eq. 76): the training loss is the bound
   c.loss.beta_cons = 1.0

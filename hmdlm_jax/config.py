@@ -8,6 +8,8 @@ derived values computed, each in exactly one place:
 * `schedule.offsets_max >= 0` (log-linear) -> `schedule.offsets = (offsets_max · k / (K-1))_k`,
   `(0,)` for K = 1, so `--config.model.num_levels=1` alone turns HMDLM into its MDLM twin
   (docs/method.md §2: K = 1 with δ = 0 is MDLM);
+* `model.num_levels = 1` -> `data.hierarchy = 'none'`: with one level every position is level 0
+  whatever the labelling rule, so the rule is moot (the text kinds check rule and K agree);
 * `process.kind = 'mdlm'` requires K = 1 (MDLM is HMDLM's K = 1 case, reachable by name).
 
 and validates every section that the code reads without touching data or devices (ValueError naming
@@ -490,6 +492,8 @@ def resolve(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
     _check_int('model.num_levels', config.model.num_levels, minimum=1)
     config.model.mask_id = _mask_id(config.model.vocab_size, config.model.mask_id)
     _resolve_offsets(config)
+    if config.model.num_levels == 1:
+      config.data.hierarchy = 'none'
   _check_process(config)
   _check_train(config)
   _check_optim(config)

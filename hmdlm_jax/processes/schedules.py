@@ -66,7 +66,9 @@ def _validate(kind: str, params: Sequence[float], eps: float, eta: float, *,
     raise ValueError(f'{params_name} is empty; it needs one value per hierarchy level.')
   if num_levels is not None and len(params) != num_levels:
     raise ValueError(f'{params_name} has {len(params)} values but {num_levels_name}={num_levels}; '
-                     'give exactly one value per hierarchy level.')
+                     'give exactly one value per hierarchy level (the MDLM twin, '
+                     f'{num_levels_name}=1, takes {params_name}='
+                     f"{'(1.0,)' if kind == 'power' else '(0.0,)'}).")
   for k, p in enumerate(params):
     if not math.isfinite(p):
       raise ValueError(f'{params_name}[{k}]={p} is not finite.')
