@@ -4,10 +4,10 @@ Generative perplexity (MDLM, MultiMDM Table 1) scores samples under an external 
 model, GPT-2 Large, whose weights cannot be downloaded on every machine. Where they are missing,
 this judge stands in: a small GPT-style causal transformer trained on the SAME training split and
 tokenizer as the diffusion models (the config's 'text' / 'lm1b' pipeline), implementing the
-`ARScorer` protocol of hmdlm_jax/evaluation/generative.py, so `generative_perplexity(texts, judge)` and
-the sample entropy are reported exactly as with GPT-2. Its numbers are comparable between models
-judged by the same judge, not with GPT-2 Large figures; GPT-2 Large stays the judge where its
-weights are available (`TransformersGPT2Scorer`).
+`ARScorer` protocol of hmdlm_jax/evaluation/generative.py, so
+`generative_perplexity(texts, judge)` and the sample entropy are reported exactly as with GPT-2.
+Its numbers are comparable between models judged by the same judge, not with GPT-2 Large figures;
+GPT-2 Large stays the judge where its weights are available (`TransformersGPT2Scorer`).
 
 One command trains it, or loads it from the cache (the file name is a hash of the training data
 files, the tokenizer file, the data config and the judge's settings):
@@ -152,7 +152,7 @@ def fingerprint(config: ml_collections.ConfigDict, judge: JudgeConfig) -> str:
 
 
 class ARJudge:
-  """A trained judge as an `ARScorer` (evaluation/generative.py): `score(texts)` -> NLLs per token."""
+  """A trained judge as an `ARScorer` (evaluation/generative.py): `score(texts)` -> token NLLs."""
 
   def __init__(self, params: Any, tokenizer: tokenizers.TextTokenizer, vocab_size: int,
                seq_len: int, cfg: JudgeConfig, name: str) -> None:

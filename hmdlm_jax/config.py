@@ -280,8 +280,7 @@ class MultiMDMConfig:
   """Static MultiMDM settings (`process.multimdm.*`, docs/method.md §13.2); hashable.
 
   Attributes:
-    num_masks: M >= 1; words are ids 0..V-1 with V = vocab_size - M, masks V..V+M-1.
-    num_words: V (derived from model.vocab_size).
+    num_masks, num_words: M >= 1 and V = vocab_size - M; words are ids 0..V-1, masks V..V+M-1.
     designated: 'mod' (m_x = x mod M) or the path of a file of V classes.
     alpha, alpha_power, beta, beta_power: the schedules (processes/multimdm_math.MaskSchedule).
     curriculum_start, curriculum_steps: ramp of the identification term's weight over steps.
@@ -326,11 +325,6 @@ class MultiMDMConfig:
     _check_number(f + 'delta_max', self.delta_max, lo=self.delta_init, hi=1.0, hi_open=False)
     _check_int(f + 'delta_double_every', self.delta_double_every, minimum=1)
     _check_number('loss.t_min', self.t_min, lo=0.0, hi=1.0)
-
-  @classmethod
-  def from_config(cls, config: ml_collections.ConfigDict) -> MultiMDMConfig:
-    """The view of a full experiment config (`process.multimdm`, `model`, `loss`)."""
-    return cls._view(resolve(config))
 
   @classmethod
   def _view(cls, config: ml_collections.ConfigDict) -> MultiMDMConfig:

@@ -21,9 +21,11 @@ from configs import tiny_test
 from hmdlm_jax import config as config_lib
 from hmdlm_jax import convert_mdlm
 from hmdlm_jax import main
+from hmdlm_jax import preflight
 from hmdlm_jax import sharding as shd
 from hmdlm_jax import train
 from hmdlm_jax import warm_start
+from hmdlm_jax import workdir as workdir_lib
 
 WORDS, MASK, M = 9, 9, 3  # Sudoku digits 0..8, MDLM's MASK = 9
 
@@ -97,6 +99,7 @@ def test_multimdm_from_a_converted_mdlm_checkpoint(mdlm_run, tmp_path):
   src, _, _ = warm_start.read_workdir(mdlm_run)
   path = str(tmp_path / 'mdlm.npz')
   convert_mdlm.save_params(path, src)
+  preflight.check_init(config_lib.resolve(_multimdm_config(str(tmp_path), mdlm_checkpoint=path)))
   state = _state(_multimdm_config(str(tmp_path), mdlm_checkpoint=path))
   _check_mdlm_to_multimdm(_flat(src), _flat(state.params))
 
@@ -109,7 +112,8 @@ def test_distillation_from_a_multimdm_workdir(mdlm_run, tmp_path):
   run = tmp_path / 'multimdm_run'
   with ocp.StandardCheckpointer() as ckptr:
     ckptr.save(str(run / 'checkpoints' / '7' / 'state'), source)
-  train.write_config(source_cfg, str(run))
+  workdir_lib.start_run(source_cfg, str(run), 'train', workdir=str(run), step=0,
+                        write_config=True)
   cfg = _multimdm_config(str(tmp_path), workdir=str(run))
   cfg.process.multimdm.distill = True
   state = _state(cfg)
@@ -124,8 +128,12 @@ def test_bad_warm_starts_are_reported(mdlm_run, tmp_path):
   with pytest.raises(ValueError, match='both set'):
     config_lib.resolve(_multimdm_config(str(tmp_path), workdir=mdlm_run,
                                         mdlm_checkpoint=__file__))
+  preflight.check_init(config_lib.resolve(_multimdm_config(str(tmp_path), workdir=mdlm_run)))
   wide = _multimdm_config(str(tmp_path), workdir=mdlm_run)
   wide.model.hidden_size = 64
+  # preflight says so from the shapes alone (Orbax metadata), before anything is initialised
+  with pytest.raises(ValueError, match=r"init.workdir=.*shape"):
+    preflight.check_init(config_lib.resolve(wide))
   with pytest.raises(ValueError, match='shape'):
     _state(wide)
   assert os.path.isdir(os.path.join(mdlm_run, 'checkpoints', '2'))
