@@ -16,7 +16,7 @@ def get_base_config() -> ml_collections.ConfigDict:
   c.seed = 0
 
   # The forward process (hmdlm_jax/processes): 'hmdlm' | 'mdlm' (= 'hmdlm' with num_levels=1) |
-  # 'hdlm' (word -> cluster -> MASK, docs/method.md §13.1).
+  # 'hdlm' (word -> cluster -> MASK, docs/method.md §13.1) | 'multimdm' (§13.2).
   c.process = p = ml_collections.ConfigDict()
   p.kind = 'hmdlm'
   # HDLM (process.kind='hdlm'; needs model.num_levels=1). The token table is words, MASK, then
@@ -39,6 +39,26 @@ def get_base_config() -> ml_collections.ConfigDict:
   h.sampler = 'first_order'  # 'first_order' (the authors' jumps) | 'posterior' (exact posterior)
   h.final_step = 'argmax'  # last reverse step: 'argmax' (the authors') | 'sample'
   h.cluster_draw = 'clean'  # MASK -> cluster from 'clean' P_θ (authors') | 'perturbed' Q_θ (ξ < 1)
+  # MultiMDM (process.kind='multimdm'; model.num_levels=1). Ids: words 0..V-1, masks V..V+M-1 with
+  # V = model.vocab_size - num_masks; model.mask_id must be one of the mask ids (-1: the last).
+  p.multimdm = mm = ml_collections.ConfigDict()
+  mm.num_masks = 50  # M (the paper's LM1B/OWT value); M = 1 is MDLM
+  mm.designated = 'mod'  # m_x = x mod M, or a .npy / .txt file of V ints in [0, M) (e.g. clusters)
+  mm.alpha = 'linear'  # α_t: 'linear' (1 - t) | 'power' ((1 - t)^p) | 'cosine'
+  mm.alpha_power = 1.0
+  mm.beta = 'linear'  # β_t: the same curves or 'alpha_power' (β = α^ρ, ρ = beta_power)
+  mm.beta_power = 1.0
+  # Curriculum: weight of the identification term (3.6) = 0 before curriculum_start, then a linear
+  # ramp to 1 over curriculum_steps optimiser steps (0 = full weight from curriculum_start).
+  mm.curriculum_start = 0
+  mm.curriculum_steps = 0
+  # Consistency distillation (Algorithm 3): the loss becomes (3.11) against the EMA network.
+  mm.distill = False
+  mm.distill_kl = 'reverse'  # 'reverse' KL(f_t || f̄_s) (App. C.2, the paper's runs) | 'forward' (3.11)
+  # Step size δ_k = min(delta_init · 2^floor(k / delta_double_every), delta_max) (App. C.2).
+  mm.delta_init = 2.0 ** -9
+  mm.delta_double_every = 10_000
+  mm.delta_max = 2.0 ** -5
 
   # Model (docs/method.md §4). vocab_size counts the MASK row; mask_id = vocab_size - 1 when -1.
   c.model = m = ml_collections.ConfigDict()
@@ -197,6 +217,12 @@ def get_base_config() -> ml_collections.ConfigDict:
   # Initialisation from a converted MDLM checkpoint (hmdlm_jax/convert_mdlm.py); '' = random init.
   c.init = ini = ml_collections.ConfigDict()
   ini.mdlm_checkpoint = ''
+  # The MASK row of that checkpoint when a MultiMDM starts from it (-1 = its last row; LM1B: 103).
+  ini.mdlm_mask_id = -1
+  # Warm start from a run directory of this project (hmdlm_jax/warm_start.py): its latest
+  # checkpoint's EMA (or raw) parameters; MDLM -> MultiMDM copies the MASK row into every mask row.
+  ini.workdir = ''
+  ini.use_ema = True
 
   # Evaluation; `kind` must be the task's: 'sudoku' (Sudoku) | 'perplexity' (text kinds).
   c.eval = e = ml_collections.ConfigDict()

@@ -106,8 +106,7 @@ def get_config(config_string: str = '') -> ml_collections.ConfigDict:
 
   c.mesh.data = -1
 
-  # New section: the pretrained MDLM backbone to start from ('' = train from scratch).
-  c.init = ml_collections.ConfigDict()
+  # The pretrained MDLM backbone to start from ('' = train from scratch).
   c.init.mdlm_checkpoint = ''
 
   c.sample.num_steps = 256  # paper: 256 sampling steps at every length

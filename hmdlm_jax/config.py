@@ -35,11 +35,13 @@ from hmdlm_jax.checks import check_bool as _check_bool
 from hmdlm_jax.checks import check_int as _check_int
 from hmdlm_jax.checks import check_number as _check_number
 from hmdlm_jax.checks import is_int as _is_int
-# The HDLM view lives in its own leaf module (one section per process); re-exported here.
+# The HDLM and MultiMDM views live in leaf modules (one section per process); re-exported here.
 from hmdlm_jax.config_hdlm import HDLMConfig
 from hmdlm_jax.config_hdlm import hdlm_cluster_rows
+from hmdlm_jax.config_multimdm import MultiMDMConfig
 
-PROCESS_KINDS = ('hmdlm', 'mdlm', 'hdlm')
+PROCESS_KINDS = ('hmdlm', 'mdlm', 'hdlm', 'multimdm')
+TEXT_DATA_KINDS = ('text', 'lm1b', 'wikihow')
 VARIANTS = ('two_pass', 'single_pass')
 # What hmdlm_jax/models implements (tests/test_models.py checks the registries agree).
 BACKBONES = ('dit', 'gpt2')
@@ -304,10 +306,16 @@ class SampleConfig:
                given_state=bool(m.get('given_state', False)))
 
 
-
 def hdlm_config(config: ml_collections.ConfigDict) -> HDLMConfig:
   """The HDLM view (`process.hdlm`, `loss` and `model` sections) of a whole experiment config."""
   return HDLMConfig._view(resolve(config))  # pylint: disable=protected-access
+
+
+def num_noise_rows(config: ml_collections.ConfigDict) -> int:
+  """How many noise-state rows the process appends after the words: M (MultiMDM) or 1 (MASK)."""
+  if config.process.kind == 'multimdm':
+    return int(config.process.multimdm.num_masks)
+  return 1
 
 
 # ---------------------------------------------------------------------------------------- resolve
@@ -362,6 +370,18 @@ def _check_process(config: ml_collections.ConfigDict) -> None:
       raise ValueError("process.kind='hdlm' puts its hierarchy on the vocabulary, not on "
                        f'positions: set model.num_levels=1 (got {config.model.num_levels}).')
     HDLMConfig._view(config)  # pylint: disable=protected-access
+  if kind == 'multimdm':
+    if config.model.num_levels != 1:
+      raise ValueError(f"process.kind='multimdm' has no hierarchy levels: set "
+                       f'model.num_levels=1 (got {config.model.num_levels}).')
+    mm = MultiMDMConfig._view(config)  # pylint: disable=protected-access
+    if not mm.num_words <= config.model.mask_id < config.model.vocab_size:
+      raise ValueError(f'model.mask_id={config.model.mask_id} must be one of the MultiMDM mask ids '
+                       f'{mm.num_words}..{config.model.vocab_size - 1} (-1 = the last one).')
+    if config.data.kind in TEXT_DATA_KINDS and config.data.mask_token != 'append':
+      raise ValueError(f"process.kind='multimdm' appends its {mm.num_masks} masks after the "
+                       f"tokenizer's words: set data.mask_token='append' (got "
+                       f'{config.data.mask_token!r}).')
 
 
 def _check_train(config: ml_collections.ConfigDict) -> None:
@@ -426,7 +446,17 @@ def _check_eval_sample_data(config: ml_collections.ConfigDict) -> None:
 
 def _check_init(config: ml_collections.ConfigDict) -> None:
   """A warm start that cannot work is reported now, not after the model is initialised."""
-  path = config.init.mdlm_checkpoint
+  ini = config.init
+  _check_bool('init.use_ema', ini.use_ema)
+  if not _is_int(ini.mdlm_mask_id) or ini.mdlm_mask_id < -1:
+    raise ValueError(f'init.mdlm_mask_id={ini.mdlm_mask_id!r} must be -1 (the last row) or a row.')
+  if ini.workdir:
+    if ini.mdlm_checkpoint:
+      raise ValueError('init.workdir and init.mdlm_checkpoint are both set; keep one.')
+    if not os.path.isfile(os.path.join(ini.workdir, 'config.json')):
+      raise ValueError(f'init.workdir={ini.workdir!r} is not a run directory of this project (no '
+                       'config.json); train there first or set it to \'\'.')
+  path = ini.mdlm_checkpoint
   if not path:
     return
   if not os.path.isfile(path):

@@ -15,8 +15,9 @@ initialised. In order:
    process, schedule, loss, optimiser, seed and data layout (workdir.RESUME_FIELDS; overridable
    with `resume_with_changes`) and its stored tree must match this model's state; eval / sample:
    --step must exist (the steps that do are listed) and its tree must match;
-4. a fresh training run with init.mdlm_checkpoint: the file is readable and its shapes fit the
-   model (abstract parameters, nothing allocated), before the ~10 s of initialisation;
+4. a fresh training run with init.mdlm_checkpoint or init.workdir: the source is readable and its
+   shapes fit the model (abstract parameters, nothing allocated; a warm start across processes
+   maps the vocabulary rows first, hmdlm_jax/warm_start.py), before the ~10 s of initialisation;
 5. sample: the puzzles parse and are solvable; eval / sample: the outputs of this run
    (`task.outputs`) do not exist yet, unless `overwrite`.
 
@@ -42,6 +43,7 @@ from hmdlm_jax import processes
 from hmdlm_jax import sharding
 from hmdlm_jax import tasks
 from hmdlm_jax import train
+from hmdlm_jax import warm_start
 from hmdlm_jax import workdir as workdir_lib
 from hmdlm_jax.tasks import base as tasks_base
 
@@ -103,7 +105,11 @@ def check_resume(config: ml_collections.ConfigDict, workdir: str, *,
 
 
 def check_init(config: ml_collections.ConfigDict) -> None:
-  """init.mdlm_checkpoint (when set) is readable and fits the model's parameters."""
+  """init.mdlm_checkpoint / init.workdir (when set) is readable and fits the model's parameters
+  (a warm start across processes, hmdlm_jax/warm_start.py, maps the vocabulary rows first)."""
+  if warm_start.handles(config):
+    warm_start.check(config)
+    return
   path = config.init.mdlm_checkpoint
   if not path:
     return

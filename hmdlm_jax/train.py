@@ -56,6 +56,7 @@ from hmdlm_jax import models
 from hmdlm_jax import optim
 from hmdlm_jax import processes
 from hmdlm_jax import sharding as shd
+from hmdlm_jax import warm_start
 from hmdlm_jax import workdir as workdir_lib
 
 BATCH_KEYS = processes.base.BATCH_KEYS
@@ -155,9 +156,10 @@ def create_train_state(config: ml_collections.ConfigDict, mesh: jax.sharding.Mes
   _, sh = state_shardings(config, model, mesh, optimizer)
   with shd.mesh_context(mesh):
     state = jax.jit(lambda: _init_state(config, model, optimizer), out_shardings=sh)()
-  path = config.init.mdlm_checkpoint
-  if path:
-    state = _load_mdlm_backbone(state, sh, path)
+  if warm_start.handles(config):  # init.workdir, or MDLM -> MultiMDM (docs/method.md §13.2)
+    state = warm_start.apply(config, state, sh)
+  elif config.init.mdlm_checkpoint:
+    state = _load_mdlm_backbone(state, sh, config.init.mdlm_checkpoint)
   return state, sh
 
 

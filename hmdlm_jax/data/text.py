@@ -46,6 +46,7 @@ from typing import Any
 import grain
 import numpy as np
 
+from hmdlm_jax import config as config_lib
 from hmdlm_jax.data import pipeline
 from hmdlm_jax.data import text_encode
 from hmdlm_jax.data import tokenizers as tokenizers_lib
@@ -238,7 +239,7 @@ def text_tokenizer(config: Any, *, allowed_rules: Sequence[str]) -> tokenizers_l
   model.vocab_size / mask_id); returns the tokenizer."""
   check_text_config(config, allowed_rules=allowed_rules)
   tok = tokenizers_lib.tokenizer_from_config(config.data)
-  tokenizers_lib.check_vocab(config.model, tok)
+  tokenizers_lib.check_vocab(config.model, tok, num_masks=config_lib.num_noise_rows(config))
   return tok
 
 

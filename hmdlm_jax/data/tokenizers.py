@@ -277,19 +277,29 @@ def tokenizer_from_config(data_cfg: Any) -> TextTokenizer:
                         mask_token=data_cfg.get('mask_token', 'append'))
 
 
-def check_vocab(model_cfg: Any, tok: TextTokenizer) -> None:
-  """Raises ValueError if config.model.vocab_size / mask_id disagree with the tokenizer."""
-  # Rows after the tokenizer's (HDLM's cluster tokens), derived by config.resolve.
+def check_vocab(model_cfg: Any, tok: TextTokenizer, *, num_masks: int = 1) -> None:
+  """Raises ValueError if config.model.vocab_size / mask_id disagree with the tokenizer.
+
+  num_masks: the noise-state rows the process puts after the words (MultiMDM's M, appended after
+  the tokenizer's words: its first mask is the tokenizer's appended MASK id); 1 = one MASK row.
+  Rows after those (HDLM's cluster tokens, `model.extra_vocab_rows`) are derived by config.resolve.
+  """
+  if num_masks > 1 and tok.mask_token != 'append':
+    raise ValueError(f"{num_masks} mask tokens are appended after the words: set "
+                     f"data.mask_token='append' (got {tok.mask_token!r}).")
   extra = int(model_cfg.get('extra_vocab_rows', 0) or 0)
-  if model_cfg.vocab_size != tok.model_vocab_size + extra:
-    with_extra = f' + {extra} cluster rows' if extra else ''
+  rows = tok.model_vocab_size + num_masks - 1 + extra
+  if model_cfg.vocab_size != rows:
     raise ValueError(
         f'config.model.vocab_size={model_cfg.vocab_size} does not match tokenizer {tok.name!r}: '
-        f'{tok.num_tokens} tokens with data.mask_token={tok.mask_token!r}{with_extra} need '
-        f'{tok.model_vocab_size + extra} rows; set '
-        f'--config.model.vocab_size={tok.model_vocab_size + extra}.')
+        f'{tok.num_tokens} tokens with data.mask_token={tok.mask_token!r}'
+        + (f' and {num_masks} masks' if num_masks > 1 else '')
+        + (f' + {extra} cluster rows' if extra else '') + f' need {rows} rows; set '
+        f'--config.model.vocab_size={rows}.')
   mask_id = model_cfg.get('mask_id', -1)
   allowed = (-1, tok.mask_id) if tok.mask_token == 'append' else (tok.mask_id,)
+  if num_masks > 1:  # any of the appended masks
+    allowed += tuple(range(tok.mask_id + 1, rows))
   if mask_id not in allowed:
     raise ValueError(
         f'config.model.mask_id={mask_id} but the MASK of tokenizer {tok.name!r} '

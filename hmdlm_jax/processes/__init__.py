@@ -7,6 +7,9 @@ branches on `config.process.kind` (docs/extending.md).
 'mdlm' is HMDLM with one level (docs/method.md §12), reachable by name; 'hmdlm' with
 `model.num_levels=1` is the same process. 'hdlm' is the word -> cluster -> MASK process of
 docs/method.md §13.1 (its one-cluster case is MDLM too).
+'multimdm' is MultiMDM (docs/method.md §13.2); with
+`process.multimdm.distill=True` its loss is consistency distillation (Algorithm 3) and
+`process.uses_target` is True; `num_masks=1` is MDLM (with shared-Gumbel paths when distilled).
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ import ml_collections
 from hmdlm_jax import config as config_lib
 from hmdlm_jax.processes import hdlm
 from hmdlm_jax.processes import hmdlm
+from hmdlm_jax.processes import multimdm_distill
 from hmdlm_jax.processes import schedules
 from hmdlm_jax.processes.base import Process
 
@@ -32,6 +36,7 @@ BUILDERS: dict[str, Callable[[ml_collections.ConfigDict], Process]] = {
     'hmdlm': _hmdlm,
     'mdlm': _hmdlm,
     'hdlm': hdlm.from_config,
+    'multimdm': multimdm_distill.build,
 }
 
 

@@ -20,6 +20,7 @@ import ml_collections
 import numpy as np
 
 from hmdlm_jax.config import SampleConfig
+from hmdlm_jax.config import num_noise_rows
 from hmdlm_jax.data import text as text_data
 from hmdlm_jax.data import tokenizers as tokenizers_lib
 from hmdlm_jax.evaluation import batches as batches_lib
@@ -115,7 +116,7 @@ def _records(rows: samples_lib.SampledRows, texts: Sequence[str]) -> base.Record
 
 def _tokenizer(config: ml_collections.ConfigDict) -> tokenizers_lib.TextTokenizer:
   tok = tokenizers_lib.tokenizer_from_config(config.data)
-  tokenizers_lib.check_vocab(config.model, tok)
+  tokenizers_lib.check_vocab(config.model, tok, num_masks=num_noise_rows(config))
   return tok
 
 
@@ -211,16 +212,16 @@ class TextTask(base.Task):
 
   def summary(self, results: Mapping[str, Any]) -> list[str]:
     p = results['perplexity']
-    # The process's own terms (HMDLM: lm, hier, cons; HDLM: cluster, word).
+    # The process's own terms (HMDLM: lm, hier, cons; HDLM: cluster, word; MultiMDM: recon,
+    # ident) and its estimates.
     terms = ', '.join(f'{k[:-len("_nats_per_token")]} {v:.4f}' for k, v in p.items()
                       if k.endswith('_nats_per_token') and k != 'bound_nats_per_token')
     lines = [
         f'Bound ({p["bound_kind"]}): {p["bound_nats_per_token"]:.4f} ± {p["bound_stderr"]:.4f} '
         f'nats/token  PPL {p["ppl"]:.3f}  ({terms}) over '
         f'{p["num_tokens"]} tokens / {p["num_sequences"]} sequences',
-    ]
-    if 'ppl_appendix_e_estimate' in p:
-      lines.append(f'Appendix E estimate (not a bound): PPL {p["ppl_appendix_e_estimate"]:.3f}')
+    ] + [f'{k[len("ppl_"):-len("_estimate")].replace("_", " ")} estimate (not a bound): '
+         f'PPL {v:.3f}' for k, v in p.items() if k.startswith('ppl_') and k.endswith('_estimate')]
     s = results.get('samples')
     if s:
       m, sd = s['mean'], s['std']

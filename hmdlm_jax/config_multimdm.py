@@ -1,0 +1,83 @@
+"""The MultiMDM section of the config (`process.multimdm.*`, docs/method.md §13.2): its frozen view.
+
+A leaf of hmdlm_jax/config.py, which re-exports `MultiMDMConfig` and calls `MultiMDMConfig._view`
+from `config.resolve`; processes/multimdm.py builds the process from it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import ml_collections
+
+from hmdlm_jax.checks import check_bool as _check_bool
+from hmdlm_jax.checks import check_int as _check_int
+from hmdlm_jax.checks import check_number as _check_number
+from hmdlm_jax.checks import is_int as _is_int
+
+DISTILL_KL = ('reverse', 'forward')
+
+
+@dataclasses.dataclass(frozen=True)
+class MultiMDMConfig:
+  """Static MultiMDM settings (`process.multimdm.*`, docs/method.md §13.2); hashable.
+
+  Attributes:
+    num_masks, num_words: M >= 1 and V = vocab_size - M; words are ids 0..V-1, masks V..V+M-1.
+    designated: 'mod' (m_x = x mod M) or the path of a file of V classes.
+    alpha, alpha_power, beta, beta_power: the schedules (processes/multimdm_math.MaskSchedule).
+    curriculum_start, curriculum_steps: ramp of the identification term's weight over steps.
+    distill: consistency distillation (Algorithm 3) instead of the pretraining loss (3.6).
+    distill_kl: 'reverse' (App. C.2) | 'forward' ((3.11)).
+    delta_init, delta_double_every, delta_max: the step-size schedule δ_k.
+    t_min, antithetic: t ~ U(t_min, 1), stratified (loss.t_min, loss.antithetic).
+  """
+  num_masks: int
+  num_words: int
+  designated: str = 'mod'
+  alpha: str = 'linear'
+  alpha_power: float = 1.0
+  beta: str = 'linear'
+  beta_power: float = 1.0
+  curriculum_start: int = 0
+  curriculum_steps: int = 0
+  distill: bool = False
+  distill_kl: str = 'reverse'
+  delta_init: float = 2.0 ** -9
+  delta_double_every: int = 10_000
+  delta_max: float = 2.0 ** -5
+  t_min: float = 1e-3
+  antithetic: bool = True
+
+  def __post_init__(self) -> None:
+    f = 'process.multimdm.'
+    _check_int(f + 'num_masks', self.num_masks, minimum=1)
+    if not _is_int(self.num_words) or self.num_words < 1:
+      raise ValueError(f'model.vocab_size must count the words AND the {self.num_masks} masks '
+                       f'(process.multimdm.num_masks): it leaves {self.num_words} words.')
+    if not isinstance(self.designated, str) or not self.designated:
+      raise ValueError(f"{f}designated={self.designated!r} must be 'mod' or a file path.")
+    for name in ('alpha_power', 'beta_power'):
+      _check_number(f + name, getattr(self, name), lo=0.0, lo_open=True)
+    _check_int(f + 'curriculum_start', self.curriculum_start, minimum=0)
+    _check_int(f + 'curriculum_steps', self.curriculum_steps, minimum=0)
+    _check_bool(f + 'distill', self.distill)
+    if self.distill_kl not in DISTILL_KL:
+      raise ValueError(f'{f}distill_kl={self.distill_kl!r} is not one of {DISTILL_KL}.')
+    _check_number(f + 'delta_init', self.delta_init, lo=0.0, hi=1.0, lo_open=True, hi_open=False)
+    _check_number(f + 'delta_max', self.delta_max, lo=self.delta_init, hi=1.0, hi_open=False)
+    _check_int(f + 'delta_double_every', self.delta_double_every, minimum=1)
+    _check_number('loss.t_min', self.t_min, lo=0.0, hi=1.0)
+
+  @classmethod
+  def _view(cls, config: ml_collections.ConfigDict) -> MultiMDMConfig:
+    mm = config.process.multimdm
+    num_masks = mm.num_masks
+    _check_int('process.multimdm.num_masks', num_masks, minimum=1)
+    return cls(num_masks=num_masks, num_words=int(config.model.vocab_size) - num_masks,
+               designated=mm.designated, alpha=mm.alpha, alpha_power=mm.alpha_power,
+               beta=mm.beta, beta_power=mm.beta_power, curriculum_start=mm.curriculum_start,
+               curriculum_steps=mm.curriculum_steps, distill=mm.distill,
+               distill_kl=mm.distill_kl, delta_init=mm.delta_init,
+               delta_double_every=mm.delta_double_every, delta_max=mm.delta_max,
+               t_min=float(config.loss.t_min), antithetic=bool(config.loss.antithetic))

@@ -1,0 +1,285 @@
+"""Warm starts across processes: MDLM -> MultiMDM (continual adaptation), MultiMDM -> distillation.
+
+MultiMDM's Section 3.2 ("Continual adaptation from a pretrained MDM"): the clean-token head and
+the backbone are kept, and the single MASK embedding is copied into every mask row, so all masks
+start identical and the multi-mask objective (3.5) teaches the model to tell them apart. Algorithm
+3 starts distillation (online AND EMA network) from a model pretrained by Algorithm 1. Both are
+this module (docs/method.md §13.2):
+
+* `init.workdir = DIR`: a run directory of this project. Its config.json says which process and
+  vocabulary layout it trained; the latest checkpoint's EMA parameters (`init.use_ema`, else the
+  raw ones) are read with Orbax (no TrainState of that run is rebuilt).
+* `init.mdlm_checkpoint = FILE` for a MultiMDM config: a converted MDLM PyTorch checkpoint (.npz of
+  hmdlm_jax/convert_mdlm.py, or the MDLM file itself, converted on the fly); its MASK row is
+  `init.mdlm_mask_id` (-1: the last row; MDLM's LM1B release reuses BERT's [MASK], 103). HMDLM
+  configs keep train.py's own backbone merge for that field.
+
+Layout mapping, leaf by leaf (the leaves with a 'vocab' logical axis are the token embedding and
+the token head; `models.logical_specs` says which axis): a destination row that is a word takes
+the source row of the same id; the destination's mask rows take the source's mask rows in turn
+(one MDLM MASK row -> copied into all M rows; a MultiMDM source of the same M -> row for row).
+Every other leaf must exist in the source with the same shape and is copied. Source leaves the
+destination lacks (an HMDLM source's level table and hierarchy head) are dropped, and say so in
+the log. The EMA starts equal to the loaded parameters; the optimiser state stays fresh.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from typing import Any, Mapping
+
+import flax.linen as nn
+import jax
+from jax.experimental import multihost_utils
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+import orbax.checkpoint as ocp
+from absl import logging
+
+from hmdlm_jax import config as config_lib
+from hmdlm_jax import convert_mdlm
+from hmdlm_jax import models
+
+PyTree = Any
+
+
+@dataclasses.dataclass(frozen=True)
+class Layout:
+  """Where the noise rows of a vocabulary are: vocab_size rows, mask_rows the noise-state ids."""
+  vocab_size: int
+  mask_rows: tuple[int, ...]
+
+
+def layout_of(config: ml_collections.ConfigDict) -> Layout:
+  """The vocabulary layout of a resolved experiment config (MultiMDM: its M masks; else MASK)."""
+  vocab = int(config.model.vocab_size)
+  if config.process.kind == 'multimdm':
+    m = int(config.process.multimdm.num_masks)
+    return Layout(vocab, tuple(range(vocab - m, vocab)))
+  mask_id = int(config.model.mask_id)
+  return Layout(vocab, (vocab - 1 if mask_id < 0 else mask_id,))
+
+
+def handles(config: ml_collections.ConfigDict) -> bool:
+  """Whether `create_train_state` hands the initialisation to this module."""
+  return bool(config.init.workdir) or (config.process.kind == 'multimdm'
+                                       and bool(config.init.mdlm_checkpoint))
+
+
+# ------------------------------------------------------------------------------------ sources
+
+
+def _source_dirs(workdir: str) -> tuple[ml_collections.ConfigDict, str, int]:
+  """(DIR's config, its latest checkpoint's state folder, that step); ValueError if unusable."""
+  path = os.path.join(workdir, 'config.json')
+  try:
+    with open(path, encoding='utf-8') as f:
+      source = ml_collections.ConfigDict(json.load(f))
+  except (OSError, ValueError) as e:
+    raise ValueError(f'init.workdir={workdir!r}: cannot read {path} ({e}).') from e
+  ckpt_dir = os.path.join(os.path.abspath(workdir), 'checkpoints')
+  steps = sorted(int(d) for d in (os.listdir(ckpt_dir) if os.path.isdir(ckpt_dir) else [])
+                 if d.isdigit())
+  if not steps:
+    raise ValueError(f'init.workdir={workdir!r} holds no finished checkpoint in {ckpt_dir}; '
+                     'train there first.')
+  return source, os.path.join(ckpt_dir, str(steps[-1]), 'state'), steps[-1]
+
+
+def read_workdir(workdir: str, *, use_ema: bool = True) -> tuple[PyTree, Layout, int]:
+  """(parameters as numpy, vocabulary layout, step) of DIR's latest checkpoint."""
+  source, state_dir, step = _source_dirs(workdir)
+  try:
+    with ocp.StandardCheckpointer() as ckptr:
+      state = ckptr.restore(state_dir)
+  except Exception as e:  # pylint: disable=broad-except
+    raise ValueError(f'init.workdir={workdir!r}: checkpoint {state_dir} is unreadable '
+                     f'({type(e).__name__}: {e}).') from e
+  name = 'ema_params' if use_ema else 'params'
+  params = jax.tree.map(np.asarray, state[name])
+  return params, layout_of(source), step
+
+
+def workdir_shapes(workdir: str, *, use_ema: bool = True) -> tuple[dict[str, tuple[int, ...]],
+                                                                    Layout]:
+  """('/'-joined leaf -> shape, layout) of DIR's latest parameters, from the Orbax metadata."""
+  source, state_dir, _ = _source_dirs(workdir)
+  try:
+    with ocp.StandardCheckpointer() as ckptr:
+      meta = ckptr.metadata(state_dir)
+    tree = getattr(meta, 'item_metadata', meta)['ema_params' if use_ema else 'params']
+  except Exception as e:  # pylint: disable=broad-except
+    raise ValueError(f'init.workdir={workdir!r}: checkpoint {state_dir} is unreadable '
+                     f'({type(e).__name__}: {e}).') from e
+  return _shapes(tree), layout_of(source)
+
+
+def read_mdlm_file(path: str, mask_id: int) -> tuple[PyTree, Layout]:
+  """(parameters, layout) of a converted MDLM checkpoint (.npz) or an MDLM file."""
+  try:
+    params = convert_mdlm.load_pretrained(path)
+  except ValueError as e:
+    raise ValueError(f'init.mdlm_checkpoint: {e}') from e
+  embed = params.get('vocab_embed', {}).get('embedding')
+  if embed is None:
+    raise ValueError(f'init.mdlm_checkpoint={path!r} has no vocab_embed/embedding.')
+  vocab = int(embed.shape[0])
+  row = vocab - 1 if mask_id < 0 else mask_id
+  if not 0 <= row < vocab:
+    raise ValueError(f'init.mdlm_mask_id={mask_id} is outside the checkpoint\'s {vocab} rows.')
+  return params, Layout(vocab, (row,))
+
+
+# ---------------------------------------------------------------------------------- mapping
+
+
+def _flat(tree: Mapping[str, Any]) -> dict[str, Any]:
+  return convert_mdlm.flatten(tree)
+
+
+def row_map(src: Layout, dst: Layout) -> np.ndarray:
+  """For each destination row, the source row it is copied from: int [dst.vocab_size]."""
+  out = np.arange(dst.vocab_size)
+  for i, row in enumerate(dst.mask_rows):
+    out[row] = src.mask_rows[i % len(src.mask_rows)]
+  words = np.setdiff1d(np.arange(dst.vocab_size), dst.mask_rows)
+  if words.size and words.max() >= src.vocab_size:
+    raise ValueError(f'the destination has word ids up to {words.max()} but the source '
+                     f'vocabulary has {src.vocab_size} rows; the tokenizers differ.')
+  return out
+
+
+def _shapes(tree: Any) -> dict[str, tuple[int, ...]]:
+  """'/'-joined leaf path -> shape of any tree of arrays / ShapeDtypeStructs / array metadata."""
+  return {'/'.join(str(getattr(p, 'key', p)) for p in path): tuple(leaf.shape)
+          for path, leaf in jax.tree_util.tree_flatten_with_path(
+              tree, is_leaf=lambda x: hasattr(x, 'shape'))[0]}
+
+
+def check_fit(fresh: Mapping[str, tuple[int, ...]], source: Mapping[str, tuple[int, ...]],
+              vocab_axes: Mapping[str, int | None], src: Layout, dst: Layout) -> list[str]:
+  """Raises ValueError unless the source leaves fit the destination's (leaf -> shape, both);
+  returns the source leaves the destination lacks (dropped)."""
+  row_map(src, dst)
+  missing = sorted(k for k in fresh if k not in source)
+  if missing:
+    raise ValueError(f'the destination model has parameters the source lacks: {missing[:6]} '
+                     '(is config.model the architecture of the source run?).')
+  for k, shape in fresh.items():
+    s = tuple(source[k])
+    axis = vocab_axes.get(k)
+    if axis is not None:
+      if s[axis] != src.vocab_size:
+        raise ValueError(f'{k}: the source has {s[axis]} vocabulary rows, expected '
+                         f'{src.vocab_size}.')
+      s = s[:axis] + (dst.vocab_size,) + s[axis + 1:]
+    if s != tuple(shape):
+      raise ValueError(f'{k}: source shape {s} != destination shape {tuple(shape)} (check '
+                       'config.model.hidden_size / num_heads / mlp_dim / seq_len).')
+  return sorted(k for k in source if k not in fresh)
+
+
+def adapt(fresh: PyTree, source: PyTree, vocab_axes: Mapping[str, int | None], src: Layout,
+          dst: Layout) -> tuple[PyTree, list[str]]:
+  """`fresh` with every leaf taken from `source` (module docstring): (new tree, dropped leaves).
+
+  Args:
+    fresh: the destination model's parameters (numpy), which fix every shape.
+    source: the source parameters.
+    vocab_axes: leaf path ('a/b/c') -> its 'vocab' axis in the destination, or None.
+    src, dst: the two vocabulary layouts.
+  """
+  flat_f, flat_s = _flat(fresh), _flat(source)
+  dropped = check_fit({k: v.shape for k, v in flat_f.items()},
+                      {k: np.shape(v) for k, v in flat_s.items()}, vocab_axes, src, dst)
+  rows = row_map(src, dst)
+  out = {}
+  for k, v in flat_f.items():
+    s = np.asarray(flat_s[k])
+    axis = vocab_axes.get(k)
+    if axis is not None:
+      s = np.take(s, rows, axis=axis)
+    out[k] = s.astype(v.dtype)
+  return convert_mdlm.unflatten(out), dropped
+
+
+def vocab_axes_of(model: nn.Module, seq_len: int) -> dict[str, int | None]:
+  """Leaf path -> index of its 'vocab' logical axis (None if it has none)."""
+  specs = models.logical_specs(model, seq_len)
+  out = {}
+  for path, spec in jax.tree_util.tree_flatten_with_path(
+      specs, is_leaf=lambda x: isinstance(x, jax.sharding.PartitionSpec))[0]:
+    key = '/'.join(str(getattr(p, 'key', p)) for p in path)
+    axes = tuple(spec)
+    out[key] = axes.index('vocab') if 'vocab' in axes else None
+  return out
+
+
+# ---------------------------------------------------------------------------------- entry point
+
+
+def check(config: ml_collections.ConfigDict) -> None:
+  """What `load` would raise, before anything is initialised (preflight): the source is readable
+  and fits the model (shapes only: Orbax metadata / `convert_mdlm.pretrained_shapes`)."""
+  config = config_lib.resolve(config)
+  ini = config.init
+  if ini.workdir:
+    shapes, src = workdir_shapes(ini.workdir, use_ema=bool(ini.use_ema))
+    what = f'init.workdir={ini.workdir!r}'
+  else:
+    what = f'init.mdlm_checkpoint={ini.mdlm_checkpoint!r}'
+    try:
+      shapes = convert_mdlm.pretrained_shapes(ini.mdlm_checkpoint)
+    except ValueError as e:
+      raise ValueError(f'{what}: {e}') from None
+    vocab = shapes.get('vocab_embed/embedding', (0,))[0]
+    row = vocab - 1 if ini.mdlm_mask_id < 0 else int(ini.mdlm_mask_id)
+    if not 0 <= row < vocab:
+      raise ValueError(f"init.mdlm_mask_id={ini.mdlm_mask_id} is outside the checkpoint's "
+                       f'{vocab} rows.')
+    src = Layout(vocab, (row,))
+  model = models.build_model(config.model)
+  seq_len = int(config.model.seq_len)
+  try:
+    check_fit(_shapes(models.abstract_params(model, seq_len)), shapes,
+              vocab_axes_of(model, seq_len), src, layout_of(config))
+  except ValueError as e:
+    raise ValueError(f'{what}: {e}') from None
+
+
+def load(config: ml_collections.ConfigDict, fresh: PyTree) -> tuple[PyTree, str]:
+  """The warm-start parameters (numpy) for `fresh`'s shapes, and a description of the source."""
+  config = config_lib.resolve(config)
+  dst = layout_of(config)
+  ini = config.init
+  if ini.workdir:
+    source, src, step = read_workdir(ini.workdir, use_ema=bool(ini.use_ema))
+    what = f'{ini.workdir} (step {step}, {"EMA" if ini.use_ema else "raw"} parameters)'
+  else:
+    source, src = read_mdlm_file(ini.mdlm_checkpoint, int(ini.mdlm_mask_id))
+    what = f'{ini.mdlm_checkpoint} (MASK row {src.mask_rows[0]})'
+  model = models.build_model(config.model)
+  params, dropped = adapt(fresh, source, vocab_axes_of(model, int(config.model.seq_len)), src,
+                          dst)
+  if dropped:
+    logging.info('Warm start: source parameters not in this model, dropped: %s', dropped)
+  return params, what
+
+
+def apply(config: ml_collections.ConfigDict, state: Any, shardings: Any) -> Any:
+  """`state` (a TrainState) with params and EMA replaced by the warm start, in their shardings.
+
+  Every process reads the source and places its own shards (as train.py's MDLM merge does).
+  """
+  fresh = multihost_utils.process_allgather(state.params, tiled=True)
+  params, what = load(config, jax.tree.map(np.asarray, fresh))
+
+  def place(x: np.ndarray, s: jax.sharding.Sharding) -> jax.Array:
+    return jax.make_array_from_callback(x.shape, s, lambda idx: x[idx])
+
+  params = jax.tree.map(place, params, shardings.params)
+  logging.info('Warm start from %s.', what)
+  return state.replace(params=params, ema_params=jax.tree.map(jnp.copy, params))

