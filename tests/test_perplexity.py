@@ -40,6 +40,10 @@ class _FakeProcess(hmdlm.HMDLM):
     return {'lm': v, 'hier': 0.5 * v, 'cons': z, 'total': 1.5 * v,
             'num_tokens': batch['loss_mask'].sum(-1).astype(v.dtype)}
 
+  @property
+  def estimate_names(self) -> tuple[str, ...]:
+    return ('appendix_e',)
+
   def estimates_from_state(self, apply_fn, batch, state, t):
     return {'appendix_e': 2.0 * jnp.asarray(self.values, jnp.float32)[batch['tokens'][:, 0]]}
 
