@@ -93,13 +93,17 @@ def read_csv(path: pathlib.Path) -> tuple[list[dict[str, str]], int]:
         continue
       if len(rec) != len(header):
         raise ValueError(f'{path}:{start}: {len(rec)} fields, the header has {len(header)}.')
-      art = make_article(rec[cols['title']], rec[cols['headline']], rec[cols['text']])
-      if art is None:
-        skipped += 1
-      else:
-        out.append(art)
+      skipped += not _append(out, make_article(rec[cols['title']], rec[cols['headline']],
+                                                rec[cols['text']]))
       start = reader.line_num + 1
   return out, skipped
+
+
+def _append(out: list[dict[str, str]], art: dict[str, str] | None) -> bool:
+  """Appends a kept article; False for one `make_article` skipped."""
+  if art is not None:
+    out.append(art)
+  return art is not None
 
 
 def read_jsonl(path: pathlib.Path) -> tuple[list[dict[str, str]], int]:
@@ -113,11 +117,7 @@ def read_jsonl(path: pathlib.Path) -> tuple[list[dict[str, str]], int]:
       except json.JSONDecodeError as e:
         raise ValueError(f'{path}:{n}: not valid JSON ({e.msg}).') from e
       _check_fields(row, f'{path}:{n}')
-      art = make_article(row['title'], row['headline'], row['text'])
-      if art is None:
-        skipped += 1
-      else:
-        out.append(art)
+      skipped += not _append(out, make_article(row['title'], row['headline'], row['text']))
   return out, skipped
 
 
@@ -133,11 +133,7 @@ def read_parquet(path: pathlib.Path) -> tuple[list[dict[str, str]], int]:
   out, skipped = [], 0
   for i, row in enumerate(table.select(list(FIELDS)).to_pylist()):
     _check_fields(row, f'{path}: row {i}')
-    art = make_article(row['title'], row['headline'], row['text'])
-    if art is None:
-      skipped += 1
-    else:
-      out.append(art)
+    skipped += not _append(out, make_article(row['title'], row['headline'], row['text']))
   return out, skipped
 
 
