@@ -27,6 +27,17 @@ import ml_collections
 import numpy as np
 
 
+def read_utf8_lines(path: Any, *, prefix: str, hint: str) -> list[str]:
+  """The lines of a local UTF-8 file; a non-UTF-8 file raises one ValueError
+  '<prefix>not UTF-8 text (byte b'..' at offset N); <hint>' naming the first bad byte."""
+  try:
+    with open(path, encoding='utf-8') as f:
+      return f.read().splitlines()
+  except UnicodeDecodeError as e:
+    raise ValueError(f'{prefix}not UTF-8 text (byte {e.object[e.start:e.start + 1]!r} at offset '
+                     f'{e.start:,}); {hint}') from None
+
+
 def local_batch_size(global_batch: int, process_count: int, field: str) -> int:
   """Per-process batch; ValueError naming `field` unless it divides evenly."""
   if global_batch <= 0 or global_batch % process_count:

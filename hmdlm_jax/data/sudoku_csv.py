@@ -16,6 +16,7 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
+from hmdlm_jax.data import pipeline
 from hmdlm_jax.data import sudoku
 
 _BLANKS = '.0'
@@ -92,13 +93,8 @@ def read_puzzles(path: str, *, need_solution: bool = False
     lines with a solution and some without, a solution with a blank or that is not a valid grid,
     or a quiz digit that disagrees with its solution.
   """
-  try:
-    with open(path, encoding='utf-8') as f:
-      lines = f.read().splitlines()
-  except UnicodeDecodeError as e:
-    raise ValueError(f'{path}: not UTF-8 text (byte {e.object[e.start:e.start + 1]!r} at offset '
-                     f'{e.start:,}); a puzzle file holds one 81-character puzzle per line, or '
-                     'quiz,solution lines') from None
+  lines = pipeline.read_utf8_lines(path, prefix=f'{path}: ', hint=(
+      'a puzzle file holds one 81-character puzzle per line, or quiz,solution lines'))
   quizzes, solutions, linenos = [], [], []
   for lineno, line in enumerate(lines, start=1):
     s = line.strip()

@@ -234,13 +234,19 @@ def data_seq_len(config: Any) -> int:
   return seq_len
 
 
-def text_tokenizer(config: Any, *, allowed_rules: Sequence[str]) -> tokenizers_lib.TextTokenizer:
-  """The checks every text kind makes first (`check_text_config`, the tokenizer against
-  model.vocab_size / mask_id); returns the tokenizer."""
-  check_text_config(config, allowed_rules=allowed_rules)
+def checked_tokenizer(config: Any) -> tokenizers_lib.TextTokenizer:
+  """data.tokenizer, checked against model.vocab_size / mask_id (the process's noise rows and
+  derived extra rows included)."""
   tok = tokenizers_lib.tokenizer_from_config(config.data)
   tokenizers_lib.check_vocab(config.model, tok, num_masks=config_lib.num_noise_rows(config))
   return tok
+
+
+def text_tokenizer(config: Any, *, allowed_rules: Sequence[str]) -> tokenizers_lib.TextTokenizer:
+  """The checks every text kind makes first (`check_text_config`, then `checked_tokenizer`);
+  returns the tokenizer."""
+  check_text_config(config, allowed_rules=allowed_rules)
+  return checked_tokenizer(config)
 
 
 def check_local_paths(config: Any) -> None:
@@ -363,13 +369,8 @@ def read_text_file(path: str | pathlib.Path, unit: str = 'line', *,
   path = pathlib.Path(path)
   if unit not in TEXT_UNITS:
     raise ValueError(f'config.data.text_unit={unit!r}; allowed: {list(TEXT_UNITS)}.')
-  try:
-    with open(path, encoding='utf-8') as f:
-      lines = f.read().splitlines()
-  except UnicodeDecodeError as e:
-    raise ValueError(f'config.{field}: {path} is not UTF-8 text (byte '
-                     f'{e.object[e.start:e.start + 1]!r} at offset {e.start:,}); give UTF-8 '
-                     'plain text, .jsonl or .json files (convert with iconv -t utf-8).') from None
+  lines = pipeline.read_utf8_lines(path, prefix=f'config.{field}: {path} is ', hint=(
+      'give UTF-8 plain text, .jsonl or .json files (convert with iconv -t utf-8).'))
   if path.suffix in ('.jsonl', '.json'):
     out = []
     for n, line in enumerate(lines, start=1):

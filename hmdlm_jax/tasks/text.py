@@ -20,9 +20,7 @@ import ml_collections
 import numpy as np
 
 from hmdlm_jax.config import SampleConfig
-from hmdlm_jax.config import num_noise_rows
 from hmdlm_jax.data import text as text_data
-from hmdlm_jax.data import tokenizers as tokenizers_lib
 from hmdlm_jax.evaluation import batches as batches_lib
 from hmdlm_jax.evaluation import generative
 from hmdlm_jax.evaluation import perplexity
@@ -114,12 +112,6 @@ def _records(rows: samples_lib.SampledRows, texts: Sequence[str]) -> base.Record
            'given': rows.given[n].astype(int).tolist()} for n in range(len(texts))]
 
 
-def _tokenizer(config: ml_collections.ConfigDict) -> tokenizers_lib.TextTokenizer:
-  tok = tokenizers_lib.tokenizer_from_config(config.data)
-  tokenizers_lib.check_vocab(config.model, tok, num_masks=num_noise_rows(config))
-  return tok
-
-
 @dataclasses.dataclass(frozen=True)
 class TextTask(base.Task):
   """A language task over one data/ pipeline; `check_data(config)` is that pipeline's check
@@ -161,7 +153,7 @@ class TextTask(base.Task):
     """`num` samples per seed, scored per seed, then mean and std; written to
     DIR/samples_<step>.jsonl."""
     config = ctx.config
-    tok = _tokenizer(config)
+    tok = text_data.checked_tokenizer(config)
     # GPT-2 Large (scorer, MAUVE featuriser) is loaded once for all seeds, or reported unavailable.
     gen_ppl_model = config.eval.gen_ppl_model
     scorer, scorer_reason = generative.load_or_reason(generative.TransformersGPT2Scorer,
@@ -203,7 +195,7 @@ class TextTask(base.Task):
 
   def sample(self, ctx: base.EvalContext, inputs: None) -> tuple[base.Records, str]:
     del inputs  # the text tasks sample config.sample.num_samples rows, no user input
-    tok = _tokenizer(ctx.config)
+    tok = text_data.checked_tokenizer(ctx.config)
     seed = base.sample_seeds(ctx.config)[0]
     rows = self._samples(ctx, int(ctx.config.sample.num_samples), seed)
     texts = [tok.decode(row) for row in rows.tokens]
