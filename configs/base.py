@@ -39,6 +39,9 @@ def get_base_config() -> ml_collections.ConfigDict:
   h.sampler = 'first_order'  # 'first_order' (the authors' jumps) | 'posterior' (exact posterior)
   h.final_step = 'argmax'  # last reverse step: 'argmax' (the authors') | 'sample'
   h.cluster_draw = 'clean'  # MASK -> cluster from 'clean' P_θ (authors') | 'perturbed' Q_θ (ξ < 1)
+  #                           | 'aux' the auxiliary cluster head (needs aux_weight > 0)
+  h.aux_weight = 0.0  # > 0: an auxiliary cluster head [B, L, n] trained by this weight × its
+  #                     cross-entropy at MASK positions (the authors' option; off in every config)
   # MultiMDM (process.kind='multimdm'; model.num_levels=1). Ids: words 0..V-1, masks V..V+M-1 with
   # V = model.vocab_size - num_masks; model.mask_id must be one of the mask ids (-1: the last).
   p.multimdm = mm = ml_collections.ConfigDict()
@@ -67,6 +70,7 @@ def get_base_config() -> ml_collections.ConfigDict:
   m.vocab_size = 30523
   m.mask_id = -1
   m.extra_vocab_rows = 0  # derived by hmdlm_jax/config.py: rows after MASK (HDLM's clusters)
+  m.cluster_head = 0  # derived: outputs of HDLM's auxiliary cluster head (process.hdlm.aux_weight)
   m.seq_len = 128
   m.num_layers = 12
   m.hidden_size = 768

@@ -13,8 +13,9 @@ derived values computed, each in exactly one place:
   whatever the labelling rule, so the rule is moot (the text kinds check rule and K agree);
 * `process.kind = 'mdlm'` requires K = 1 (MDLM is HMDLM's K = 1 case, reachable by name);
 * `process.kind = 'hdlm'` (docs/method.md §13.1): `model.extra_vocab_rows` = the cluster-token rows
-  (num_clusters, 0 for one cluster, which is identified with MASK), and `model.mask_id = -1` ->
-  the last row before them (`vocab_size - 1 - extra_vocab_rows`).
+  (num_clusters, 0 for one cluster, which is identified with MASK), `model.mask_id = -1` -> the
+  last row before them (`vocab_size - 1 - extra_vocab_rows`), and `model.cluster_head` = n when
+  `process.hdlm.aux_weight > 0` (the auxiliary cluster head; config_hdlm.derive_model_fields);
 
 and validates every section that the code reads without touching data or devices (ValueError naming
 the field and what to do). The views (`ModelConfig`, `LossConfig`, `SampleConfig`; the schedule's is
@@ -36,6 +37,7 @@ from hmdlm_jax.checks import check_int as _check_int
 from hmdlm_jax.checks import check_number as _check_number
 from hmdlm_jax.checks import is_int as _is_int
 # The HDLM and MultiMDM views live in leaf modules (one section per process); re-exported here.
+from hmdlm_jax.config_hdlm import derive_model_fields
 from hmdlm_jax.config_hdlm import HDLMConfig
 from hmdlm_jax.config_hdlm import hdlm_cluster_rows
 from hmdlm_jax.config_multimdm import MultiMDMConfig
@@ -90,6 +92,7 @@ class ModelConfig:
   given_state: bool = False
   hier_readout: str = 'head'
   hier_width: int = 0
+  cluster_head: int = 0  # outputs of HDLM's auxiliary cluster head (derived; 0 = none)
 
   @classmethod
   def from_config(cls, config: ml_collections.ConfigDict) -> ModelConfig:
@@ -123,6 +126,7 @@ class ModelConfig:
     _check_int('model.hier_layers', values['hier_layers'], minimum=0)
     _check_int('model.hier_repeats', values['hier_repeats'], minimum=1)
     _check_int('model.hier_width', values['hier_width'], minimum=0)
+    _check_int('model.cluster_head', values['cluster_head'], minimum=0)
     if values['hier_width'] and values['hier_width'] % values['num_heads']:
       raise ValueError(f"model.hier_width={values['hier_width']} must be divisible by "
                        f"model.num_heads={values['num_heads']} (0 = hidden_size).")
@@ -321,14 +325,6 @@ def num_noise_rows(config: ml_collections.ConfigDict) -> int:
 # ---------------------------------------------------------------------------------------- resolve
 
 
-def _extra_vocab_rows(config: ml_collections.ConfigDict) -> int:
-  """Rows of the token table beyond the tokenizer's words + MASK: HDLM's cluster tokens."""
-  if config.process.kind != 'hdlm':
-    return 0
-  _check_int('process.hdlm.num_clusters', config.process.hdlm.num_clusters, minimum=1)
-  return hdlm_cluster_rows(config.process.hdlm.num_clusters)
-
-
 def _mask_id(vocab_size: Any, mask_id: Any, extra_rows: int = 0) -> int:
   """model.mask_id with -1 meaning the last row before the `extra_rows` (HDLM's cluster tokens):
   vocab_size - 1 - extra_rows (the one place this is resolved)."""
@@ -338,14 +334,6 @@ def _mask_id(vocab_size: Any, mask_id: Any, extra_rows: int = 0) -> int:
     raise ValueError(f'model.mask_id={mask_id!r} must be -1 (= vocab_size - 1 - '
                      f'model.extra_vocab_rows) or in [0, model.vocab_size={vocab_size}).')
   return resolved
-
-
-def _resolve_extra_rows(m: ml_collections.ConfigDict, extra_rows: int) -> None:
-  given = m.get('extra_vocab_rows', 0)
-  if not _is_int(given) or given not in (0, extra_rows):
-    raise ValueError(f'model.extra_vocab_rows={given!r} is derived from the process '
-                     f'({extra_rows} here); leave it at 0.')
-  m.extra_vocab_rows = extra_rows
 
 
 def _resolve_offsets(config: ml_collections.ConfigDict) -> None:
@@ -479,7 +467,7 @@ def resolve(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
   config = copy.deepcopy(config)
   with config.unlocked():
     _check_int('model.num_levels', config.model.num_levels, minimum=1)
-    _resolve_extra_rows(config.model, _extra_vocab_rows(config))
+    derive_model_fields(config)  # HDLM's cluster rows and auxiliary head (config_hdlm.py)
     config.model.mask_id = _mask_id(config.model.vocab_size, config.model.mask_id,
                                     config.model.extra_vocab_rows)
     _resolve_offsets(config)

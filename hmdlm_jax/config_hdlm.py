@@ -1,8 +1,8 @@
 """The HDLM section of the config (`process.hdlm.*`, docs/method.md §13.1): its frozen view.
 
-A leaf of hmdlm_jax/config.py, which re-exports `HDLMConfig` and `hdlm_cluster_rows` and calls
-`HDLMConfig._view` from `config.resolve` (so the section is validated with the rest of the config);
-`processes/hdlm.py` builds the process from it.
+A leaf of hmdlm_jax/config.py, which re-exports `HDLMConfig` and `hdlm_cluster_rows`, calls
+`derive_model_fields` and `HDLMConfig._view` from `config.resolve` (so the section is validated with
+the rest of the config); `processes/hdlm.py` builds the process from it.
 """
 
 from __future__ import annotations
@@ -14,13 +14,14 @@ import ml_collections
 from hmdlm_jax.checks import check_bool
 from hmdlm_jax.checks import check_int
 from hmdlm_jax.checks import check_number
+from hmdlm_jax.checks import is_int
 
 HDLM_FORCE = ('auto', 'within', 'between', 'none')
 HDLM_XI_LOSS = ('elbo', 'approx')
 HDLM_SAMPLERS = ('first_order', 'posterior')
 HDLM_FINAL_STEP = ('argmax', 'sample')
 HDLM_FALLBACK = ('id', 'error')
-HDLM_CLUSTER_DRAW = ('clean', 'perturbed')
+HDLM_CLUSTER_DRAW = ('clean', 'perturbed', 'aux')
 
 
 @dataclasses.dataclass(frozen=True)
@@ -43,7 +44,10 @@ class HDLMConfig:
     clip_weights, weight_min, weight_max: training-only clipping of w_m and w_c.
     sampler: 'first_order' (the authors' jumps) | 'posterior' (exact per-position posterior).
     final_step: the last reverse step: 'argmax' (the authors') | 'sample'.
-    cluster_draw: MASK -> cluster draws from 'clean' P_θ (the authors') | 'perturbed' Q_θ.
+    cluster_draw: MASK -> cluster draws from 'clean' P_θ (the authors') | 'perturbed' Q_θ |
+      'aux' the auxiliary cluster head's softmax (the authors' `use_auxiliary`).
+    aux_weight: weight of the auxiliary cluster head's cross-entropy at MASK positions (0 = no
+      head; > 0 adds the head, model.cluster_head = n, and the term to the training loss only).
     t_min, antithetic: t ~ U(t_min, 1), stratified across the batch (loss section).
     mask_id, vocab_size: resolved MASK id and the table size (words + MASK + clusters).
   """
@@ -62,6 +66,7 @@ class HDLMConfig:
   sampler: str = 'first_order'
   final_step: str = 'argmax'
   cluster_draw: str = 'clean'
+  aux_weight: float = 0.0
   t_min: float = 1e-4
   antithetic: bool = True
   mask_id: int = 0
@@ -87,6 +92,13 @@ class HDLMConfig:
                        "'between', 'none' or 'auto'.")
     for name in ('hard_training', 'clip_weights', 'antithetic'):
       check_bool(f + name, getattr(self, name))
+    check_number(f + 'aux_weight', self.aux_weight, lo=0.0)
+    if self.aux_weight > 0 and self.num_clusters == 1:
+      raise ValueError(f'process.hdlm.aux_weight={self.aux_weight} trains a cluster head, but one '
+                       'cluster is MASK itself (nothing to predict): set aux_weight=0.')
+    if self.cluster_draw == 'aux' and self.aux_weight == 0:
+      raise ValueError("process.hdlm.cluster_draw='aux' draws clusters from the auxiliary head, "
+                       'which exists only when process.hdlm.aux_weight > 0.')
     check_number(f + 'weight_min', self.weight_min, lo=0.0)
     check_number(f + 'weight_max', self.weight_max, lo=self.weight_min, lo_open=True)
     check_number('loss.t_min', self.t_min, lo=0.0, hi=1.0)
@@ -117,6 +129,7 @@ class HDLMConfig:
                hard_training=h.hard_training, clip_weights=h.clip_weights,
                weight_min=h.weight_min, weight_max=h.weight_max, sampler=h.sampler,
                final_step=h.final_step, cluster_draw=h.cluster_draw,
+               aux_weight=h.get('aux_weight', 0.0),
                t_min=config.loss.t_min, antithetic=config.loss.antithetic,
                mask_id=config.model.mask_id, vocab_size=config.model.vocab_size)
 
@@ -124,3 +137,24 @@ class HDLMConfig:
 def hdlm_cluster_rows(num_clusters: int) -> int:
   """Cluster-token rows of an HDLM table: n, or 0 for n = 1 (the single cluster is MASK)."""
   return 0 if num_clusters == 1 else num_clusters
+
+
+def derive_model_fields(config: ml_collections.ConfigDict) -> None:
+  """Set the model fields derived from the process (in place; 0 for every kind but 'hdlm'):
+
+  `model.extra_vocab_rows` = HDLM's cluster-token rows after MASK, and `model.cluster_head` = n
+  outputs of the auxiliary cluster head when process.hdlm.aux_weight > 0.
+  """
+  rows = head = 0
+  if config.process.kind == 'hdlm':
+    h = config.process.hdlm
+    check_int('process.hdlm.num_clusters', h.num_clusters, minimum=1)
+    rows = hdlm_cluster_rows(h.num_clusters)
+    aux = check_number('process.hdlm.aux_weight', h.get('aux_weight', 0.0), lo=0.0)
+    head = h.num_clusters if aux > 0 else 0
+  for name, value in (('extra_vocab_rows', rows), ('cluster_head', head)):
+    given = config.model.get(name, 0)
+    if not is_int(given) or given not in (0, value):
+      raise ValueError(f'model.{name}={given!r} is derived from the process ({value} here); '
+                       'leave it at 0.')
+    config.model[name] = value

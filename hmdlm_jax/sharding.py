@@ -40,6 +40,7 @@ LOGICAL_RULES: tuple[tuple[str, Any], ...] = (
     ('kv', None),
     ('qkv', None),
     ('levels', None),
+    ('clusters', None),
     ('cond', None),
     ('norm', None),
 )

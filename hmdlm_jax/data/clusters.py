@@ -55,7 +55,6 @@ import pathlib
 import sys
 import time
 from collections.abc import Sequence
-from typing import Any
 
 import numpy as np
 

@@ -48,7 +48,7 @@ def build_model(cfg_model: Any) -> nn.Module:
       hier_stop_gradient=cfg.hier_stop_gradient, hier_layers=cfg.hier_layers,
       hier_repeats=cfg.hier_repeats, hier_time_conditioning=cfg.hier_time_conditioning,
       hier_input_embed=cfg.hier_input_embed, given_state=cfg.given_state,
-      hier_readout=cfg.hier_readout, hier_width=cfg.hier_width)
+      hier_readout=cfg.hier_readout, hier_width=cfg.hier_width, cluster_head=cfg.cluster_head)
 
 
 def heads_salt(heads: tuple[str, ...]) -> int:
@@ -87,7 +87,7 @@ def _init_variables(model: nn.Module, rng: Array, seq_len: int) -> Any:
   tokens = jnp.zeros((1, seq_len), jnp.int32)
   token_levels = tokens if model.single_pass and model.num_levels > 1 else None
   return model.init({'params': rng}, tokens, tokens, jnp.ones((1,), jnp.float32),
-                    heads=hierarchy.HEADS, token_levels=token_levels, train=False)
+                    heads=model.available_heads, token_levels=token_levels, train=False)
 
 
 def init_params(model: nn.Module, rng: Array, seq_len: int) -> Params:
@@ -117,15 +117,18 @@ def count_params(params: Params) -> int:
   return int(sum(int(np.prod(x.shape)) for x in leaves))
 
 
-# Top-level parameter names -> report group. HMDLM extras are the last three groups.
+# Top-level parameter names -> report group.
 _GROUPS: dict[str, str] = {
     'vocab_embed': 'token embedding', 'wte': 'token embedding',
     'position': 'position embedding', 'sigma_map': 'time embedding', 'time_proj': 'time embedding',
     'ln_f': 'final norm', 'output_layer': 'token head', 'lm_head': 'token head',
     'level_embed': 'level table', 'token_level_embed': 'token-level table',
     'hier_layer': 'hierarchy head', 'hier_head': 'hierarchy head',
+    'cluster_layer': 'cluster head', 'cluster_head': 'cluster head',
 }
-_HMDLM_GROUPS = ('level table', 'token-level table', 'hierarchy trunk', 'hierarchy head')
+# The parts beyond the MDLM backbone ('hmdlm extras'; HDLM's auxiliary cluster head counts too).
+_HMDLM_GROUPS = ('level table', 'token-level table', 'hierarchy trunk', 'hierarchy head',
+                 'cluster head')
 _GROUP_ORDER = ('token embedding', 'position embedding', 'time embedding', 'transformer blocks',
                 'final norm', 'token head') + _HMDLM_GROUPS
 
@@ -168,7 +171,7 @@ def param_count_report(cfg_model: Any) -> str:
       continue
     lines.append(f'  {g:<22s}{v:>14,d}')
   lines.append(f"  {'= backbone (MDLM part)':<22s}{counts['mdlm backbone']:>14,d}")
-  lines.append(f"  {'+ HMDLM extras':<22s}{counts['hmdlm extras']:>14,d}")
+  lines.append(f"  {'+ beyond MDLM':<22s}{counts['hmdlm extras']:>14,d}")
   lines.append(f"  {'total':<22s}{counts['total']:>14,d}")
   return '\n'.join(lines)
 

@@ -150,16 +150,19 @@ class DiT(hierarchy.HierarchicalBackbone):
     return x, c
 
   def make_heads(self, token_table: layers.Embed) -> hierarchy.Heads:
-    """Both heads are adaLN final layers (MDLM's DDitFinalLayer) on (x, c): H -> K and H -> V."""
+    """Every head is an adaLN final layer (MDLM's DDitFinalLayer) on (x, c): H -> K, H -> V and
+    (HDLM's auxiliary head, the authors' form) H -> n."""
     dtype = self.compute_dtype
     hier_layer = layers.AdaLNFinalLayer(self.num_levels, 'levels', dtype, name='hier_layer')
     output_layer = layers.AdaLNFinalLayer(self.vocab_size, 'vocab', dtype, name='output_layer')
+    cluster_layer = layers.AdaLNFinalLayer(self.cluster_head, 'clusters', dtype,
+                                           name='cluster_layer')
 
     def token(x: Array, c: Array | None) -> Array:
       tied = token_table.embedding if self.tie_embeddings else None
       return output_layer(x, c, tied)
 
-    return hierarchy.Heads(hier=hier_layer, token=token)
+    return hierarchy.Heads(hier=hier_layer, token=token, cluster=cluster_layer)
 
   def block(self, name: str, mlp_dim: int) -> hierarchy.BlockFn:
     """One adaLN-zero block like the trunk's (identity at init), for the hierarchy trunk."""

@@ -125,12 +125,16 @@ class GPT2(hierarchy.HierarchicalBackbone):
     return x, None
 
   def make_heads(self, token_table: layers.Embed) -> hierarchy.Heads:
-    """Both heads read the one final LayerNorm `ln_f`: Linear H -> K, and wteᵀ (or `lm_head`)."""
+    """Every head reads the one final LayerNorm `ln_f`: Linear H -> K, wteᵀ (or `lm_head`), and
+    HDLM's auxiliary Linear H -> n."""
     dtype = self.compute_dtype
     ln_f = layers.LayerNorm(use_bias=True, name='ln_f')
     hier_head = layers.Dense((self.num_levels,), ('embed', 'levels'),
                              kernel_init=self.embedding_init, bias_init=layers.zeros_init,
                              dtype=dtype, out_dtype=jnp.float32, name='hier_head')
+    cluster_head = layers.Dense((self.cluster_head,), ('embed', 'clusters'),
+                                kernel_init=self.embedding_init, bias_init=layers.zeros_init,
+                                dtype=dtype, out_dtype=jnp.float32, name='cluster_head')
     lm_head = None
     if not self.tie_embeddings:
       lm_head = layers.Dense((self.vocab_size,), ('embed', 'vocab'), use_bias=False,
@@ -146,7 +150,11 @@ class GPT2(hierarchy.HierarchicalBackbone):
       z = ln_f(x)
       return token_table.attend(z, dtype) if lm_head is None else lm_head(z)
 
-    return hierarchy.Heads(hier=hier, token=token)
+    def cluster(x: Array, c: Array | None) -> Array:
+      del c
+      return cluster_head(ln_f(x))
+
+    return hierarchy.Heads(hier=hier, token=token, cluster=cluster)
 
   def block(self, name: str, mlp_dim: int) -> hierarchy.BlockFn:
     """One pre-LN block like the trunk's, for the hierarchy trunk (it reads no c)."""

@@ -11,6 +11,8 @@
                                                    (at width hier_width between two projections)
   'hier'  = hier_head(hx, hc)  or, hier_readout='rounds', stick-breaking over the R = K-1 repeats
   'token' = token_head(x (+ W_tok_lvl[token_levels] if single pass and K > 1), c)
+  'cluster' = cluster_head(x, c)                   HDLM's auxiliary cluster head, only when
+                                                   cluster_head = n > 0 (the process's option)
 
 Input states (docs/design.md): levels 0..K-1, K = h_m (masked) and, with `given_state`, K+1 = h_g
 (a given cell: Sudoku clue, prompt); the level tables then have K+2 rows instead of K+1. The
@@ -43,7 +45,9 @@ Array = jax.Array
 # head(x [B, L, H], c [B, C] | None) -> float32 logits [B, L, K] or [B, L, V].
 HeadFn = Callable[[Array, Array | None], Array]
 
-HEADS = ('hier', 'token')
+HEADS = ('hier', 'token', 'cluster')
+# The heads every model has ('cluster' exists only when the backbone's cluster_head > 0).
+CORE_HEADS = ('hier', 'token')
 # Top-level parameter names used only by the hierarchy pathway start with this prefix (the level
 # head 'hier_layer' / 'hier_head', the trunk 'hier_blocks_i', 'hier_time_*', 'hier_level_embed');
 # optim.py clips their gradient as a group of its own (optim.hier_grad_clip).
@@ -58,9 +62,11 @@ def is_hierarchy_param(top_level_name: str) -> bool:
 
 
 class Heads(NamedTuple):
-  """A backbone's two output heads, built once per call by `make_heads`."""
+  """A backbone's output heads, built once per call by `make_heads` (only called ones get
+  parameters)."""
   hier: HeadFn  # -> [B, L, K] raw hierarchy logits
   token: HeadFn  # -> [B, L, V] raw token logits
+  cluster: HeadFn  # -> [B, L, n] raw logits of HDLM's auxiliary cluster head (n = cluster_head)
 
 
 # ----------------------------------------------------------------------------- call-site checks
@@ -106,6 +112,7 @@ class HierarchicalBackbone(nn.Module):
            heads=('hier','token'), token_levels [B,L] | None, train) -> dict:
     'hier'  -> float32 [B, L, K] raw hierarchy logits (K = 1: zeros, log-prob 0 of the one level)
     'token' -> float32 [B, L, V] raw token logits (no SUBS)
+    'cluster' -> float32 [B, L, n] raw auxiliary cluster logits (needs cluster_head = n > 0)
   Only the requested heads are computed. train=True applies dropout (rng stream 'dropout').
   Subclasses set the defaults of the fields, `token_embed_name`, `embedding_std`, and implement
   `trunk` and `make_heads`.
@@ -133,6 +140,7 @@ class HierarchicalBackbone(nn.Module):
   given_state: bool = False  # given cells carry the input state h_g = K+1 (tables get K+2 rows)
   hier_readout: str = 'head'  # 'head' (the backbone's level head) | 'rounds' (_round_readout)
   hier_width: int = 0  # width of the trunk's blocks (0 = hidden_size); projections in and out
+  cluster_head: int = 0  # n outputs of HDLM's auxiliary cluster head (0 = no such head)
 
   # Parameter name of the input token table ('vocab_embed' in MDLM's DiT, 'wte' in GPT-2).
   token_embed_name: ClassVar[str] = 'vocab_embed'
@@ -149,7 +157,8 @@ class HierarchicalBackbone(nn.Module):
     raise NotImplementedError
 
   def make_heads(self, token_table: layers.Embed) -> Heads:
-    """The two output heads; `token_table` is the input token table (for tied output weights)."""
+    """The output heads; `token_table` is the input token table (for tied output weights); the
+    cluster head has `cluster_head` outputs (built only if it is called)."""
     raise NotImplementedError
 
   def block(self, name: str, mlp_dim: int) -> BlockFn:
@@ -158,15 +167,23 @@ class HierarchicalBackbone(nn.Module):
     raise NotImplementedError
 
   @property
+  def available_heads(self) -> tuple[str, ...]:
+    """The heads this model can compute: 'hier', 'token' and 'cluster' if cluster_head > 0."""
+    return HEADS if self.cluster_head else CORE_HEADS
+
+  @property
   def num_input_states(self) -> int:
     """Rows of the level tables: K levels, h_m, and h_g when `given_state`."""
     return self.num_levels + (2 if self.given_state else 1)
 
   @nn.compact
   def __call__(self, tokens: Array, levels: Array, t: Array,
-               heads: tuple[str, ...] = HEADS, token_levels: Array | None = None,
+               heads: tuple[str, ...] = CORE_HEADS, token_levels: Array | None = None,
                train: bool = False) -> dict[str, Array]:
     heads = check_heads(heads)
+    if 'cluster' in heads and not self.cluster_head:
+      raise ValueError("heads include 'cluster' but the model has no auxiliary cluster head "
+                       '(model.cluster_head=0; set process.hdlm.aux_weight > 0).')
     check_inputs(tokens, levels, t, token_levels, single_pass=self.single_pass,
                  num_levels=self.num_levels, heads=heads)
     b, l = tokens.shape
@@ -208,6 +225,8 @@ class HierarchicalBackbone(nn.Module):
         x = x + layers.Embed(self.num_input_states, self.hidden_size, ('levels', 'embed'),
                              self.embedding_init, name='token_level_embed')(token_levels)
       out['token'] = head.token(x, c)
+    if 'cluster' in heads:  # reads the final features as the token head does (not level-aware)
+      out['cluster'] = head.cluster(x, c)
     return out
 
   def _hier_trunk(self, hx: Array, hc: Array | None, levels: Array, t: Array,

@@ -266,7 +266,7 @@ class AdaLNFinalLayer(nn.Module):
   an own kernel. x [B, L, H], c [B, cond] -> float32 logits [B, L, out_features].
   """
   out_features: int
-  out_name: str  # logical name of the output axis: 'vocab' or 'levels'
+  out_name: str  # logical name of the output axis: 'vocab', 'levels' or 'clusters'
   dtype: Any = jnp.float32
 
   @nn.compact

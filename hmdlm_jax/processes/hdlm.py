@@ -19,6 +19,9 @@ tests/test_hdlm.py proves bound = -log p(x) with the exact denoiser, ξ = 1 and 
 Training losses (`loss`): the same terms with optional weight clipping (`clip_weights`), the
 authors' approximate ξ < 1 loss (`xi_loss='approx'`) and 'hard training' (word cross-entropy at
 MASK positions); the metrics report the unclipped exact bound of the same sample as 'nelbo'.
+With `aux_weight` > 0 the network has an auxiliary cluster head (a second output [B, L, n], the
+authors' option, off by default) and the training loss adds aux_weight × its cross-entropy against
+c(x) at MASK loss positions, unweighted in t ('aux', `aux_terms`); the bound never reads that head.
 """
 
 from __future__ import annotations
@@ -147,6 +150,24 @@ def weighted_terms(mask_term: jax.Array, cluster_term: jax.Array, state: jax.Arr
   return dict(cluster=cluster.sum(-1) / n, word=word.sum(-1) / n)
 
 
+def aux_terms(cluster_logits: jax.Array, tokens: jax.Array, state: jax.Array,
+              loss_mask: jax.Array, layout: ClusterLayout) -> jax.Array:
+  """The auxiliary head's cross-entropy -log softmax(cluster_logits)[c(x)] per example: [B].
+
+  cluster_logits [B, L, n]; summed over loss positions in the MASK state, divided by
+  max(#loss positions, 1) (the normalisation of `weighted_terms`).
+  """
+  chex.assert_rank(cluster_logits, 3)
+  chex.assert_equal_shape((tokens, state, loss_mask))
+  gold = jnp.maximum(layout.word_cluster(tokens), 0)
+  log_p = jax.nn.log_softmax(cluster_logits.astype(jnp.float32), axis=-1)
+  ce = -jnp.take_along_axis(log_p, gold[..., None], axis=-1)[..., 0]
+  loss_mask = loss_mask.astype(bool)
+  sel = loss_mask & layout.is_mask(state)
+  n = jnp.maximum(loss_mask.sum(-1), 1).astype(jnp.float32)
+  return jnp.where(sel, ce, 0.0).sum(-1) / n
+
+
 def layout_from_config(cfg: HDLMConfig) -> ClusterLayout:
   """The process's id layout: the artefact of `cfg.clusters` (or the fallback) over the words.
 
@@ -219,7 +240,7 @@ class HDLM(base.Process):
 
   @property
   def heads(self) -> tuple[str, ...]:
-    return ('token',)
+    return ('token', 'cluster') if self.cfg.aux_weight > 0 else ('token',)
 
   # ------------------------------------------------------------------------- forward process
 
@@ -289,7 +310,8 @@ class HDLM(base.Process):
     """One network call on z_t ~ q; the key is split as HMDLM's (k_t, k_mask, unused).
 
     Metrics: 'loss', 'cluster', 'word' (training terms), 'nelbo' (the exact bound of the same
-    sample), 'mask_rate', 'cluster_rate', 'num_loss_tokens', 'finite'.
+    sample), 'mask_rate', 'cluster_rate', 'num_loss_tokens', 'finite'; with aux_weight > 0 also
+    'aux' (the auxiliary head's cross-entropy, before its weight).
     """
     del step, target_apply_fn
     tokens, _, given, loss_mask = base.unpack(batch)
@@ -297,19 +319,24 @@ class HDLM(base.Process):
     t = base.sample_times(k_t, tokens.shape[0], t_min=self.cfg.t_min,
                           antithetic=self.cfg.antithetic)
     z = corrupt(k_mask, tokens, given, t, self.schedule, self.layout, self.cfg.xi)
-    logits = self._logits(apply_fn, z, t)
+    out = apply_fn(z, jnp.zeros_like(z), t, heads=self.heads)
+    logits = out['token']
     terms = self.training_terms(logits, tokens, z, loss_mask, t)
     bound = self.bound_terms(logits, tokens, z, loss_mask, t)
     mean = lambda v: base.token_weighted_mean(v, loss_mask)
     cluster, word = mean(terms['cluster']), mean(terms['word'])
     loss = cluster + word
+    extra = {}
+    if self.cfg.aux_weight > 0:
+      extra['aux'] = mean(aux_terms(out['cluster'], tokens, z, loss_mask, self.layout))
+      loss = loss + self.cfg.aux_weight * extra['aux']
     n_loss = jnp.maximum(loss_mask.sum(), 1).astype(jnp.float32)
     metrics = dict(
         loss=loss, cluster=cluster, word=word,
         nelbo=mean(bound['cluster']) + mean(bound['word']),
         mask_rate=(self.layout.is_mask(z) & loss_mask).sum().astype(jnp.float32) / n_loss,
         cluster_rate=(self.layout.is_cluster(z) & loss_mask).sum().astype(jnp.float32) / n_loss,
-        num_loss_tokens=loss_mask.sum().astype(jnp.float32))
+        num_loss_tokens=loss_mask.sum().astype(jnp.float32), **extra)
     metrics['finite'] = jnp.all(jnp.isfinite(jnp.stack([loss, cluster, word]))).astype(
         jnp.float32)
     return loss.astype(jnp.float32), {k: v.astype(jnp.float32) for k, v in metrics.items()}
@@ -351,5 +378,5 @@ def from_config(config: ml_collections.ConfigDict) -> HDLM:
   return HDLM.from_config(config)
 
 
-__all__ = ['HDLM', 'corrupt', 'from_config', 'layout_from_config', 'position_terms',
-           'weighted_terms']
+__all__ = ['HDLM', 'aux_terms', 'corrupt', 'from_config', 'layout_from_config',
+           'position_terms', 'weighted_terms']

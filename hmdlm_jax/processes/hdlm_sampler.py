@@ -18,7 +18,9 @@ Whether a position moves is decided by uniforms before the network call (the pro
 do not depend on the network); what it moves to comes from the token head: a MASK position draws
 a word v ~ x̂ and takes its cluster c(v), which is exactly a draw from P_θ(c) = Σ_{v∈c} x̂(v)
 (greedy: argmax_c P_θ(c)); with `cluster_draw='perturbed'` and ξ < 1 the cluster is then replaced
-by a uniformly chosen other one w.p. 1 - ξ (a draw from Q_θ, the ELBO's model). A cluster
+by a uniformly chosen other one w.p. 1 - ξ (a draw from Q_θ, the ELBO's model); with
+`cluster_draw='aux'` it is drawn from the auxiliary cluster head's softmax instead (tempered by τ;
+greedy: its argmax), the authors' `use_auxiliary` sampling. A cluster
 position draws its word from the forced law (hdlm_core.forced_log_probs: within / between / none).
 Decoded words are never changed (carry-over); given positions start as words.
 
@@ -132,9 +134,12 @@ def reverse_step(apply_fn: ApplyFn, schedule: HDLMSchedule, layout: ClusterLayou
   to_word = (is_m & (r >= p_mc) & (r < p_mc + p_mw)) | (is_c & (r < p_cw))
   final_argmax = is_last & (hcfg.final_step == 'argmax')
 
+  aux = hcfg.cluster_draw == 'aux'
+
   def move() -> tuple[jax.Array, jax.Array]:
-    logits = apply_fn(x, levels, jnp.full((batch_size,), t, jnp.float32),
-                      heads=('token',))['token']
+    out = apply_fn(x, levels, jnp.full((batch_size,), t, jnp.float32),
+                   heads=('token', 'cluster') if aux else ('token',))
+    logits = out['token']
     chex.assert_shape(logits, x.shape + (layout.vocab_size,))
     nan = jnp.any(jnp.isnan(logits))
     log_xhat = hdlm_core.word_log_probs(logits, layout)
@@ -144,7 +149,12 @@ def reverse_step(apply_fn: ApplyFn, schedule: HDLMSchedule, layout: ClusterLayou
     law = jnp.where(is_c[..., None], forced, log_xhat)  # [B, L, V]
     v = jnp.where(final_argmax, jnp.argmax(law, axis=-1).astype(jnp.int32),
                   base.draw_tokens(k_tok, law, cfg))
-    if cfg.greedy:
+    if aux:
+      aux_logits = out['cluster']
+      chex.assert_shape(aux_logits, x.shape + (layout.num_clusters,))
+      nan = nan | jnp.any(jnp.isnan(aux_logits))
+      c_new = base.draw_tokens(k_pert, jax.nn.log_softmax(aux_logits, axis=-1), cfg)
+    elif cfg.greedy:
       c_new = jnp.argmax(p, axis=-1).astype(jnp.int32)
     else:
       c_new = jnp.maximum(layout.word_cluster(v), 0)

@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from typing import Any, ClassVar, Mapping
+from typing import Any, ClassVar
 
 import chex
 import jax
