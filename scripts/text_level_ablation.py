@@ -19,6 +19,9 @@ The runs come from scripts/text_vs_unigram.py, one invocation per seed:
   python scripts/text_level_ablation.py --data_dir=/tmp/shakespeare_text \
       --hmdlm=/tmp/text_s0/hmdlm,/tmp/text_s1/hmdlm,/tmp/text_s2/hmdlm \
       --mdlm=/tmp/text_s0/mdlm,/tmp/text_s1/mdlm,/tmp/text_s2/mdlm --out=/tmp/text_ablation.json
+
+(or the 3-seed runs of `--runs=hdlm,hmdlm,mdlm --seeds=0,1,2`, as in docs/text_results.md). The
+eval reports go to --eval_dir (default OUT.evals), never into the runs' workdirs.
 """
 
 from __future__ import annotations
@@ -51,11 +54,15 @@ def _config(data_dir: str, num_levels: int, seed: int):
   return c
 
 
-def _eval(workdir: str, config, step: int | None) -> dict[str, float]:
+def _eval(workdir: str, config, step: int | None, out_dir: str) -> dict[str, float]:
+  """The ablation's figures of one checkpoint; its eval report goes to `out_dir` (never into the
+  run's workdir, whose own eval_<step>.json stays as it is)."""
   with open(os.path.join(workdir, 'config.json')) as f:
     saved = json.load(f)
   config.seed = int(saved['seed'])
-  p = eval_run.run_eval(config, workdir, step, progress=False)['results']['perplexity']
+  os.makedirs(out_dir, exist_ok=True)
+  p = eval_run.run_eval(config, workdir, step, out_dir=out_dir, overwrite=True,
+                        progress=False)['results']['perplexity']
   out = {'bound': p['bound_nats_per_token'], 'appendix_e': p['appendix_e_nats_per_token_estimate']}
   if p['bound_kind'] == 'hmdlm':
     out.update(lm_true=p['lm_nats_per_token'],
@@ -77,15 +84,19 @@ def main() -> None:
   ap.add_argument('--mdlm', required=True, help='comma-separated MDLM twin workdirs')
   ap.add_argument('--steps', default='', help='checkpoint steps to evaluate (default: latest)')
   ap.add_argument('--out', default='')
+  ap.add_argument('--eval_dir', default='',
+                  help='where the eval reports go (default: OUT.evals, or ./text_ablation.evals)')
   args = ap.parse_args()
+  eval_dir = args.eval_dir or (args.out or 'text_ablation') + '.evals'
   steps = [int(s) for s in args.steps.split(',')] if args.steps else [None]
   rows: dict[str, list[dict[str, float]]] = {}
   for step in steps:
     for name, dirs, k in (('hmdlm', args.hmdlm, 2), ('mdlm', args.mdlm, 1)):
       key = f'{name}@{step or "last"}'
       rows[key] = []
-      for d in dirs.split(','):
-        rows[key].append(_eval(d, _config(args.data_dir, k, 0), step))
+      for i, d in enumerate(dirs.split(',')):
+        out_dir = os.path.join(eval_dir, key.replace('@', '_'), str(i))
+        rows[key].append(_eval(d, _config(args.data_dir, k, 0), step, out_dir))
         print(key, d, json.dumps(rows[key][-1]), flush=True)
   summary = {name: {key: _mean_se([r[key] for r in rs]) for key in rs[0]}
              for name, rs in rows.items()}
