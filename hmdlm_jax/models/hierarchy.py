@@ -42,7 +42,7 @@ from hmdlm_jax.models import layers
 from hmdlm_jax.models import sudoku_positions
 
 Array = jax.Array
-# head(x [B, L, H], c [B, C] | None) -> float32 logits [B, L, K] or [B, L, V].
+# head(x [B, L, H], c [B, C] | None) -> float32 logits [B, L, K], [B, L, V] or [B, L, n].
 HeadFn = Callable[[Array, Array | None], Array]
 
 HEADS = ('hier', 'token', 'cluster')
