@@ -1,7 +1,7 @@
 """Matmul FLOPs of one training step (loss + gradient) of configs/sudoku.py with overrides.
 
 Used to turn a wall budget into step budgets that do not depend on how loaded the machine is:
-  python scripts/step_cost.py --set model.num_levels=1 --set model.hier_layers=1 ...
+  python -m scripts.step_cost --set model.num_levels=1 --set model.hier_layers=1 ...
 prints the FLOPs per step and the ratio to the default demo's step.
 """
 
