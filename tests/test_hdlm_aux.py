@@ -26,6 +26,7 @@ from tests.test_hdlm import MASK
 from tests.test_hdlm import WORD_CLUSTERS
 from tests.test_hdlm import make_process
 from tests.test_hdlm import toy
+from tests.test_hdlm import _hdlm_config as _config
 from tests.test_hdlm import _memo
 
 B, L, N = 4, 6, 2
@@ -187,17 +188,6 @@ def test_aux_sampler_follows_the_head_not_the_token_law():
     se = np.sqrt(expect * (1 - expect) / (rows * length))
     print(f'greedy={greedy}: cluster-0 words {frac0:.4f}, expected {expect:.4f} ± {se:.4f}')
     assert abs(frac0 - expect) < 4 * se + 1e-9
-
-
-def _config(**kw):
-  c = get_base_config()
-  c.process.kind = 'hdlm'
-  c.model.num_levels = 1
-  c.process.hdlm.num_clusters = 8
-  c.model.vocab_size = 100 + 1 + 8
-  for k, v in kw.items():
-    setattr(c.process.hdlm, k, v)
-  return c
 
 
 def test_config_derives_the_head_and_names_bad_fields():

@@ -154,18 +154,16 @@ def aux_terms(cluster_logits: jax.Array, tokens: jax.Array, state: jax.Array,
               loss_mask: jax.Array, layout: ClusterLayout) -> jax.Array:
   """The auxiliary head's cross-entropy -log softmax(cluster_logits)[c(x)] per example: [B].
 
-  cluster_logits [B, L, n]; summed over loss positions in the MASK state, divided by
-  max(#loss positions, 1) (the normalisation of `weighted_terms`).
+  cluster_logits [B, L, n]. Selected and normalised exactly as the bound's MASK term
+  (`weighted_terms` with weight 1): summed over loss positions in the MASK state, divided by
+  max(#loss positions, 1).
   """
   chex.assert_rank(cluster_logits, 3)
-  chex.assert_equal_shape((tokens, state, loss_mask))
   gold = jnp.maximum(layout.word_cluster(tokens), 0)
   log_p = jax.nn.log_softmax(cluster_logits.astype(jnp.float32), axis=-1)
   ce = -jnp.take_along_axis(log_p, gold[..., None], axis=-1)[..., 0]
-  loss_mask = loss_mask.astype(bool)
-  sel = loss_mask & layout.is_mask(state)
-  n = jnp.maximum(loss_mask.sum(-1), 1).astype(jnp.float32)
-  return jnp.where(sel, ce, 0.0).sum(-1) / n
+  one = jnp.ones(tokens.shape[:1], jnp.float32)
+  return weighted_terms(ce, jnp.zeros_like(ce), state, loss_mask, one, one, layout)['cluster']
 
 
 def layout_from_config(cfg: HDLMConfig) -> ClusterLayout:
