@@ -21,6 +21,7 @@ import jax
 import ml_collections
 import numpy as np
 
+from hmdlm_jax import config as config_lib
 from hmdlm_jax.config import SampleConfig
 from hmdlm_jax.data import sudoku
 from hmdlm_jax.data import sudoku_csv
@@ -280,10 +281,13 @@ class SudokuTask(base.Task):
     if m.seq_len != sudoku.NUM_CELLS:
       raise ValueError(f'model.seq_len={m.seq_len}, but a Sudoku row is the grid\'s 81 cells '
                        '(data.kind=\'sudoku\'): set --config.model.seq_len=81.')
-    if m.vocab_size != sudoku.VOCAB_SIZE or m.mask_id != sudoku.MASK_ID:
+    # The digits 0..8, then the process's noise rows: MASK = 9, or MultiMDM's M masks 9..8+M.
+    rows = config_lib.num_noise_rows(config)
+    if m.vocab_size != sudoku.MASK_ID + rows or not sudoku.MASK_ID <= m.mask_id < m.vocab_size:
       raise ValueError(f'model.vocab_size={m.vocab_size} / model.mask_id={m.mask_id}, but Sudoku '
-                       f'has the tokens 0..8 (digits 1..9) and MASK {sudoku.MASK_ID}: set '
-                       f'--config.model.vocab_size={sudoku.VOCAB_SIZE} and model.mask_id=-1.')
+                       f'has the tokens 0..8 (digits 1..9) and {rows} noise row(s) from '
+                       f'{sudoku.MASK_ID}: set --config.model.vocab_size='
+                       f'{sudoku.MASK_ID + rows} and model.mask_id=-1.')
     k = m.num_levels
     if k != 1 and k < sudoku.NUM_LEVELS:
       raise ValueError(f'model.num_levels={k}, but the Sudoku labeller gives levels 0..'
