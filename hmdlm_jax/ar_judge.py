@@ -119,8 +119,9 @@ def judge_data_config(config: ml_collections.ConfigDict, judge: JudgeConfig
     c.data.hierarchy = 'none'
     c.model.num_levels = 1
     c.schedule.offsets = (0.0,)
-    if c.process.kind == 'multimdm':  # the tokenizer's rows + its MASK row (never used here)
-      c.model.vocab_size = c.model.vocab_size - config_lib.num_noise_rows(c) + 1
+    rows = config_lib.num_noise_rows(c)
+    if rows > 1:  # MultiMDM's masks -> the tokenizer's rows + its MASK row (never used here)
+      c.model.vocab_size = c.model.vocab_size - rows + 1
       c.model.mask_id = -1
       c.sample.ordering = 'ancestral'
     c.process.kind = 'mdlm'

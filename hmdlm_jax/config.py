@@ -11,11 +11,12 @@ derived values computed, each in exactly one place:
 * `loss.train_steps_T = 0` -> `sample.num_steps` (Algorithm 1's T_train on the sampling grid);
 * `model.num_levels = 1` -> `data.hierarchy = 'none'`: with one level every position is level 0
   whatever the labelling rule, so the rule is moot (the text kinds check rule and K agree);
-* `process.kind = 'mdlm'` requires K = 1 (MDLM is HMDLM's K = 1 case, reachable by name);
-* `process.kind = 'hdlm'` (docs/method.md §13.1): `model.extra_vocab_rows` = the cluster-token rows
-  (num_clusters, 0 for one cluster, which is identified with MASK), `model.mask_id = -1` -> the
-  last row before them (`vocab_size - 1 - extra_vocab_rows`), and `model.cluster_head` = n when
-  `process.hdlm.aux_weight > 0` (the auxiliary cluster head; config_hdlm.derive_model_fields);
+* per process kind (config_kinds.PROCESS_RULES): `process.kind = 'mdlm'` requires K = 1 (MDLM
+  is HMDLM's K = 1 case, reachable by name); `process.kind = 'hdlm'` (docs/method.md §13.1):
+  `model.extra_vocab_rows` = the cluster-token rows (num_clusters, 0 for one cluster, which is
+  identified with MASK), `model.mask_id = -1` -> the last row before them
+  (`vocab_size - 1 - extra_vocab_rows`), and `model.cluster_head` = n when
+  `process.hdlm.aux_weight > 0` (the auxiliary cluster head; config_hdlm.derived_model_fields);
 
 and validates every section that the code reads without touching data or devices (ValueError naming
 the field and what to do). The views (`ModelConfig`, `LossConfig`, `SampleConfig`; the schedule's is
@@ -33,17 +34,16 @@ from typing import Any, Mapping
 import ml_collections
 
 from hmdlm_jax.checks import check_bool as _check_bool
+from hmdlm_jax import config_kinds
 from hmdlm_jax.checks import check_int as _check_int
 from hmdlm_jax.checks import check_number as _check_number
 from hmdlm_jax.checks import is_int as _is_int
-# The HDLM and MultiMDM views live in leaf modules (one section per process); re-exported here.
-from hmdlm_jax.config_hdlm import derive_model_fields
+# The HDLM and MultiMDM views and the per-kind rules live in leaf modules; re-exported here.
 from hmdlm_jax.config_hdlm import HDLMConfig
 from hmdlm_jax.config_hdlm import hdlm_cluster_rows
+from hmdlm_jax.config_kinds import noise_ids
+from hmdlm_jax.config_kinds import num_noise_rows
 from hmdlm_jax.config_multimdm import MultiMDMConfig
-
-PROCESS_KINDS = ('hmdlm', 'mdlm', 'hdlm', 'multimdm')
-TEXT_DATA_KINDS = ('text', 'lm1b', 'wikihow')
 VARIANTS = ('two_pass', 'single_pass')
 # What hmdlm_jax/models implements (tests/test_models.py checks the registries agree).
 BACKBONES = ('dit', 'gpt2')
@@ -117,8 +117,8 @@ class ModelConfig:
     for name, lo in (('num_levels', 1), ('vocab_size', 2), ('seq_len', 1), ('num_layers', 1),
                      ('hidden_size', 1), ('num_heads', 1), ('mlp_dim', 1), ('cond_dim', 1)):
       _check_int(f'model.{name}', values[name], minimum=lo)
-    values['mask_id'] = _mask_id(values['vocab_size'], values['mask_id'],
-                                 get('extra_vocab_rows', None) or 0)
+    values['mask_id'] = config_kinds.resolve_mask_id(values['vocab_size'], values['mask_id'],
+                                                     get('extra_vocab_rows', None) or 0)
     values['dropout'] = _check_number('model.dropout', values['dropout'], lo=0.0, hi=1.0)
     for name in ('time_conditioning', 'tie_embeddings', 'hier_stop_gradient',
                  'hier_time_conditioning', 'hier_input_embed', 'given_state'):
@@ -315,25 +315,7 @@ def hdlm_config(config: ml_collections.ConfigDict) -> HDLMConfig:
   return HDLMConfig._view(resolve(config))  # pylint: disable=protected-access
 
 
-def num_noise_rows(config: ml_collections.ConfigDict) -> int:
-  """How many noise-state rows the process appends after the words: M (MultiMDM) or 1 (MASK)."""
-  if config.process.kind == 'multimdm':
-    return int(config.process.multimdm.num_masks)
-  return 1
-
-
 # ---------------------------------------------------------------------------------------- resolve
-
-
-def _mask_id(vocab_size: Any, mask_id: Any, extra_rows: int = 0) -> int:
-  """model.mask_id with -1 meaning the last row before the `extra_rows` (HDLM's cluster tokens):
-  vocab_size - 1 - extra_rows (the one place this is resolved)."""
-  _check_int('model.vocab_size', vocab_size, minimum=2)
-  resolved = vocab_size - 1 - extra_rows if mask_id == -1 else mask_id
-  if not _is_int(resolved) or not 0 <= resolved < vocab_size:
-    raise ValueError(f'model.mask_id={mask_id!r} must be -1 (= vocab_size - 1 - '
-                     f'model.extra_vocab_rows) or in [0, model.vocab_size={vocab_size}).')
-  return resolved
 
 
 def _resolve_offsets(config: ml_collections.ConfigDict) -> None:
@@ -344,32 +326,6 @@ def _resolve_offsets(config: ml_collections.ConfigDict) -> None:
   top = _check_number('schedule.offsets_max', top, lo=0.0, hi=1.0)
   k = config.model.num_levels
   s.offsets = tuple(0.0 if k == 1 else round(top * i / (k - 1), 10) for i in range(k))
-
-
-def _check_process(config: ml_collections.ConfigDict) -> None:
-  kind = config.process.kind
-  if kind not in PROCESS_KINDS:
-    raise ValueError(f'process.kind={kind!r} is not one of {PROCESS_KINDS}.')
-  if kind == 'mdlm' and config.model.num_levels != 1:
-    raise ValueError(f"process.kind='mdlm' is HMDLM with one level: set model.num_levels=1 "
-                     f'(got {config.model.num_levels}).')
-  if kind == 'hdlm':
-    if config.model.num_levels != 1:
-      raise ValueError("process.kind='hdlm' puts its hierarchy on the vocabulary, not on "
-                       f'positions: set model.num_levels=1 (got {config.model.num_levels}).')
-    HDLMConfig._view(config)  # pylint: disable=protected-access
-  if kind == 'multimdm':
-    if config.model.num_levels != 1:
-      raise ValueError(f"process.kind='multimdm' has no hierarchy levels: set "
-                       f'model.num_levels=1 (got {config.model.num_levels}).')
-    mm = MultiMDMConfig._view(config)  # pylint: disable=protected-access
-    if not mm.num_words <= config.model.mask_id < config.model.vocab_size:
-      raise ValueError(f'model.mask_id={config.model.mask_id} must be one of the MultiMDM mask ids '
-                       f'{mm.num_words}..{config.model.vocab_size - 1} (-1 = the last one).')
-    if config.data.kind in TEXT_DATA_KINDS and config.data.mask_token != 'append':
-      raise ValueError(f"process.kind='multimdm' appends its {mm.num_masks} masks after the "
-                       f"tokenizer's words: set data.mask_token='append' (got "
-                       f'{config.data.mask_token!r}).')
 
 
 def _check_train(config: ml_collections.ConfigDict) -> None:
@@ -467,9 +423,9 @@ def resolve(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
   config = copy.deepcopy(config)
   with config.unlocked():
     _check_int('model.num_levels', config.model.num_levels, minimum=1)
-    derive_model_fields(config)  # HDLM's cluster rows and auxiliary head (config_hdlm.py)
-    config.model.mask_id = _mask_id(config.model.vocab_size, config.model.mask_id,
-                                    config.model.extra_vocab_rows)
+    config_kinds.derive_model_fields(config)  # HDLM's cluster rows and auxiliary head
+    config.model.mask_id = config_kinds.resolve_mask_id(
+        config.model.vocab_size, config.model.mask_id, config.model.extra_vocab_rows)
     _resolve_offsets(config)
     _check_int('loss.train_steps_T', config.loss.train_steps_T, minimum=0)
     if config.loss.train_steps_T == 0:  # Algorithm 1 on the sampling grid
@@ -477,7 +433,7 @@ def resolve(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
       config.loss.train_steps_T = config.sample.num_steps
     if config.model.num_levels == 1:
       config.data.hierarchy = 'none'
-  _check_process(config)
+  config_kinds.check_process(config)
   _check_train(config)
   _check_optim(config)
   _check_eval_sample_data(config)

@@ -1,8 +1,9 @@
 """The HDLM section of the config (`process.hdlm.*`, docs/method.md §13.1): its frozen view.
 
-A leaf of hmdlm_jax/config.py, which re-exports `HDLMConfig` and `hdlm_cluster_rows`, calls
-`derive_model_fields` and `HDLMConfig._view` from `config.resolve` (so the section is validated with
-the rest of the config); `processes/hdlm.py` builds the process from it.
+A leaf of hmdlm_jax/config.py, which re-exports `HDLMConfig` and `hdlm_cluster_rows` and lists
+`derived_model_fields` and `check_section` in its table of process kinds (so `config.resolve`
+derives and validates the section with the rest of the config); `processes/hdlm.py` builds the
+process from it.
 """
 
 from __future__ import annotations
@@ -14,7 +15,6 @@ import ml_collections
 from hmdlm_jax.checks import check_bool
 from hmdlm_jax.checks import check_int
 from hmdlm_jax.checks import check_number
-from hmdlm_jax.checks import is_int
 
 HDLM_FORCE = ('auto', 'within', 'between', 'none')
 HDLM_XI_LOSS = ('elbo', 'approx')
@@ -139,22 +139,16 @@ def hdlm_cluster_rows(num_clusters: int) -> int:
   return 0 if num_clusters == 1 else num_clusters
 
 
-def derive_model_fields(config: ml_collections.ConfigDict) -> None:
-  """Set the model fields derived from the process (in place; 0 for every kind but 'hdlm'):
+def derived_model_fields(config: ml_collections.ConfigDict) -> dict[str, int]:
+  """The model fields HDLM derives: `extra_vocab_rows` = its cluster-token rows after MASK, and
+  `cluster_head` = n outputs of the auxiliary cluster head when process.hdlm.aux_weight > 0."""
+  h = config.process.hdlm
+  check_int('process.hdlm.num_clusters', h.num_clusters, minimum=1)
+  aux = check_number('process.hdlm.aux_weight', h.get('aux_weight', 0.0), lo=0.0)
+  return {'extra_vocab_rows': hdlm_cluster_rows(h.num_clusters),
+          'cluster_head': h.num_clusters if aux > 0 else 0}
 
-  `model.extra_vocab_rows` = HDLM's cluster-token rows after MASK, and `model.cluster_head` = n
-  outputs of the auxiliary cluster head when process.hdlm.aux_weight > 0.
-  """
-  rows = head = 0
-  if config.process.kind == 'hdlm':
-    h = config.process.hdlm
-    check_int('process.hdlm.num_clusters', h.num_clusters, minimum=1)
-    rows = hdlm_cluster_rows(h.num_clusters)
-    aux = check_number('process.hdlm.aux_weight', h.get('aux_weight', 0.0), lo=0.0)
-    head = h.num_clusters if aux > 0 else 0
-  for name, value in (('extra_vocab_rows', rows), ('cluster_head', head)):
-    given = config.model.get(name, 0)
-    if not is_int(given) or given not in (0, value):
-      raise ValueError(f'model.{name}={given!r} is derived from the process ({value} here); '
-                       'leave it at 0.')
-    config.model[name] = value
+
+def check_section(config: ml_collections.ConfigDict) -> None:
+  """Validates `process.hdlm` against the resolved model fields (ValueError naming the field)."""
+  HDLMConfig._view(config)  # pylint: disable=protected-access

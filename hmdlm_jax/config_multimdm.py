@@ -1,7 +1,7 @@
 """The MultiMDM section of the config (`process.multimdm.*`, docs/method.md §13.2): its frozen view.
 
-A leaf of hmdlm_jax/config.py, which re-exports `MultiMDMConfig` and calls `MultiMDMConfig._view`
-from `config.resolve`; processes/multimdm.py builds the process from it.
+A leaf of hmdlm_jax/config.py, which re-exports `MultiMDMConfig` and lists `noise_ids` and
+`check_section` in its table of process kinds; processes/multimdm.py builds the process from it.
 """
 
 from __future__ import annotations
@@ -16,6 +16,8 @@ from hmdlm_jax.checks import check_number as _check_number
 from hmdlm_jax.checks import is_int as _is_int
 
 DISTILL_KL = ('reverse', 'forward')
+# The data kinds whose tokenizer defines the words (the masks go after them: data.mask_token).
+TEXT_DATA_KINDS = ('text', 'lm1b', 'wikihow')
 
 
 @dataclasses.dataclass(frozen=True)
@@ -81,3 +83,21 @@ class MultiMDMConfig:
                distill_kl=mm.distill_kl, delta_init=mm.delta_init,
                delta_double_every=mm.delta_double_every, delta_max=mm.delta_max,
                t_min=float(config.loss.t_min), antithetic=bool(config.loss.antithetic))
+
+
+def noise_ids(config: ml_collections.ConfigDict) -> tuple[int, ...]:
+  """The M masks: the last M rows of the token table, after the words."""
+  vocab, m = int(config.model.vocab_size), int(config.process.multimdm.num_masks)
+  return tuple(range(vocab - m, vocab))
+
+
+def check_section(config: ml_collections.ConfigDict) -> None:
+  """Validates `process.multimdm` against the resolved model and data fields."""
+  mm = MultiMDMConfig._view(config)
+  if not mm.num_words <= config.model.mask_id < config.model.vocab_size:
+    raise ValueError(f'model.mask_id={config.model.mask_id} must be one of the MultiMDM mask ids '
+                     f'{mm.num_words}..{config.model.vocab_size - 1} (-1 = the last one).')
+  if config.data.kind in TEXT_DATA_KINDS and config.data.mask_token != 'append':
+    raise ValueError(f"process.kind='multimdm' appends its {mm.num_masks} masks after the "
+                     f"tokenizer's words: set data.mask_token='append' (got "
+                     f'{config.data.mask_token!r}).')

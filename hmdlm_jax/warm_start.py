@@ -55,18 +55,15 @@ class Layout:
 
 def layout_of(config: ml_collections.ConfigDict) -> Layout:
   """The vocabulary layout of a resolved experiment config (MultiMDM: its M masks; else MASK)."""
-  vocab = int(config.model.vocab_size)
-  if config.process.kind == 'multimdm':
-    m = int(config.process.multimdm.num_masks)
-    return Layout(vocab, tuple(range(vocab - m, vocab)))
-  mask_id = int(config.model.mask_id)
-  return Layout(vocab, (vocab - 1 if mask_id < 0 else mask_id,))
+  return Layout(int(config.model.vocab_size), config_lib.noise_ids(config))
 
 
 def handles(config: ml_collections.ConfigDict) -> bool:
-  """Whether `create_train_state` hands the initialisation to this module."""
-  return bool(config.init.workdir) or (config.process.kind == 'multimdm'
-                                       and bool(config.init.mdlm_checkpoint))
+  """Whether `create_train_state` hands the initialisation to this module: a run directory, or a
+  converted MDLM file into a table with several noise rows (MultiMDM's masks: the MASK row is
+  copied into each); one noise row is MDLM's own layout (train._load_mdlm_backbone)."""
+  return bool(config.init.workdir) or (bool(config.init.mdlm_checkpoint)
+                                       and config_lib.num_noise_rows(config) > 1)
 
 
 # ------------------------------------------------------------------------------------ sources
