@@ -5,14 +5,11 @@ import os
 import subprocess
 import sys
 
-import pytest
-
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TRAIN_FIELDS = ('batch_size', 'grad_accum', 'median_step_s', 'tokens_per_s',
                 'model_flops_per_step', 'achieved_tflops', 'mfu', 'loss_finite', 'dtype')
 
 
-@pytest.mark.slow
 def test_device_check_dry_writes_every_item(tmp_path):
   env = dict(os.environ, JAX_PLATFORMS='cpu', PYTHON=sys.executable)
   proc = subprocess.run(['bash', os.path.join(REPO, 'benchmarks', 'device_check.sh'), '--dry',
