@@ -33,8 +33,8 @@ from typing import Any, Mapping
 
 import ml_collections
 
-from hmdlm_jax.checks import check_bool as _check_bool
 from hmdlm_jax import config_kinds
+from hmdlm_jax.checks import check_bool as _check_bool
 from hmdlm_jax.checks import check_int as _check_int
 from hmdlm_jax.checks import check_number as _check_number
 from hmdlm_jax.checks import is_int as _is_int
@@ -44,6 +44,7 @@ from hmdlm_jax.config_hdlm import hdlm_cluster_rows
 from hmdlm_jax.config_kinds import noise_ids
 from hmdlm_jax.config_kinds import num_noise_rows
 from hmdlm_jax.config_multimdm import MultiMDMConfig
+
 VARIANTS = ('two_pass', 'single_pass')
 # What hmdlm_jax/models implements (tests/test_models.py checks the registries agree).
 BACKBONES = ('dit', 'gpt2')

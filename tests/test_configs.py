@@ -8,11 +8,10 @@ configs/*.py file, with every option it accepts, goes through `config.resolve`, 
 
 from __future__ import annotations
 
-import importlib
-import pathlib
-
 import dataclasses
+import importlib
 import os
+import pathlib
 
 import numpy as np
 import pytest

@@ -104,6 +104,21 @@ def test_multimdm_from_a_converted_mdlm_checkpoint(mdlm_run, tmp_path):
   _check_mdlm_to_multimdm(_flat(src), _flat(state.params))
 
 
+def test_one_mask_multimdm_loads_a_converted_checkpoint_as_mdlm(mdlm_run, tmp_path):
+  # M = 1 is MDLM's own layout (words, then MASK): the file is loaded as for MDLM, every leaf as is.
+  src, _, _ = warm_start.read_workdir(mdlm_run)
+  path = str(tmp_path / 'mdlm.npz')
+  convert_mdlm.save_params(path, src)
+  cfg = _multimdm_config(str(tmp_path), mdlm_checkpoint=path)
+  cfg.process.multimdm.num_masks = 1
+  cfg.model.vocab_size = WORDS + 1
+  assert not warm_start.handles(config_lib.resolve(cfg))
+  state = _state(cfg)
+  for k, v in _flat(src).items():
+    np.testing.assert_array_equal(_flat(state.params)[k], v, err_msg=k)
+    np.testing.assert_array_equal(_flat(state.ema_params)[k], v, err_msg=k)
+
+
 def test_distillation_from_a_multimdm_workdir(mdlm_run, tmp_path):
   # A MultiMDM run directory (its state written as Checkpointer writes it), then distillation.
   source_cfg = config_lib.resolve(_multimdm_config(str(tmp_path), workdir=mdlm_run))
