@@ -39,6 +39,9 @@ import), so that it stays a fixed yardstick while the package changes:
               gradient is a reduction over B·L of the [B, L, V] logits gradient)
   fill_lookup embedding lookup with mode='fill' (NaN for out-of-range ids, the project's) instead of
               the default clamped gather
+  grad_boundary the residual stream passes an identity whose backward emits g + 0·tanh(g) at every
+              block (the project's layers.residual_grad_boundary): stops XLA:CPU from re-deriving
+              the residual gradient of all blocks above inside each block's backward
 
 `make(shape_dims, features)` returns (init_state, step, batch) where
 step(state, batch, key) -> (state, loss), jitted.
@@ -88,6 +91,7 @@ class Features:
   fill_lookup: bool = False
   head_bias: bool = True
   ln: str = 'two_pass'
+  grad_boundary: bool = False
 
   @classmethod
   def parse(cls, spec: str) -> 'Features':
@@ -96,7 +100,7 @@ class Features:
     for tok in (t.strip() for t in spec.split(',') if t.strip()):
       if tok == 'all':
         kw.update(clip=True, ema=True, nan_guard=True, donate=True, dropout=0.1,
-                  fused_nll=True, layout='4d', fill_lookup=True)
+                  fused_nll=True, layout='4d', fill_lookup=True, grad_boundary=True)
         continue
       key, _, val = tok.partition('=')
       field = {f.name: f for f in dataclasses.fields(cls)}.get(key)
@@ -204,6 +208,18 @@ def _dropout(x: jax.Array, rate: float, key: jax.Array | None) -> jax.Array:
   return jnp.where(keep, x / (1.0 - rate), 0.0)
 
 
+@jax.custom_vjp
+def _grad_boundary(x: jax.Array) -> jax.Array:
+  return x
+
+
+def _grad_boundary_bwd(_: None, g: jax.Array) -> tuple[jax.Array]:
+  return (g + 0.0 * jnp.tanh(g),)  # the tanh makes XLA compute g once, not per consumer
+
+
+_grad_boundary.defvjp(lambda x: (x, None), _grad_boundary_bwd)
+
+
 def forward(p: dict[str, Any], xt: jax.Array, d: Dims, f: Features,
             key: jax.Array | None) -> jax.Array:
   """xt [B, L] int -> logits [B, L, V] float32."""
@@ -220,6 +236,8 @@ def forward(p: dict[str, Any], xt: jax.Array, d: Dims, f: Features,
   c = jax.nn.silu(c)
   cos, sin = _rope(l, hd)
   for i, blk in enumerate(p['blocks']):
+    if f.grad_boundary:
+      x = _grad_boundary(x)
     mod = c @ blk['ada_w'] + blk['ada_b']
     sh1, sc1, g1, sh2, sc2, g2 = (a[:, None, :] for a in jnp.split(mod, 6, -1))
     y = _ln(x, blk['ln1'], f.ln) * (1 + sc1) + sh1

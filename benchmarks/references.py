@@ -123,9 +123,11 @@ def _md4(d: Any, tree: str, warmup: int, steps: int, time_steps: Callable[..., A
   import jax  # pylint: disable=g-import-not-at-top
   import numpy as np  # pylint: disable=g-import-not-at-top
   # tensorflow_probability / distrax: only md4's samplers and image likelihoods use them.
-  stubs = _stand_in(['tensorflow_probability.substrates.jax', 'distrax', 'clu.metric_writers',
-                     'clu.periodic_actions', 'md4.input_pipeline', 'md4.input_pipeline_v2',
-                     'seaborn'])
+  # A dotted stand-in alone fails when its top-level package is absent (`import a.b as x` imports
+  # `a` first), so absent packages are stood in whole.
+  stubs = _stand_in_packages(['tensorflow_probability', 'distrax', 'seaborn'])
+  stubs += _stand_in(['clu.metric_writers', 'clu.periodic_actions', 'md4.input_pipeline',
+                      'md4.input_pipeline_v2'])
   from md4 import train as md4_train  # pylint: disable=g-import-not-at-top
   from md4.configs.md4 import openwebtext  # pylint: disable=g-import-not-at-top
   cfg = openwebtext.get_config()

@@ -19,6 +19,7 @@ import functools
 import json
 import math
 import os
+import re
 
 import flax.linen as nn
 import jax
@@ -390,6 +391,40 @@ def test_gradients_reach_both_heads_and_every_block(backbone):
     assert norm(g1['output_layer']) == 0  # token head only via pass 2
   for path, leaf in jax.tree_util.tree_leaves_with_path(g):
     assert float(np.sum(leaf ** 2)) > 0, jax.tree_util.keystr(path)
+
+
+def test_residual_grad_boundary_is_the_identity_bit_for_bit():
+  # Subnormals are left out: XLA:CPU flushes them to zero in every arithmetic op (FTZ).
+  x = jnp.asarray([0.0, -0.0, 1.5, -2.25e30, 3e-42, np.inf, -np.inf, np.nan], jnp.float32)
+  g = jnp.asarray([-0.0, 0.0, 7.0, 1e38, -1.2e-38, np.inf, -np.inf, np.nan], jnp.float32)
+  y, vjp = jax.vjp(layers.residual_grad_boundary, x)
+  (gx,) = vjp(g)
+  # Bits, so that -0.0 and NaN payloads count too.
+  np.testing.assert_array_equal(np.asarray(y).view(np.uint32), np.asarray(x).view(np.uint32))
+  np.testing.assert_array_equal(np.asarray(gx).view(np.uint32), np.asarray(g).view(np.uint32))
+
+
+def _max_fusion_operands(backbone, num_layers):
+  """The most operands of any fusion in the compiled backward of a `num_layers` model."""
+  _, model, params = _setup(backbone=backbone, num_layers=num_layers)
+  tokens, levels, t = _inputs()
+
+  def loss(p):
+    out = models.make_apply_fn(model, p, train=False)(tokens, levels, t, heads=('token',))
+    return jnp.sum(out['token'] ** 2)
+
+  text = jax.jit(jax.grad(loss)).lower(params).compile().as_text()
+  entry = text[text.rfind('ENTRY'):]
+  return max(m.group(1).count('%') for m in re.finditer(r'= \S+ fusion\((.*?)\), kind', entry))
+
+
+@pytest.mark.parametrize('backbone', ['dit', 'gpt2'])
+def test_backward_fusions_do_not_grow_with_depth(backbone):
+  # Without layers.residual_grad_boundary XLA:CPU fuses the residual gradient of every block above
+  # into each block's weight-gradient copy: 53 / 94 / 177 operands at 2 / 4 / 8 DiT layers (a
+  # quadratic backward, ~1.4x the step at the LM1B shape); with it the largest fusion stays put.
+  shallow, deep = _max_fusion_operands(backbone, 2), _max_fusion_operands(backbone, 6)
+  assert deep <= shallow + 4, (shallow, deep)
 
 
 @pytest.mark.parametrize('backbone', ['dit', 'gpt2'])

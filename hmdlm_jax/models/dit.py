@@ -91,6 +91,7 @@ class DDiTBlock(nn.Module):
                train: bool = False) -> Array:
     b, l, h = x.shape
     hd = h // self.num_heads
+    x = layers.residual_grad_boundary(x)  # speed only: see its docstring
     mod = layers.Dense((6 * h,), ('cond', 'embed'), kernel_init=layers.zeros_init,
                        bias_init=layers.zeros_init, dtype=self.dtype, out_dtype=jnp.float32,
                        name='adaLN_modulation')(c)  # adaLN-zero

@@ -64,6 +64,7 @@ class GPT2Block(nn.Module):
   def __call__(self, x: Array, rope: tuple[Array, Array] | None, train: bool = False) -> Array:
     h = x.shape[-1]
     hd = h // self.num_heads
+    x = layers.residual_grad_boundary(x)  # speed only: see its docstring
     w_init = layers.normal_init(INIT_STD)
     proj_init = layers.normal_init(INIT_STD / math.sqrt(2 * self.num_layers))  # GPT-2 scaling
 

@@ -290,3 +290,28 @@ class AdaLNFinalLayer(nn.Module):
 def constrain(x: Array, names: LogicalNames) -> Array:
   """Logical sharding constraint on an activation (no-op unless logical axis rules are set)."""
   return nn.with_logical_constraint(x, names)
+
+
+@jax.custom_vjp
+def residual_grad_boundary(x: Array) -> Array:
+  """Identity on the residual stream [B, L, H]; its backward keeps the cotangent in one buffer.
+
+  The cotangent leaves as g + 0·tanh(g), equal to g bit for bit (tanh is finite for every input,
+  NaN stays NaN; subnormals flush to zero as in any XLA:CPU arithmetic). The tanh makes the producer "expensive" to XLA, which therefore computes it once
+  instead of duplicating it into each consumer. Without it XLA:CPU re-derives the residual
+  gradient of every block above inside each block's transposed weight-gradient copy: quadratic
+  in depth, ~2× the step of a 12-layer model (benchmarks/README.md, "The quadratic backward").
+  `optimization_barrier` does not help: XLA:CPU expands it before fusion.
+  """
+  return x
+
+
+def _boundary_fwd(x: Array) -> tuple[Array, None]:
+  return x, None
+
+
+def _boundary_bwd(_: None, g: Array) -> tuple[Array]:
+  return (g + 0.0 * jnp.tanh(g),)
+
+
+residual_grad_boundary.defvjp(_boundary_fwd, _boundary_bwd)
