@@ -57,6 +57,7 @@ def _assert_trees_equal(a, b) -> None:
     assert x.tobytes() == y.tobytes()  # bit for bit
 
 
+@pytest.mark.slow  # CI time (2026-12-01): nightly
 def test_sigkill_then_resume_is_bitwise_identical(reference_run, tmp_path, puzzle_cache,
                                                   jax_cache):
   workdir = str(tmp_path / 'run')

@@ -61,6 +61,7 @@ def _read_json(path: str) -> dict:
     return json.load(f)
 
 
+@pytest.mark.slow  # CI time (2026-12-01): nightly
 def test_entry_points_from_a_checkpoint(tmp_path, capsys):
   config = tiny_test.get_config()
   config.data.cache_dir = str(tmp_path / 'cache')

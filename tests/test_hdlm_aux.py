@@ -140,6 +140,7 @@ def test_gradient_reaches_the_head_through_the_real_backbone():
   assert np.all(np.isfinite(g)) and float(jnp.abs(g).sum()) > 0
 
 
+@pytest.mark.slow  # CI time (2026-12-01): nightly
 def test_aux_sampler_with_the_exact_cluster_law_matches_the_data_law():
   tt = toy()
   proc = make_process(aux_weight=1.0, cluster_draw='aux')

@@ -108,6 +108,7 @@ def test_repeats_share_weights_and_act():
     _model_cfg(hier_repeats=2)
 
 
+@pytest.mark.slow  # CI time (2026-12-01): nightly
 def test_stop_gradient_isolates_the_backbone():
   model, _ = _model(hier_layers=1, hier_input_embed=True, hier_stop_gradient=True)
   params = _perturbed(models.init_params(model, jax.random.key(0), L), 7, 0.3)
@@ -179,6 +180,7 @@ def test_given_state_reaches_every_loss_and_bound_call():
       np.testing.assert_array_equal(c['levels'] == K + 1, batch['given'])
 
 
+@pytest.mark.slow  # CI time (2026-12-01): nightly
 def test_given_state_in_the_sampler_keeps_output_levels():
   params, net = _net_with_given_row(3)
   sched = Schedule('loglinear', (0.0, 0.25, 0.5))

@@ -67,6 +67,7 @@ def test_notebooks_are_generated_from_make_notebooks():
   assert res.returncode == 0, res.stdout + res.stderr
 
 
+@pytest.mark.slow  # CI time (2026-12-01): nightly
 def test_quickstart(workdir: pathlib.Path, monkeypatch: pytest.MonkeyPatch):
   nb = _run('quickstart.ipynb', workdir, monkeypatch)
   pictures = workdir / 'pictures'
@@ -97,6 +98,7 @@ def test_schedules_explorer(workdir: pathlib.Path, monkeypatch: pytest.MonkeyPat
   assert _num_images(nb) == 5
 
 
+@pytest.mark.slow  # CI time (2026-12-01): nightly
 def test_checkpoint_explorer(workdir: pathlib.Path, monkeypatch: pytest.MonkeyPatch):
   nb = _run('checkpoint_explorer.ipynb', workdir, monkeypatch)
   pictures = workdir / 'pictures'

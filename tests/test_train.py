@@ -55,6 +55,7 @@ def test_hmdlm_loss_falls(reference_run):
   assert max(abs(r['hier']) for r in recs) > 0.1
 
 
+@pytest.mark.slow  # CI time (2026-12-01): nightly
 def test_mdlm_twin_loss_falls(tmp_path, puzzle_cache, jax_cache):
   """`--config.model.num_levels=1` alone gives MDLM: offsets derived as (0,), no hierarchy loss."""
   workdir = str(tmp_path)

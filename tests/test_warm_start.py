@@ -119,6 +119,7 @@ def test_one_mask_multimdm_loads_a_converted_checkpoint_as_mdlm(mdlm_run, tmp_pa
     np.testing.assert_array_equal(_flat(state.ema_params)[k], v, err_msg=k)
 
 
+@pytest.mark.slow  # CI time (2026-12-01): nightly
 def test_distillation_from_a_multimdm_workdir(mdlm_run, tmp_path):
   # A MultiMDM run directory (its state written as Checkpointer writes it), then distillation.
   source_cfg = config_lib.resolve(_multimdm_config(str(tmp_path), workdir=mdlm_run))
