@@ -2,12 +2,8 @@
 
 Training runs go through subprocesses (`python -m hmdlm_jax.main`), which share one persistent
 JAX compilation cache for the whole session: every run of configs/tiny_test.py on one CPU device
-compiles the same program, so only the first one pays for XLA.
-
-Every JAX of the session (this process and the subprocesses, which copy os.environ) compiles with
-XLA:CPU backend optimisation level 0: the suite's programs are tiny and compile-bound, so LLVM's
-optimisation costs more than it saves (tests/test_models.py: 73 -> 53 s). Values do not depend on
-it within a session, and no test compares against numbers computed outside the suite.
+compiles the same program, so only the first one pays for XLA. The in-process JAX of the pytest
+worker is left untouched (other test files share it).
 """
 
 from __future__ import annotations
@@ -22,9 +18,6 @@ from typing import Any
 import pytest
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-_O0 = '--xla_backend_optimization_level=0'
-if _O0 not in os.environ.get('XLA_FLAGS', ''):  # before any test module imports JAX
-  os.environ['XLA_FLAGS'] = f"{os.environ.get('XLA_FLAGS', '')} {_O0}".strip()
 
 # The reference run: configs/tiny_test.py for REF_STEPS steps, a checkpoint every REF_CKPT steps.
 REF_STEPS = 100
