@@ -297,10 +297,11 @@ def residual_grad_boundary(x: Array) -> Array:
   """Identity on the residual stream [B, L, H]; its backward keeps the cotangent in one buffer.
 
   The cotangent leaves as g + 0·tanh(g), equal to g bit for bit (tanh is finite for every input,
-  NaN stays NaN; subnormals flush to zero as in any XLA:CPU arithmetic). The tanh makes the producer "expensive" to XLA, which therefore computes it once
-  instead of duplicating it into each consumer. Without it XLA:CPU re-derives the residual
-  gradient of every block above inside each block's transposed weight-gradient copy: quadratic
-  in depth, ~2× the step of a 12-layer model (benchmarks/README.md, "The quadratic backward").
+  NaN stays NaN; subnormals flush to zero as in any XLA:CPU arithmetic). The tanh makes the
+  producer "expensive" to XLA, which therefore computes it once instead of duplicating it into
+  each consumer. Without it XLA:CPU re-derives the residual gradient of every block above inside
+  each block's transposed weight-gradient copy: quadratic in depth, 1.38x the step time of the
+  12 x 768 DiT (benchmarks/README.md, "the quadratic backward").
   `optimization_barrier` does not help: XLA:CPU expands it before fusion.
   """
   return x
