@@ -69,6 +69,9 @@ def _config(name: str, dry: bool, dtype: str | None) -> Any:
     c.schedule.offsets = (0.0,)
   if dtype:
     c.model.dtype = dtype
+  # The dense token head: the MFU below counts the model's dense FLOPs (benchmarks/flops.py), which
+  # the selected-rows head ('auto' on one device) would skip in part.
+  c.loss.token_rows = 'all'
   c.train.num_steps = 1000
   if dry:
     for k, v in DRY_MODEL.items():

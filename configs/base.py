@@ -127,6 +127,10 @@ def get_base_config() -> ml_collections.ConfigDict:
   # masked loss positions (same optimum, no 1/(t − δ_k) tail). The bound's terms are reported
   # (and evaluated) either way.
   l.hier_objective = 'bound'
+  # Where the loss evaluates the token head (hmdlm_jax/models/token_head.py): 'selected' = only at
+  # the masked loss positions (same values, about half the head's cost; one device only), 'all'
+  # = dense logits at every position, 'auto' = 'selected' when the train step runs on one device.
+  l.token_rows = 'auto'
 
   # Data; `kind` selects the task (hmdlm_jax/tasks): its pipeline, evaluation and sample mode.
   c.data = d = ml_collections.ConfigDict()

@@ -77,6 +77,10 @@ def get_config() -> ml_collections.ConfigDict:
   c.loss.beta_hier = 1.0  # the tied weights (eq. 76)
   c.loss.beta_cons = 1.0
   c.loss.train_steps_T = 81  # Algorithm 1's s = t - 1/T_train on the sampling grid T = 81
+  # The dense token head: at V = 10 it is a sliver of the step, and the selected-rows head measured
+  # no faster (this demo's step, 3 interleaved rounds, 2026-12-01: 758/734/781 ms dense,
+  # 798/791/726 ms selected; benchmarks/README.md, "the token head at selected rows").
+  c.loss.token_rows = 'all'
 
   d = c.data
   d.kind = 'sudoku'

@@ -54,6 +54,7 @@ SUDOKU_CELLS = 81
 ORDERINGS = ('ancestral', 'confidence')
 LEVEL_CONTEXTS = ('candidates', 'none')
 HIER_OBJECTIVES = ('bound', 'cross_entropy')
+TOKEN_ROWS = ('auto', 'all', 'selected')
 HIER_READOUTS = ('head', 'rounds')
 
 
@@ -187,6 +188,11 @@ class LossConfig:
     hier_objective: what trains the hierarchy head: 'bound' (β_hier L_hier + β_cons L_cons) or
       'cross_entropy' (β_hier × mean −log g[h0] over masked loss positions; docs/method.md §5.1).
     given_state: given positions enter the network as h_g = K+1 (model.given_state).
+    token_rows: where the training loss evaluates the token head: 'all' positions (dense logits,
+      then the masked ones are read) or only the 'selected' ones (masked loss positions;
+      models/token_head.py: same values, about half the head's cost, one device only); 'auto'
+      is resolved by the train step (`Process.for_devices`): 'selected' on one device, else
+      'all'; a loss called outside a train step reads 'auto' as 'all'.
   """
   beta_hier: float = 1.0
   beta_cons: float = 1.0
@@ -199,6 +205,7 @@ class LossConfig:
   num_levels: int = 2
   hier_objective: str = 'bound'
   given_state: bool = False
+  token_rows: str = 'all'
 
   def __post_init__(self) -> None:
     for name in ('beta_hier', 'beta_cons'):
@@ -215,6 +222,8 @@ class LossConfig:
     if self.hier_objective not in HIER_OBJECTIVES:
       raise ValueError(f'loss.hier_objective={self.hier_objective!r} is not one of '
                        f'{HIER_OBJECTIVES}.')
+    if self.token_rows not in TOKEN_ROWS:
+      raise ValueError(f'loss.token_rows={self.token_rows!r} is not one of {TOKEN_ROWS}.')
 
   @classmethod
   def from_config(cls, config: ml_collections.ConfigDict) -> LossConfig:
@@ -229,7 +238,8 @@ class LossConfig:
                variant=str(m.variant), prior_corrected=bool(m.prior_corrected_head),
                mask_id=int(m.mask_id), num_levels=int(m.num_levels),
                hier_objective=str(l.get('hier_objective', 'bound')),
-               given_state=bool(m.get('given_state', False)))
+               given_state=bool(m.get('given_state', False)),
+               token_rows=str(l.get('token_rows', 'auto')))
 
 
 @dataclasses.dataclass(frozen=True)

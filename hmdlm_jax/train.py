@@ -223,6 +223,7 @@ def make_train_step(config: ml_collections.ConfigDict, model: nn.Module,
   The returned callable has `.jitted` (the `jax.jit` object, e.g. for `_cache_size()`).
   """
   optimizer = optim.make_optimizer(config.optim, config.train.num_steps)
+  process = process.for_devices(mesh.size)  # e.g. loss.token_rows='auto' -> this mesh's choice
   if shardings is None:
     _, shardings = state_shardings(config, model, mesh, optimizer)
   accum = int(config.train.grad_accum)

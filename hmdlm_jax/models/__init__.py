@@ -26,6 +26,7 @@ import numpy as np
 
 from hmdlm_jax.config import ModelConfig
 from hmdlm_jax.models import hierarchy
+from hmdlm_jax.models import token_head
 from hmdlm_jax.models.dit import DiT
 from hmdlm_jax.models.gpt2 import GPT2
 
@@ -52,15 +53,21 @@ def build_model(cfg_model: Any) -> nn.Module:
 
 
 def heads_salt(heads: tuple[str, ...]) -> int:
-  """A process-independent integer for a heads tuple (Python's hash() of str is salted)."""
-  return zlib.crc32(','.join(heads).encode()) & 0x7FFFFFFF
+  """A process-independent integer for a heads tuple (Python's hash() of str is salted).
+
+  'token_nll' salts as 'token' (it is the token head read at selected rows), so both readings of
+  one call draw the same dropout mask.
+  """
+  names = ('token' if h == 'token_nll' else h for h in heads)
+  return zlib.crc32(','.join(names).encode()) & 0x7FFFFFFF
 
 
 def make_apply_fn(model: nn.Module, params: Params, *, train: bool,
                   rng: Array | None = None) -> ApplyFn:
   """The denoiser callable of docs/design.md, closed over `params` (traceable, jit-able).
 
-  apply_fn(tokens [B,L], levels [B,L], t [B], *, heads, token_levels=None) -> dict
+  apply_fn(tokens [B,L], levels [B,L], t [B], *, heads, token_levels=None, token_query=None)
+  -> dict
   train=True applies dropout; its key is fold_in(rng, crc32(heads)), so pass 1 (heads=('hier',))
   and pass 2 (heads=('token',)) draw different masks from one step key. Calls with the same heads
   in one step share a mask (a call counter is not expressible inside a traced function). To
@@ -71,13 +78,15 @@ def make_apply_fn(model: nn.Module, params: Params, *, train: bool,
                      f'(model.dropout={model.dropout})')
 
   def apply_fn(tokens: Array, levels: Array, t: Array, *, heads: tuple[str, ...],
-               token_levels: Array | None = None) -> dict[str, Array]:
+               token_levels: Array | None = None,
+               token_query: token_head.TokenQuery | None = None) -> dict[str, Array]:
     heads = hierarchy.check_heads(heads)
     rngs = None
     if train and rng is not None:
       rngs = {'dropout': jax.random.fold_in(rng, heads_salt(heads))}
     return model.apply({'params': params}, tokens, levels, t, heads=heads,
-                       token_levels=token_levels, train=train, rngs=rngs)
+                       token_levels=token_levels, train=train, rngs=rngs,
+                       token_query=token_query)
 
   return apply_fn
 

@@ -73,6 +73,7 @@ import jax.numpy as jnp
 from hmdlm_jax.models import hierarchy
 from hmdlm_jax.models import layers
 from hmdlm_jax.models import sudoku_positions
+from hmdlm_jax.models import token_head
 
 Array = jax.Array
 
@@ -159,9 +160,9 @@ class DiT(hierarchy.HierarchicalBackbone):
     cluster_layer = layers.AdaLNFinalLayer(self.cluster_head, 'clusters', dtype,
                                            name='cluster_layer')
 
-    def token(x: Array, c: Array | None) -> Array:
+    def token(x: Array, c: Array | None, query: token_head.TokenQuery | None = None) -> Array:
       tied = token_table.embedding if self.tie_embeddings else None
-      return output_layer(x, c, tied)
+      return output_layer(x, c, tied, query)
 
     return hierarchy.Heads(hier=hier_layer, token=token, cluster=cluster_layer)
 

@@ -46,6 +46,7 @@ import jax.numpy as jnp
 
 from hmdlm_jax.models import hierarchy
 from hmdlm_jax.models import layers
+from hmdlm_jax.models import token_head
 
 Array = jax.Array
 INIT_STD = 0.02
@@ -138,18 +139,21 @@ class GPT2(hierarchy.HierarchicalBackbone):
                                 dtype=dtype, out_dtype=jnp.float32, name='cluster_head')
     lm_head = None
     if not self.tie_embeddings:
-      lm_head = layers.Dense((self.vocab_size,), ('embed', 'vocab'), use_bias=False,
-                             kernel_init=self.embedding_init, dtype=dtype, out_dtype=jnp.float32,
-                             name='lm_head')
+      lm_head = layers.LinearWeights((self.vocab_size,), ('embed', 'vocab'), use_bias=False,
+                                     kernel_init=self.embedding_init, name='lm_head')
 
     def hier(x: Array, c: Array | None) -> Array:
       del c  # no conditioning vector
       return hier_head(ln_f(x))
 
-    def token(x: Array, c: Array | None) -> Array:
+    def token(x: Array, c: Array | None, query: token_head.TokenQuery | None = None) -> Array:
       del c
       z = ln_f(x)
-      return token_table.attend(z, dtype) if lm_head is None else lm_head(z)
+      proj = (token_head.Projection(token_table.embedding, None, vocab_major=True)
+              if lm_head is None else lm_head(z.shape[-1]))
+      if query is not None:
+        return token_head.selected_nll(z, proj, query, dtype)
+      return token_head.logits(z, proj, dtype)
 
     def cluster(x: Array, c: Array | None) -> Array:
       del c

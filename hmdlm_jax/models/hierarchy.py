@@ -40,13 +40,17 @@ import jax.numpy as jnp
 
 from hmdlm_jax.models import layers
 from hmdlm_jax.models import sudoku_positions
+from hmdlm_jax.models import token_head
 
 Array = jax.Array
 # head(x [B, L, H], c [B, C] | None) -> float32 logits [B, L, K], [B, L, V] or [B, L, n].
 HeadFn = Callable[[Array, Array | None], Array]
+# token(x, c, query=None): HeadFn's logits, or with a token_head.TokenQuery its rows' NLL [B, L].
+TokenHeadFn = Callable[..., Array]
 
-HEADS = ('hier', 'token', 'cluster')
+HEADS = ('hier', 'token', 'token_nll', 'cluster')
 # The heads every model has ('cluster' exists only when the backbone's cluster_head > 0).
+# 'token_nll' is the token head read as a loss at selected rows only (needs a token_query).
 CORE_HEADS = ('hier', 'token')
 # Top-level parameter names used only by the hierarchy pathway start with this prefix (the level
 # head 'hier_layer' / 'hier_head', the trunk 'hier_blocks_i', 'hier_time_*', 'hier_level_embed');
@@ -65,7 +69,7 @@ class Heads(NamedTuple):
   """A backbone's output heads, built once per call by `make_heads` (only called ones get
   parameters)."""
   hier: HeadFn  # -> [B, L, K] raw hierarchy logits
-  token: HeadFn  # -> [B, L, V] raw token logits
+  token: TokenHeadFn  # -> [B, L, V] raw token logits; with a query, the NLL [B, L] at its rows
   cluster: HeadFn  # -> [B, L, n] raw logits of HDLM's auxiliary cluster head (n = cluster_head)
 
 
@@ -97,7 +101,7 @@ def check_inputs(tokens: Array, levels: Array, t: Array, token_levels: Array | N
                        'model takes the levels through the `levels` input (pass 2)')
     chex.assert_equal_shape([tokens, token_levels])
     chex.assert_type(token_levels, int)
-  elif single_pass and num_levels > 1 and 'token' in heads:
+  elif single_pass and num_levels > 1 and ('token' in heads or 'token_nll' in heads):
     raise ValueError("model.variant='single_pass': the token head needs token_levels [B, L] "
                      "(each position's own level, docs/method.md §4)")
 
@@ -112,6 +116,9 @@ class HierarchicalBackbone(nn.Module):
            heads=('hier','token'), token_levels [B,L] | None, train) -> dict:
     'hier'  -> float32 [B, L, K] raw hierarchy logits (K = 1: zeros, log-prob 0 of the one level)
     'token' -> float32 [B, L, V] raw token logits (no SUBS)
+    'token_nll' -> float32 [B, L]: -log softmax(token logits without column token_query.exclude)
+               at token_query.targets, on token_query.rows only (0 elsewhere; the others are
+               never computed: models/token_head.py)
     'cluster' -> float32 [B, L, n] raw auxiliary cluster logits (needs cluster_head = n > 0)
   Only the requested heads are computed. train=True applies dropout (rng stream 'dropout').
   Subclasses set the defaults of the fields, `token_embed_name`, `embedding_std`, and implement
@@ -168,8 +175,9 @@ class HierarchicalBackbone(nn.Module):
 
   @property
   def available_heads(self) -> tuple[str, ...]:
-    """The heads this model can compute: 'hier', 'token' and 'cluster' if cluster_head > 0."""
-    return HEADS if self.cluster_head else CORE_HEADS
+    """The heads with parameters: 'hier', 'token' and 'cluster' if cluster_head > 0 ('token_nll'
+    reads the token head)."""
+    return CORE_HEADS + ('cluster',) if self.cluster_head else CORE_HEADS
 
   @property
   def num_input_states(self) -> int:
@@ -179,13 +187,17 @@ class HierarchicalBackbone(nn.Module):
   @nn.compact
   def __call__(self, tokens: Array, levels: Array, t: Array,
                heads: tuple[str, ...] = CORE_HEADS, token_levels: Array | None = None,
-               train: bool = False) -> dict[str, Array]:
+               train: bool = False, token_query: token_head.TokenQuery | None = None
+               ) -> dict[str, Array]:
     heads = check_heads(heads)
     if 'cluster' in heads and not self.cluster_head:
       raise ValueError("heads include 'cluster' but the model has no auxiliary cluster head "
                        '(model.cluster_head=0; set process.hdlm.aux_weight > 0).')
     check_inputs(tokens, levels, t, token_levels, single_pass=self.single_pass,
                  num_levels=self.num_levels, heads=heads)
+    if ('token_nll' in heads) != (token_query is not None):
+      raise ValueError("the 'token_nll' head and token_query go together (heads="
+                       f'{heads}, token_query given: {token_query is not None})')
     b, l = tokens.shape
     k = self.num_levels
     out: dict[str, Array] = {}
@@ -218,13 +230,16 @@ class HierarchicalBackbone(nn.Module):
       hx, hc, per_round = self._hier_trunk(hx, hc, levels, t, rope, train)
       out['hier'] = (self._round_readout(per_round) if self.hier_readout == 'rounds'
                      else head.hier(hx, hc))
-    if 'token' in heads:
+    if 'token' in heads or 'token_nll' in heads:
       if self.single_pass and k > 1:
         # Single pass: the token head is told each position's own level; the hierarchy head
         # sees the plain hidden state (docs/method.md §4).
         x = x + layers.Embed(self.num_input_states, self.hidden_size, ('levels', 'embed'),
                              self.embedding_init, name='token_level_embed')(token_levels)
-      out['token'] = head.token(x, c)
+      if 'token' in heads:
+        out['token'] = head.token(x, c)
+      if 'token_nll' in heads:
+        out['token_nll'] = head.token(x, c, token_query)
     if 'cluster' in heads:  # reads the final features as the token head does (not level-aware)
       out['cluster'] = head.cluster(x, c)
     return out

@@ -21,6 +21,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from hmdlm_jax.models import token_head
+
 Array = jax.Array
 Init = Callable[..., Array]
 LogicalNames = tuple[str | None, ...]
@@ -85,23 +87,49 @@ class Dense(nn.Module):
   @nn.compact
   def __call__(self, x: Array) -> Array:
     in_shape = tuple(x.shape[-self.n_in:])
-    fan_in = int(np.prod(in_shape))
-    if len(self.names) != self.n_in + len(self.features):
-      raise ValueError(f'{self.name}: {len(self.names)} axis names for a kernel of rank '
-                       f'{self.n_in + len(self.features)}')
-    k_init = self.kernel_init or torch_linear_init(fan_in)
-    kernel = self.param('kernel', nn.with_logical_partitioning(k_init, self.names),
-                        in_shape + tuple(self.features), jnp.float32)
+    kernel, bias = _linear_params(self, in_shape)
     y = jax.lax.dot_general(
         x.astype(self.dtype), kernel.astype(self.dtype),
         ((tuple(range(x.ndim - self.n_in, x.ndim)), tuple(range(self.n_in))), ((), ())),
         preferred_element_type=jnp.float32)
-    if self.use_bias:
-      b_init = self.bias_init or torch_linear_init(fan_in)
-      bias = self.param('bias', nn.with_logical_partitioning(b_init, self.names[self.n_in:]),
-                        tuple(self.features), jnp.float32)
+    if bias is not None:
       y = y + bias
     return y.astype(self.out_dtype or self.dtype)
+
+
+def _linear_params(module: Any, in_shape: tuple[int, ...]) -> tuple[Array, Array | None]:
+  """The float32 'kernel' (in_shape + features) and 'bias' of a Dense-like `module`."""
+  fan_in = int(np.prod(in_shape))
+  if len(module.names) != len(in_shape) + len(module.features):
+    raise ValueError(f'{module.name}: {len(module.names)} axis names for a kernel of rank '
+                     f'{len(in_shape) + len(module.features)}')
+  k_init = module.kernel_init or torch_linear_init(fan_in)
+  kernel = module.param('kernel', nn.with_logical_partitioning(k_init, module.names),
+                        in_shape + tuple(module.features), jnp.float32)
+  if not module.use_bias:
+    return kernel, None
+  b_init = module.bias_init or torch_linear_init(fan_in)
+  bias = module.param('bias', nn.with_logical_partitioning(b_init, module.names[len(in_shape):]),
+                      tuple(module.features), jnp.float32)
+  return kernel, bias
+
+
+class LinearWeights(nn.Module):
+  """A Linear H -> V whose caller applies it: `token_head.Projection` (kernel [H, V], bias [V]).
+
+  Same parameters as `Dense((out_features,), names)` (names, shapes, inits), so checkpoints do not
+  see the difference; the token heads use it to compute either the dense logits or the loss at
+  selected rows only (models/token_head.py).
+  """
+  features: tuple[int, ...]
+  names: LogicalNames
+  use_bias: bool = True
+  kernel_init: Init | None = None
+  bias_init: Init | None = None
+
+  @nn.compact
+  def __call__(self, in_features: int) -> token_head.Projection:
+    return token_head.Projection(*_linear_params(self, (in_features,)))
 
 
 class LayerNorm(nn.Module):
@@ -144,11 +172,6 @@ class Embed(nn.Module):
   def __call__(self, ids: Array) -> Array:
     """ids int [...] -> float32 [..., features]."""
     return lookup(self.embedding, ids)
-
-  def attend(self, x: Array, dtype: Any) -> Array:
-    """x [..., features] -> float32 logits [..., num] = x · embeddingᵀ (tied output head)."""
-    return jnp.einsum('...h,vh->...v', x.astype(dtype), self.embedding.astype(dtype),
-                      preferred_element_type=jnp.float32)
 
 
 # ----------------------------------------------------------------------------- positions
@@ -263,28 +286,31 @@ class AdaLNFinalLayer(nn.Module):
 
   The output Linear is zero-initialised too (adaLN-zero), so every head starts at logits 0.
   `tied_embedding` (optional [V, H] table): use it as the output weight (y = z·Eᵀ + b) instead of
-  an own kernel. x [B, L, H], c [B, cond] -> float32 logits [B, L, out_features].
+  an own kernel. x [B, L, H], c [B, cond] -> float32 logits [B, L, out_features]; with a `query`
+  (token head only) the NLL [B, L] at the query's rows instead (token_head.selected_nll).
   """
   out_features: int
   out_name: str  # logical name of the output axis: 'vocab', 'levels' or 'clusters'
   dtype: Any = jnp.float32
 
   @nn.compact
-  def __call__(self, x: Array, c: Array, tied_embedding: Array | None = None) -> Array:
+  def __call__(self, x: Array, c: Array, tied_embedding: Array | None = None,
+               query: token_head.TokenQuery | None = None) -> Array:
     h = x.shape[-1]
     mod = Dense((2 * h,), ('cond', 'embed'), kernel_init=zeros_init, bias_init=zeros_init,
                 dtype=self.dtype, out_dtype=jnp.float32, name='adaLN_modulation')(c)
     shift, scale = jnp.split(mod, 2, axis=-1)
     z = modulate(LayerNorm(name='norm_final')(x), shift, scale)
     if tied_embedding is None:
-      return Dense((self.out_features,), ('embed', self.out_name), kernel_init=zeros_init,
-                   bias_init=zeros_init, dtype=self.dtype, out_dtype=jnp.float32,
-                   name='linear')(z)
-    bias = self.param('bias', nn.with_logical_partitioning(zeros_init, (self.out_name,)),
-                      (self.out_features,), jnp.float32)
-    logits = jnp.einsum('blh,vh->blv', z.astype(self.dtype), tied_embedding.astype(self.dtype),
-                        preferred_element_type=jnp.float32)
-    return logits + bias
+      proj = LinearWeights((self.out_features,), ('embed', self.out_name),
+                           kernel_init=zeros_init, bias_init=zeros_init, name='linear')(h)
+    else:
+      bias = self.param('bias', nn.with_logical_partitioning(zeros_init, (self.out_name,)),
+                        (self.out_features,), jnp.float32)
+      proj = token_head.Projection(tied_embedding, bias, vocab_major=True)
+    if query is not None:
+      return token_head.selected_nll(z, proj, query, self.dtype)
+    return token_head.logits(z, proj, self.dtype)
 
 
 def constrain(x: Array, names: LogicalNames) -> Array:

@@ -115,12 +115,12 @@ def with_given_state(apply_fn: ApplyFn, given: jax.Array, num_levels: int) -> Ap
   h_g = num_levels + 1
 
   def wrapped(tokens: jax.Array, levels: jax.Array, t: jax.Array, *, heads: tuple[str, ...],
-              token_levels: jax.Array | None = None) -> Mapping[str, jax.Array]:
+              token_levels: jax.Array | None = None, **kwargs: Any) -> Mapping[str, jax.Array]:
     chex.assert_equal_shape((given, levels))
     levels = jnp.where(given, jnp.asarray(h_g, levels.dtype), levels)
     if token_levels is not None:
       token_levels = jnp.where(given, jnp.asarray(h_g, token_levels.dtype), token_levels)
-    return apply_fn(tokens, levels, t, heads=heads, token_levels=token_levels)
+    return apply_fn(tokens, levels, t, heads=heads, token_levels=token_levels, **kwargs)
 
   return wrapped
 
@@ -246,6 +246,12 @@ class Process(abc.ABC):
     """Every state position i can take under q(· | x0): clean [..., L] -> [..., L, S]."""
 
   # ------------------------------------------------------------------------ loss and bound
+
+  def for_devices(self, num_devices: int) -> Process:
+    """The process as the train step on a mesh of `num_devices` devices runs it (settings that
+    depend on the mesh are resolved here; e.g. HMDLM's `loss.token_rows`). Default: itself."""
+    del num_devices
+    return self
 
   @property
   def uses_target(self) -> bool:

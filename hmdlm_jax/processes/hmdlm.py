@@ -27,6 +27,7 @@ loss positions of the batch (same minimiser g = the posterior of the level; no Î
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Any, ClassVar, Mapping
 
 import chex
@@ -36,6 +37,7 @@ import numpy as np
 
 from hmdlm_jax.config import LossConfig
 from hmdlm_jax.config import SampleConfig
+from hmdlm_jax.models import token_head
 from hmdlm_jax.processes import base
 from hmdlm_jax.processes import hmdlm_sampler
 from hmdlm_jax.processes import parameterization
@@ -186,22 +188,30 @@ def diffusion_loss(apply_fn: ApplyFn, batch: Mapping[str, Any], key: jax.Array,
   t = base.sample_times(k_t, tokens.shape[0], t_min=cfg.t_min, antithetic=cfg.antithetic)
   xt, ht, masked = corrupt(k_mask, tokens, levels, given, t, schedule, mask_id=cfg.mask_id)
   hazard = schedule.hazard(t)  # [B, K]
+  sel = masked & loss_mask
+  # The token head's reading: -log f[x0] at every position from dense logits, or at `sel` only.
+  if cfg.token_rows == 'selected':
+    token_head_name, query = 'token_nll', token_head.TokenQuery(tokens, sel, cfg.mask_id)
+  else:
+    token_head_name, query = 'token', None
+  token_call = functools.partial(apply_fn, token_query=query) if query is not None else apply_fn
   if cfg.num_levels == 1:
     level_logp = jnp.zeros(tokens.shape + (1,), jnp.float32)
-    token_logits = apply_fn(xt, ht, t, heads=('token',))['token']
+    token_out = token_call(xt, ht, t, heads=(token_head_name,))[token_head_name]
   elif cfg.variant == 'two_pass':
     level_logp = _pass1(apply_fn, xt, ht, t, schedule, cfg)
     hs = reveal_levels(k_rev, levels, ht, masked, t, schedule, step=1.0 / cfg.train_steps_T)
-    token_logits = apply_fn(xt, hs, t, heads=('token',))['token']
+    token_out = token_call(xt, hs, t, heads=(token_head_name,))[token_head_name]
   else:
-    out = apply_fn(xt, ht, t, heads=('hier', 'token'), token_levels=jnp.where(masked, levels, ht))
+    out = token_call(xt, ht, t, heads=('hier', token_head_name),
+                     token_levels=jnp.where(masked, levels, ht))
     level_logp = parameterization.level_log_probs(out['hier'], t, schedule,
                                                   prior_corrected=cfg.prior_corrected)
-    token_logits = out['token']
-  tok_nll = parameterization.token_nll(token_logits, tokens, mask_id=cfg.mask_id)
+    token_out = out[token_head_name]
+  tok_nll = (token_out if query is not None
+             else parameterization.token_nll(token_out, tokens, mask_id=cfg.mask_id))
   terms = loss_terms(tok_nll, level_logp, levels, masked, loss_mask, hazard)
   lm, hier, cons = (base.token_weighted_mean(terms[k], loss_mask) for k in ('lm', 'hier', 'cons'))
-  sel = masked & loss_mask
   level_ce = level_cross_entropy(level_logp, levels, sel)
   if cfg.hier_objective == 'cross_entropy':
     loss = lm + cfg.beta_hier * level_ce
@@ -333,6 +343,18 @@ class HMDLM(base.Process):
 
   def __post_init__(self) -> None:
     _check(self.schedule, self.cfg)
+
+  def for_devices(self, num_devices: int) -> HMDLM:
+    """`loss.token_rows` resolved: 'auto' -> 'selected' on one device, 'all' on more."""
+    rows = self.cfg.token_rows
+    if rows == 'selected' and num_devices > 1:
+      raise ValueError(f"loss.token_rows='selected' sorts the rows of the whole batch and runs on "
+                       f'one device; this mesh has {num_devices}: set loss.token_rows to '
+                       "'auto' or 'all'.")
+    if rows != 'auto':
+      return self
+    rows = 'selected' if num_devices == 1 else 'all'
+    return dataclasses.replace(self, cfg=dataclasses.replace(self.cfg, token_rows=rows))
 
   @property
   def num_levels(self) -> int:
