@@ -123,7 +123,6 @@ def judge_data_config(config: ml_collections.ConfigDict, judge: JudgeConfig
     if rows > 1:  # MultiMDM's masks -> the tokenizer's rows + its MASK row (never used here)
       c.model.vocab_size = c.model.vocab_size - rows + 1
       c.model.mask_id = -1
-      c.sample.ordering = 'ancestral'
     c.process.kind = 'mdlm'
   return config_lib.resolve(c)
 

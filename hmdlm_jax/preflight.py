@@ -37,7 +37,6 @@ import ml_collections
 
 from hmdlm_jax import checkpoint as ckpt_lib
 from hmdlm_jax import config as config_lib
-from hmdlm_jax import convert_mdlm
 from hmdlm_jax import models
 from hmdlm_jax import processes
 from hmdlm_jax import sharding
@@ -107,19 +106,8 @@ def check_resume(config: ml_collections.ConfigDict, workdir: str, *,
 def check_init(config: ml_collections.ConfigDict) -> None:
   """init.mdlm_checkpoint / init.workdir (when set) is readable and fits the model's parameters
   (a warm start across processes, hmdlm_jax/warm_start.py, maps the vocabulary rows first)."""
-  if warm_start.handles(config):
+  if warm_start.requested(config):
     warm_start.check(config)
-    return
-  path = config.init.mdlm_checkpoint
-  if not path:
-    return
-  model = models.build_model(config.model)
-  shapes = {k: tuple(v.shape) for k, v in convert_mdlm.flatten(
-      models.abstract_params(model, int(config.model.seq_len))).items()}
-  try:
-    convert_mdlm.check_shapes(shapes, convert_mdlm.pretrained_shapes(path))
-  except ValueError as e:
-    raise ValueError(f'init.mdlm_checkpoint={path!r}: {e}') from None
 
 
 def check_checkpoint(config: ml_collections.ConfigDict, workdir: str, step: int | None) -> int:

@@ -50,7 +50,6 @@ from absl import logging
 from hmdlm_jax import accumulate
 from hmdlm_jax import checkpoint as ckpt_lib
 from hmdlm_jax import config as config_lib
-from hmdlm_jax import convert_mdlm
 from hmdlm_jax import metrics as metrics_lib
 from hmdlm_jax import models
 from hmdlm_jax import optim
@@ -156,32 +155,9 @@ def create_train_state(config: ml_collections.ConfigDict, mesh: jax.sharding.Mes
   _, sh = state_shardings(config, model, mesh, optimizer)
   with shd.mesh_context(mesh):
     state = jax.jit(lambda: _init_state(config, model, optimizer), out_shardings=sh)()
-  if warm_start.handles(config):  # init.workdir, or MDLM -> MultiMDM (docs/method.md §13.2)
+  if warm_start.requested(config):  # init.workdir / init.mdlm_checkpoint (docs/method.md §13.2)
     state = warm_start.apply(config, state, sh)
-  elif config.init.mdlm_checkpoint:
-    state = _load_mdlm_backbone(state, sh, config.init.mdlm_checkpoint)
   return state, sh
-
-
-def _load_mdlm_backbone(state: TrainState, sh: TrainState, path: str) -> TrainState:
-  """Replaces the backbone (and token head) by MDLM weights (config `init.mdlm_checkpoint`).
-
-  The level table and hierarchy head keep their fresh values; EMA starts from the merged weights;
-  Adam's moments are zero either way. Every process reads the file and places its own shards.
-  """
-  fresh = multihost_utils.process_allgather(state.params, tiled=True)
-  try:
-    merged = convert_mdlm.init_from_mdlm(fresh, path)
-  except ValueError as e:
-    raise ValueError(f'init.mdlm_checkpoint: {e}') from e
-
-  def place(x: np.ndarray, s: jax.sharding.Sharding) -> jax.Array:
-    x = np.asarray(x)
-    return jax.make_array_from_callback(x.shape, s, lambda idx: x[idx])
-
-  params = jax.tree.map(place, merged, sh.params)
-  logging.info('Initialised the backbone from the MDLM checkpoint %s.', path)
-  return state.replace(params=params, ema_params=jax.tree.map(jnp.copy, params))
 
 
 def restore_for_eval(config: ml_collections.ConfigDict, workdir: str, step: int | None = None

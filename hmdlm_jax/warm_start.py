@@ -11,8 +11,12 @@ this module (docs/method.md §13.2):
   raw ones) are read with Orbax (no TrainState of that run is rebuilt).
 * `init.mdlm_checkpoint = FILE` for a MultiMDM config: a converted MDLM PyTorch checkpoint (.npz of
   hmdlm_jax/convert_mdlm.py, or the MDLM file itself, converted on the fly); its MASK row is
-  `init.mdlm_mask_id` (-1: the last row; MDLM's LM1B release reuses BERT's [MASK], 103). HMDLM
-  configs keep train.py's own backbone merge for that field.
+  `init.mdlm_mask_id` (-1: the last row; MDLM's LM1B release reuses BERT's [MASK], 103).
+* `init.mdlm_checkpoint = FILE` for a config with one noise row (MDLM, HMDLM, HDLM, MultiMDM with
+  M = 1): MDLM's own layout, merged by `convert_mdlm.init_from_mdlm`; the level table and the
+  hierarchy head (which MDLM lacks) keep their fresh values.
+This module is the one place that initialises parameters from elsewhere (train.create_train_state
+and preflight call `apply` / `check` whenever `init.workdir` or `init.mdlm_checkpoint` is set).
 
 Layout mapping, leaf by leaf (the leaves with a 'vocab' logical axis are the token embedding and
 the token head; `models.logical_specs` says which axis): a destination row that is a word takes
@@ -58,10 +62,15 @@ def layout_of(config: ml_collections.ConfigDict) -> Layout:
   return Layout(int(config.model.vocab_size), config_lib.noise_ids(config))
 
 
-def handles(config: ml_collections.ConfigDict) -> bool:
-  """Whether `create_train_state` hands the initialisation to this module: a run directory, or a
-  converted MDLM file into a table with several noise rows (MultiMDM's masks: the MASK row is
-  copied into each); one noise row is MDLM's own layout (train._load_mdlm_backbone)."""
+def requested(config: ml_collections.ConfigDict) -> bool:
+  """Whether the config initialises from elsewhere (`init.workdir` or `init.mdlm_checkpoint`)."""
+  return bool(config.init.workdir) or bool(config.init.mdlm_checkpoint)
+
+
+def maps_rows(config: ml_collections.ConfigDict) -> bool:
+  """Whether the source's vocabulary rows are mapped leaf by leaf (`adapt`): a run directory, or
+  an MDLM file into a table with several noise rows (MultiMDM's masks: the MASK row is copied into
+  each). One noise row is MDLM's own layout: `convert_mdlm.init_from_mdlm` merges it."""
   return bool(config.init.workdir) or (bool(config.init.mdlm_checkpoint)
                                        and config_lib.num_noise_rows(config) > 1)
 
@@ -223,6 +232,16 @@ def check(config: ml_collections.ConfigDict) -> None:
   and fits the model (shapes only: Orbax metadata / `convert_mdlm.pretrained_shapes`)."""
   config = config_lib.resolve(config)
   ini = config.init
+  model = models.build_model(config.model)
+  seq_len = int(config.model.seq_len)
+  if not maps_rows(config):  # MDLM's own layout
+    shapes = {k: tuple(v.shape) for k, v in convert_mdlm.flatten(
+        models.abstract_params(model, seq_len)).items()}
+    try:
+      convert_mdlm.check_shapes(shapes, convert_mdlm.pretrained_shapes(ini.mdlm_checkpoint))
+    except ValueError as e:
+      raise ValueError(f'init.mdlm_checkpoint={ini.mdlm_checkpoint!r}: {e}') from None
+    return
   if ini.workdir:
     shapes, src = workdir_shapes(ini.workdir, use_ema=bool(ini.use_ema))
     what = f'init.workdir={ini.workdir!r}'
@@ -238,8 +257,6 @@ def check(config: ml_collections.ConfigDict) -> None:
       raise ValueError(f"init.mdlm_mask_id={ini.mdlm_mask_id} is outside the checkpoint's "
                        f'{vocab} rows.')
     src = Layout(vocab, (row,))
-  model = models.build_model(config.model)
-  seq_len = int(config.model.seq_len)
   try:
     check_fit(_shapes(models.abstract_params(model, seq_len)), shapes,
               vocab_axes_of(model, seq_len), src, layout_of(config))
@@ -252,6 +269,11 @@ def load(config: ml_collections.ConfigDict, fresh: PyTree) -> tuple[PyTree, str]
   config = config_lib.resolve(config)
   dst = layout_of(config)
   ini = config.init
+  if not maps_rows(config):  # MDLM's own layout: backbone and token head, hierarchy kept fresh
+    try:
+      return convert_mdlm.init_from_mdlm(fresh, ini.mdlm_checkpoint), ini.mdlm_checkpoint
+    except ValueError as e:
+      raise ValueError(f'init.mdlm_checkpoint: {e}') from e
   if ini.workdir:
     source, src, step = read_workdir(ini.workdir, use_ema=bool(ini.use_ema))
     what = f'{ini.workdir} (step {step}, {"EMA" if ini.use_ema else "raw"} parameters)'
@@ -269,12 +291,13 @@ def load(config: ml_collections.ConfigDict, fresh: PyTree) -> tuple[PyTree, str]
 def apply(config: ml_collections.ConfigDict, state: Any, shardings: Any) -> Any:
   """`state` (a TrainState) with params and EMA replaced by the warm start, in their shardings.
 
-  Every process reads the source and places its own shards (as train.py's MDLM merge does).
+  Every process reads the source and places its own shards.
   """
   fresh = multihost_utils.process_allgather(state.params, tiled=True)
   params, what = load(config, jax.tree.map(np.asarray, fresh))
 
   def place(x: np.ndarray, s: jax.sharding.Sharding) -> jax.Array:
+    x = np.asarray(x)
     return jax.make_array_from_callback(x.shape, s, lambda idx: x[idx])
 
   params = jax.tree.map(place, params, shardings.params)

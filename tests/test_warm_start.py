@@ -112,7 +112,7 @@ def test_one_mask_multimdm_loads_a_converted_checkpoint_as_mdlm(mdlm_run, tmp_pa
   cfg = _multimdm_config(str(tmp_path), mdlm_checkpoint=path)
   cfg.process.multimdm.num_masks = 1
   cfg.model.vocab_size = WORDS + 1
-  assert not warm_start.handles(config_lib.resolve(cfg))
+  assert not warm_start.maps_rows(config_lib.resolve(cfg))
   state = _state(cfg)
   for k, v in _flat(src).items():
     np.testing.assert_array_equal(_flat(state.params)[k], v, err_msg=k)
