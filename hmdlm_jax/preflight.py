@@ -140,9 +140,11 @@ def check(mode: str, config: ml_collections.ConfigDict, workdir: str, *,
   config = config_lib.resolve(config)
   task = tasks.get(config)
   task.validate(config)
-  processes.build(config)
   train.validate_config(config)
   sharding.resolve_mesh_shape(config.mesh, jax.device_count())
+  # The process as the train step will run it on this mesh (e.g. loss.token_rows='selected' is
+  # refused on several devices here, before anything is written).
+  processes.build(config).for_devices(jax.device_count())
   workdir = os.path.abspath(workdir)
   if mode == 'train':
     extra = [f for f, v in (('--step', step is not None), ('--out', out),

@@ -234,11 +234,10 @@ def check(config: ml_collections.ConfigDict) -> None:
   ini = config.init
   model = models.build_model(config.model)
   seq_len = int(config.model.seq_len)
+  fresh = _shapes(models.abstract_params(model, seq_len))
   if not maps_rows(config):  # MDLM's own layout
-    shapes = {k: tuple(v.shape) for k, v in convert_mdlm.flatten(
-        models.abstract_params(model, seq_len)).items()}
     try:
-      convert_mdlm.check_shapes(shapes, convert_mdlm.pretrained_shapes(ini.mdlm_checkpoint))
+      convert_mdlm.check_shapes(fresh, convert_mdlm.pretrained_shapes(ini.mdlm_checkpoint))
     except ValueError as e:
       raise ValueError(f'init.mdlm_checkpoint={ini.mdlm_checkpoint!r}: {e}') from None
     return
@@ -258,8 +257,7 @@ def check(config: ml_collections.ConfigDict) -> None:
                        f'{vocab} rows.')
     src = Layout(vocab, (row,))
   try:
-    check_fit(_shapes(models.abstract_params(model, seq_len)), shapes,
-              vocab_axes_of(model, seq_len), src, layout_of(config))
+    check_fit(fresh, shapes, vocab_axes_of(model, seq_len), src, layout_of(config))
   except ValueError as e:
     raise ValueError(f'{what}: {e}') from None
 

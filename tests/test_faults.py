@@ -351,6 +351,20 @@ def test_check_ordering_modes_in_preflight(tmp_path, mode):
   assert not os.path.exists(workdir)
 
 
+def test_selected_token_rows_on_several_devices_is_refused_before_writing(tmp_path, monkeypatch):
+  # The count of devices preflight sees (the mesh resolves to all of them): 8, as on a pod host.
+  monkeypatch.setattr(preflight.jax, 'device_count', lambda: 8)
+  config = tiny_test.get_config()
+  config.mesh.data = 8
+  workdir = str(tmp_path / 'run')
+  config.loss.token_rows = 'auto'  # resolves to 'all' on 8 devices
+  assert preflight.check('train', config, workdir).step is None
+  config.loss.token_rows = 'selected'
+  with pytest.raises(ValueError, match="loss.token_rows='selected'.*this mesh has 8"):
+    preflight.check('train', config, workdir)
+  assert not os.path.exists(workdir)
+
+
 def _long_line_corpus(tmp_path, words: int) -> tuple[Any, str]:
   corpus = tmp_path / 'corpus.txt'
   normal = [f'line number {i} of a small corpus about shakespeare' for i in range(40)]
