@@ -100,6 +100,10 @@ def get_base_config() -> ml_collections.ConfigDict:
   # Given cells (Sudoku clues, prompts) carry their own input state h_g = K+1 instead of their
   # level: the level tables get a (K+2)-th row (docs/design.md). False: givens show their level.
   m.given_state = False
+  # Sudoku only: add each cell's candidate digits, candidate count and hidden singles, computed
+  # from the revealed digits of the input grid, through zero-init projections (to the input and,
+  # with hier_input_embed, to the hierarchy pathway; models/sudoku_candidates.py).
+  m.sudoku_candidates = False
   m.dtype = 'float32'  # compute dtype: 'float32' | 'bfloat16'; parameters stay float32
 
   # Per-level schedule (docs/method.md §2).

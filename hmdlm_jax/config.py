@@ -95,6 +95,7 @@ class ModelConfig:
   hier_readout: str = 'head'
   hier_width: int = 0
   cluster_head: int = 0  # outputs of HDLM's auxiliary cluster head (derived; 0 = none)
+  sudoku_candidates: bool = False
 
   @classmethod
   def from_config(cls, config: ml_collections.ConfigDict) -> ModelConfig:
@@ -123,7 +124,8 @@ class ModelConfig:
                                                      get('extra_vocab_rows', None) or 0)
     values['dropout'] = _check_number('model.dropout', values['dropout'], lo=0.0, hi=1.0)
     for name in ('time_conditioning', 'tie_embeddings', 'hier_stop_gradient',
-                 'hier_time_conditioning', 'hier_input_embed', 'given_state'):
+                 'hier_time_conditioning', 'hier_input_embed', 'given_state',
+                 'sudoku_candidates'):
       _check_bool(f'model.{name}', values[name])
     _check_int('model.hier_layers', values['hier_layers'], minimum=0)
     _check_int('model.hier_repeats', values['hier_repeats'], minimum=1)
@@ -170,6 +172,11 @@ class ModelConfig:
                 'num_heads')
     if self.dtype not in COMPUTE_DTYPES:
       raise bad('dtype', f'allowed {COMPUTE_DTYPES}')
+    if self.sudoku_candidates and (self.seq_len, self.vocab_size, self.mask_id) != (
+        SUDOKU_CELLS, 10, 9):
+      raise bad('sudoku_candidates', 'the candidate features need a Sudoku grid: model.seq_len '
+                '= 81, vocab_size = 10 and mask_id = 9 (tokens 0..8 = digits 1..9; '
+                f'got {self.seq_len}, {self.vocab_size}, {self.mask_id})')
 
 
 @dataclasses.dataclass(frozen=True)

@@ -49,7 +49,8 @@ def build_model(cfg_model: Any) -> nn.Module:
       hier_stop_gradient=cfg.hier_stop_gradient, hier_layers=cfg.hier_layers,
       hier_repeats=cfg.hier_repeats, hier_time_conditioning=cfg.hier_time_conditioning,
       hier_input_embed=cfg.hier_input_embed, given_state=cfg.given_state,
-      hier_readout=cfg.hier_readout, hier_width=cfg.hier_width, cluster_head=cfg.cluster_head)
+      hier_readout=cfg.hier_readout, hier_width=cfg.hier_width, cluster_head=cfg.cluster_head,
+      sudoku_candidates=cfg.sudoku_candidates)
 
 
 def heads_salt(heads: tuple[str, ...]) -> int:
@@ -129,7 +130,8 @@ def count_params(params: Params) -> int:
 # Top-level parameter names -> report group.
 _GROUPS: dict[str, str] = {
     'vocab_embed': 'token embedding', 'wte': 'token embedding',
-    'position': 'position embedding', 'sigma_map': 'time embedding', 'time_proj': 'time embedding',
+    'position': 'position embedding', 'candidate_proj': 'candidate features',
+    'sigma_map': 'time embedding', 'time_proj': 'time embedding',
     'ln_f': 'final norm', 'output_layer': 'token head', 'lm_head': 'token head',
     'level_embed': 'level table', 'token_level_embed': 'token-level table',
     'hier_layer': 'hierarchy head', 'hier_head': 'hierarchy head',
@@ -138,7 +140,7 @@ _GROUPS: dict[str, str] = {
 # The parts beyond the MDLM backbone ('hmdlm extras'; HDLM's auxiliary cluster head counts too).
 _HMDLM_GROUPS = ('level table', 'token-level table', 'hierarchy trunk', 'hierarchy head',
                  'cluster head')
-_GROUP_ORDER = ('token embedding', 'position embedding', 'time embedding', 'transformer blocks',
+_GROUP_ORDER = ('token embedding', 'position embedding', 'candidate features', 'time embedding', 'transformer blocks',
                 'final norm', 'token head') + _HMDLM_GROUPS
 
 
@@ -146,7 +148,7 @@ def _group(name: str) -> str:
   if name.startswith('blocks_') or name.startswith('h_'):
     return 'transformer blocks'
   if hierarchy.is_hierarchy_param(name) and name not in _GROUPS:
-    return 'hierarchy trunk'  # hier_blocks_i, hier_time_*, hier_level_embed (hierarchy.py)
+    return 'hierarchy trunk'  # hier_blocks_i, hier_time_*, hier_level_embed, hier_candidate_proj
   if name not in _GROUPS:
     raise KeyError(f'parameter {name!r} has no report group')
   return _GROUPS[name]

@@ -3,9 +3,12 @@
 `HierarchicalBackbone` is the call contract shared by the DiT and GPT-2 backbones:
 
   x = E_tok[tokens] (+ W_lvl[levels] if K > 1) (+ absolute positions unless rotary)     [B, L, H]
+  x += W_cand · cand(tokens)                       if sudoku_candidates (zero-init Linear)
   x, c = trunk(x, t)                               backbone-specific: time conditioning, blocks
   hx, hc = x, c                                    stop-gradient'ed if hier_stop_gradient
   hx += W_hin[levels]                              if hier_input_embed (own input-state table)
+       (+ W_hcand · cand(givens)                    and sudoku_candidates; givens = all revealed
+                                                    cells unless given_state)
   hx += Linear(SiLU(embedding of t))               if hier_time_conditioning (zero-init Linear)
   hx = (hier_blocks_0 .. hier_blocks_{N-1})^R (hx) hierarchy trunk: N = hier_layers, R = hier_repeats
                                                    (at width hier_width between two projections)
@@ -39,6 +42,7 @@ import jax
 import jax.numpy as jnp
 
 from hmdlm_jax.models import layers
+from hmdlm_jax.models import sudoku_candidates
 from hmdlm_jax.models import sudoku_positions
 from hmdlm_jax.models import token_head
 
@@ -148,6 +152,7 @@ class HierarchicalBackbone(nn.Module):
   hier_readout: str = 'head'  # 'head' (the backbone's level head) | 'rounds' (_round_readout)
   hier_width: int = 0  # width of the trunk's blocks (0 = hidden_size); projections in and out
   cluster_head: int = 0  # n outputs of HDLM's auxiliary cluster head (0 = no such head)
+  sudoku_candidates: bool = False  # add the grid's candidate features (sudoku_candidates.py)
 
   # Parameter name of the input token table ('vocab_embed' in MDLM's DiT, 'wte' in GPT-2).
   token_embed_name: ClassVar[str] = 'vocab_embed'
@@ -213,6 +218,10 @@ class HierarchicalBackbone(nn.Module):
       # Zero-init: the network starts as its MDLM twin and learns to use the levels (dit.py).
       x = x + layers.Embed(self.num_input_states, self.hidden_size, ('levels', 'embed'),
                            layers.zeros_init, name='level_embed')(levels)
+    cand = None
+    if self.sudoku_candidates:  # zero-init: the network starts as it would without them
+      cand = sudoku_candidates.candidate_features(tokens)
+      x = x + self._candidate_proj('candidate_proj', cand)
     rope = None
     if self.position_embedding == 'rotary':  # applied to q, k inside the trunk's attention
       rope = layers.rotary_cos_sin(l, self.hidden_size // self.num_heads)
@@ -227,7 +236,7 @@ class HierarchicalBackbone(nn.Module):
         # L_hier and L_cons then train the head only (and pass 1 needs no backward through the
         # backbone); the backbone learns from the token loss alone.
         hx, hc = jax.lax.stop_gradient(x), jax.lax.stop_gradient(c)
-      hx, hc, per_round = self._hier_trunk(hx, hc, levels, t, rope, train)
+      hx, hc, per_round = self._hier_trunk(hx, hc, tokens, levels, t, rope, train, cand)
       out['hier'] = (self._round_readout(per_round) if self.hier_readout == 'rounds'
                      else head.hier(hx, hc))
     if 'token' in heads or 'token_nll' in heads:
@@ -244,8 +253,8 @@ class HierarchicalBackbone(nn.Module):
       out['cluster'] = head.cluster(x, c)
     return out
 
-  def _hier_trunk(self, hx: Array, hc: Array | None, levels: Array, t: Array,
-                  rope: tuple[Array, Array] | None, train: bool
+  def _hier_trunk(self, hx: Array, hc: Array | None, tokens: Array, levels: Array, t: Array,
+                  rope: tuple[Array, Array] | None, train: bool, cand: Array | None = None
                   ) -> tuple[Array, Array | None, list[Array]]:
     """The hierarchy pathway between the backbone features and the level head (all optional).
 
@@ -256,6 +265,11 @@ class HierarchicalBackbone(nn.Module):
     if self.hier_input_embed:  # the pathway's own view of the input states (given / masked / level)
       hx = hx + layers.Embed(self.num_input_states, self.hidden_size, ('levels', 'embed'),
                              layers.zeros_init, name='hier_level_embed')(levels)
+      if cand is not None:  # and its own view of the candidate features: from the givens
+        if self.given_state:  # alone when it knows them, as the labeller computes the levels
+          givens = jnp.where(levels == self.num_levels + 1, tokens, sudoku_candidates.BLANK)
+          cand = sudoku_candidates.candidate_features(givens)
+        hx = hx + self._candidate_proj(f'{HIER_PREFIX}candidate_proj', cand)
     if self.hier_time_conditioning:  # zero-init projection of its own time embedding, added
       ct = nn.silu(layers.TimestepEmbedder(self.cond_dim, name='hier_time_embed')(t))
       hx = hx + layers.Dense((self.hidden_size,), ('cond', 'embed'), kernel_init=layers.zeros_init,
@@ -304,6 +318,12 @@ class HierarchicalBackbone(nn.Module):
     decided = log_p + survive  # round r -> level K - r
     level0 = jnp.sum(log_q, axis=-1, keepdims=True)
     return jnp.concatenate([level0, decided[..., ::-1]], axis=-1)  # levels 0, 1, .., K-1
+
+  def _candidate_proj(self, name: str, cand: Array) -> Array:
+    """Zero-init Linear of the candidate features [B, L, 28] -> float32 [B, L, H]."""
+    return layers.Dense((self.hidden_size,), (None, 'embed'), kernel_init=layers.zeros_init,
+                        bias_init=layers.zeros_init, dtype=self.compute_dtype,
+                        out_dtype=jnp.float32, name=name)(cand)
 
   def _positions(self, length: int) -> Array:
     """The absolute position embedding 'position' -> float32 [length, H]."""

@@ -1,0 +1,64 @@
+"""Sudoku candidate features of the input grid (model.sudoku_candidates, issue 11).
+
+Why: the Sudoku levels are rounds of naked + hidden singles from the clues (docs/method.md §6).
+A transformer has to find, for every blank cell, which digits its 20 peers already hold before it
+can recognise even round 1, and the level head measured at 0.61–0.67 accuracy (prior 0.61)
+without that. These features hand the network one step of that reasoning, computed exactly from
+the grid it is given (no labels, no search): from the revealed digits of the input (tokens 0..8;
+the mask token 9 counts as blank),
+
+  cand[c, d]   = 1 if digit d is in none of cell c's peers (same row, column or box) and c is blank
+  count[c]     = Σ_d cand[c, d] (one-hot over 0..9: count 1 is a naked single)
+  hidden[c, d] = cand[c, d] and c is the only cell of one of its three units with candidate d
+
+-> float32 [B, 81, 28] = [cand (9) | one-hot count (10) | hidden (9)]. The input reads them from
+every revealed cell; the hierarchy pathway (with model.hier_input_embed) from the givens alone
+when model.given_state marks them, as the labeller computes the levels (models/hierarchy.py).
+Rounds 2 and later (the other levels) still have to be computed by the network. A blank cell is
+determined in round 1 exactly when count[c] == 1 or any hidden[c, :]
+(tests/test_sudoku_candidates.py checks this against the labeller of data/sudoku.py).
+"""
+
+from __future__ import annotations
+
+import chex
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from hmdlm_jax.models import sudoku_positions
+
+Array = jax.Array
+
+NUM_DIGITS = 9
+BLANK = NUM_DIGITS  # any token >= 9 is blank (9 is the Sudoku MASK)
+NUM_FEATURES = NUM_DIGITS + (NUM_DIGITS + 1) + NUM_DIGITS  # cand | one-hot count | hidden
+
+
+def _tables() -> tuple[np.ndarray, np.ndarray]:
+  """Peers [81, 81] (same row, column or box, not the cell itself) and units [27, 81] (0/1)."""
+  rel = sudoku_positions.sudoku_relations()
+  peers = ((rel > 0) & (rel < 7)).astype(np.float32)
+  row, col, box = sudoku_positions.sudoku_cells()
+  units = np.zeros((27, sudoku_positions.SUDOKU_LEN), np.float32)
+  for offset, ids in ((0, row), (9, col), (18, box)):
+    units[offset + ids, np.arange(sudoku_positions.SUDOKU_LEN)] = 1.0
+  return peers, units
+
+
+def candidate_features(tokens: Array) -> Array:
+  """tokens int [B, 81] (0..8 = digits 1..9, anything else = blank) -> float32 [B, 81, 28]."""
+  chex.assert_rank(tokens, 2)
+  if tokens.shape[1] != sudoku_positions.SUDOKU_LEN:
+    raise ValueError(f'model.sudoku_candidates needs 81 cells per grid, got {tokens.shape[1]}')
+  peers, units = (jnp.asarray(a) for a in _tables())
+  placed = jax.nn.one_hot(tokens, NUM_DIGITS, dtype=jnp.float32)  # [B, 81, 9]; blanks -> 0
+  blank = 1.0 - jnp.sum(placed, axis=-1, keepdims=True)  # [B, 81, 1]
+  seen = jnp.einsum('cp,bpd->bcd', peers, placed)  # how many peers hold digit d
+  cand = jnp.where(seen > 0, 0.0, 1.0) * blank
+  count = jnp.sum(cand, axis=-1).astype(jnp.int32)  # [B, 81]
+  per_unit = jnp.einsum('uc,bcd->bud', units, cand)  # [B, 27, 9]: cells of unit u with cand d
+  only = jnp.einsum('uc,bud->bcd', units, (per_unit == 1).astype(jnp.float32))
+  hidden = cand * (only > 0)
+  return jnp.concatenate([cand, jax.nn.one_hot(count, NUM_DIGITS + 1, dtype=jnp.float32),
+                          hidden], axis=-1)
