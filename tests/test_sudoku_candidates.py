@@ -37,7 +37,8 @@ def _np_features(tokens: np.ndarray) -> np.ndarray:
     for i in range(81):
       if grid[i] < 9:
         continue
-      peers = [j for j in range(81) if j != i and (r[j] == r[i] or c[j] == c[i] or box[j] == box[i])]
+      peers = [j for j in range(81)
+               if j != i and (r[j] == r[i] or c[j] == c[i] or box[j] == box[i])]
       held = {int(grid[j]) for j in peers if grid[j] < 9}
       cand[i] = [d not in held for d in range(9)]
     hidden = np.zeros((81, 9), bool)

@@ -140,8 +140,8 @@ _GROUPS: dict[str, str] = {
 # The parts beyond the MDLM backbone ('hmdlm extras'; HDLM's auxiliary cluster head counts too).
 _HMDLM_GROUPS = ('level table', 'token-level table', 'hierarchy trunk', 'hierarchy head',
                  'cluster head')
-_GROUP_ORDER = ('token embedding', 'position embedding', 'candidate features', 'time embedding', 'transformer blocks',
-                'final norm', 'token head') + _HMDLM_GROUPS
+_GROUP_ORDER = ('token embedding', 'position embedding', 'candidate features', 'time embedding',
+                'transformer blocks', 'final norm', 'token head') + _HMDLM_GROUPS
 
 
 def _group(name: str) -> str:
