@@ -26,7 +26,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from hmdlm_jax.models import sudoku_positions
+from hmdlm_jax.data import sudoku
 
 Array = jax.Array
 
@@ -36,22 +36,22 @@ NUM_FEATURES = NUM_DIGITS + (NUM_DIGITS + 1) + NUM_DIGITS  # cand | one-hot coun
 
 
 def _tables() -> tuple[np.ndarray, np.ndarray]:
-  """Peers [81, 81] (same row, column or box, not the cell itself) and units [27, 81] (0/1)."""
-  rel = sudoku_positions.sudoku_relations()
-  peers = ((rel > 0) & (rel < 7)).astype(np.float32)
-  row, col, box = sudoku_positions.sudoku_cells()
-  units = np.zeros((27, sudoku_positions.SUDOKU_LEN), np.float32)
-  for offset, ids in ((0, row), (9, col), (18, box)):
-    units[offset + ids, np.arange(sudoku_positions.SUDOKU_LEN)] = 1.0
-  return peers, units
+  """Units [27, 81] and peers [81, 81] (0/1), from the labeller's own unit table."""
+  units = np.zeros((len(sudoku.UNIT_CELLS), sudoku.NUM_CELLS), np.float32)
+  np.put_along_axis(units, sudoku.UNIT_CELLS, 1.0, axis=1)
+  peers = ((units.T @ units) > 0) & ~np.eye(sudoku.NUM_CELLS, dtype=bool)
+  return units, peers.astype(np.float32)
+
+
+_UNITS, _PEERS = _tables()
 
 
 def candidate_features(tokens: Array) -> Array:
   """tokens int [B, 81] (0..8 = digits 1..9, anything else = blank) -> float32 [B, 81, 28]."""
   chex.assert_rank(tokens, 2)
-  if tokens.shape[1] != sudoku_positions.SUDOKU_LEN:
+  if tokens.shape[1] != sudoku.NUM_CELLS:
     raise ValueError(f'model.sudoku_candidates needs 81 cells per grid, got {tokens.shape[1]}')
-  peers, units = (jnp.asarray(a) for a in _tables())
+  peers, units = jnp.asarray(_PEERS), jnp.asarray(_UNITS)
   placed = jax.nn.one_hot(tokens, NUM_DIGITS, dtype=jnp.float32)  # [B, 81, 9]; blanks -> 0
   blank = 1.0 - jnp.sum(placed, axis=-1, keepdims=True)  # [B, 81, 1]
   seen = jnp.einsum('cp,bpd->bcd', peers, placed)  # how many peers hold digit d
