@@ -85,3 +85,20 @@ def test_summary_ratios_are_per_round():
   assert s['ours_mdlm']['ratio_to_best_reference'] == pytest.approx(1.75)
   assert s['md4']['ratio_to_baseline'] == pytest.approx(0.5)
   assert s['ours_mdlm']['sys_share'] == pytest.approx(0.1 / 1.1)
+
+
+@pytest.mark.parametrize('shape', sorted(side_by_side.SHAPES))
+def test_ceiling_gemms_are_the_steps_matmul_flops(shape):
+  """benchmarks/ceiling.py's product list carries exactly the step's matrix FLOPs: the explicit
+  count of benchmarks/flops.py with the token head at half of the rows plus its backward
+  recompute (models/token_head.py), so the floor it prints times every product once."""
+  from benchmarks import ceiling  # pylint: disable=g-import-not-at-top
+  from benchmarks import flops  # pylint: disable=g-import-not-at-top
+  from benchmarks import train_step  # pylint: disable=g-import-not-at-top
+  _, h, _, _, _, v, b, length = side_by_side.SHAPES[shape]
+  config = train_step.shape_config(shape, 'mdlm', 'float32', batch_size=b)
+  assert config.model.vocab_size == v
+  dense = flops.train_step_flops(config.model, b).train_step
+  head = 2 * h * v  # one row of the token head's product
+  expected = dense - 3 * b * length * head + 4 * (b * length // 2) * head
+  assert ceiling.gemm_flops(ceiling.gemms(shape)) == expected
