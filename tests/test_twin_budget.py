@@ -1,0 +1,66 @@
+"""scripts/twin_budget.py (issue 11): reading runs, the seed table, the commands; scripts/stats.py."""
+
+import json
+import math
+import os
+import sys
+
+import numpy as np
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, REPO)
+
+from scripts import stats  # pylint: disable=g-import-not-at-top,wrong-import-position
+from scripts import twin_budget  # pylint: disable=g-import-not-at-top,wrong-import-position
+
+
+def test_mean_se_matches_numpy_and_is_nan_for_one_value():
+  v = [0.61, 0.58, 0.66, 0.60]
+  m, se = stats.mean_se(v)
+  assert math.isclose(m, np.mean(v))
+  assert math.isclose(se, np.std(v, ddof=1) / 2.0)
+  m1, se1 = stats.mean_se([0.5])
+  assert m1 == 0.5 and math.isnan(se1)
+
+
+def _write_run(wd, step, greedy, stochastic, wall):
+  os.makedirs(wd)
+  with open(os.path.join(wd, 'train_summary.json'), 'w') as f:
+    json.dump({'step': step, 'wall_time_s': wall, 'stop_reason': 'num_steps'}, f)
+  res = {'num_puzzles': 500}
+  for name, (solve, cells) in (('greedy', greedy), ('stochastic', stochastic)):
+    res[name] = {'mean': {'solve_rate': solve, 'cell_accuracy': cells}}
+  with open(os.path.join(wd, f'eval_{step}.json'), 'w') as f:
+    json.dump({'step': step, 'results': res}, f)
+
+
+def test_read_run_and_paired_table(tmp_path):
+  figs = {('hmdlm', 0): ((0.60, 0.83), (0.50, 0.78)), ('twin', 0): ((0.55, 0.81), (0.40, 0.72)),
+          ('hmdlm', 1): ((0.62, 0.84), (0.52, 0.79)), ('twin', 1): ((0.59, 0.82), (0.45, 0.75)),
+          ('hmdlm', 2): ((0.58, 0.82), (0.49, 0.77)), ('twin', 2): ((0.60, 0.83), (0.43, 0.74))}
+  runs = {m: {} for m in twin_budget.MODELS}
+  for (m, s), (g, st) in figs.items():
+    wd = str(tmp_path / f'{m}_s{s}')
+    _write_run(wd, 1200 if m == 'hmdlm' else 1600, g, st, 100.0 + s)
+    runs[m][s] = twin_budget.read_run(wd)
+  assert runs['twin'][1] == {'steps': 1600, 'train_wall_s': 101.0, 'num_puzzles': 500,
+                             'greedy_solve': 0.59, 'greedy_cells': 0.82,
+                             'stochastic_solve': 0.45, 'stochastic_cells': 0.75}
+  os.makedirs(tmp_path / 'unfinished')
+  assert twin_budget.read_run(str(tmp_path / 'unfinished')) is None
+  text = twin_budget.table(runs, [0, 1, 2, 3])  # seed 3 has no runs: left out
+  assert 'seeds with both runs: [0, 1, 2]' in text
+  diff = np.array([figs[('hmdlm', s)][0][0] - figs[('twin', s)][0][0] for s in range(3)])
+  expect = f'{100 * diff.mean():.1f} ± {100 * diff.std(ddof=1) / math.sqrt(3):.1f}'
+  paired = [line for line in text.splitlines() if line.startswith('| HMDLM − twin')][0]
+  cells = [c.strip() for c in paired.split('|')]  # '', name, steps, greedy solve, ...
+  assert cells[3] == expect  # greedy solve, paired over the seeds
+
+
+def test_commands_differ_only_in_the_twin_flags():
+  h = twin_budget.command('/w/h', 1, 500, ['model.sudoku_candidates=True'], None)
+  t = twin_budget.command('/w/t', 1, 500, ['model.sudoku_candidates=True'], 1600)
+  assert h[1:4] == ['-m', 'hmdlm_jax.main', '--config=configs/sudoku.py']
+  assert '--config.model.sudoku_candidates=True' in h and '--config.seed=1' in h
+  assert [a for a in t if a not in h] == ['--workdir=/w/t', '--config.model.num_levels=1',
+                                          '--config.train.num_steps=1600']
