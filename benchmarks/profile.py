@@ -33,6 +33,7 @@ import jax  # pylint: disable=g-import-not-at-top
 import numpy as np
 
 from benchmarks import common
+from benchmarks import patches
 from benchmarks import train_step as ts
 from hmdlm_jax import models
 from hmdlm_jax import processes
@@ -105,12 +106,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
   p.add_argument('--batch_size', type=int, default=8)
   p.add_argument('--steps', type=int, default=2)
   p.add_argument('--top', type=int, default=25)
-  p.add_argument('--patch', action='append', default=[], choices=sorted(ts.PATCHES))
+  p.add_argument('--patch', action='append', default=[], choices=sorted(patches.PATCHES))
   p.add_argument('--json', default=None)
   a = p.parse_args(argv)
   with contextlib.ExitStack() as stack:
     for name in a.patch:
-      stack.enter_context(ts.PATCHES[name]())
+      stack.enter_context(patches.PATCHES[name]())
     rec = profile(a.shape, a.mode, a.batch_size, a.steps, a.top)
   rec.update(patches=a.patch, xla_flags=os.environ.get('XLA_FLAGS', ''))
   print(f'{a.shape} {a.mode} B={a.batch_size} patches={a.patch} XLA_FLAGS='

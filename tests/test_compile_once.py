@@ -13,6 +13,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from benchmarks import compile_count
 from benchmarks import train_step as ts
 from hmdlm_jax import models
 from hmdlm_jax import config as config_lib
@@ -24,7 +25,7 @@ NUM_STEPS = 20
 
 
 def test_counter_sees_every_compilation():
-  counter = ts.compile_counter()
+  counter = compile_count.compile_counter()
   n0 = len(counter.events)
   f = jax.jit(lambda x: x * 2 + 1)
   f(jnp.ones((3,), jnp.float32))
@@ -44,7 +45,7 @@ def test_train_step_compiles_once_over_20_steps():
   model = models.build_model(config.model)
   state, shardings = train.create_train_state(config, mesh, model)
   step = train.make_train_step(config, model, processes.build(config), mesh, shardings)
-  counter = ts.compile_counter()
+  counter = compile_count.compile_counter()
   n0 = len(counter.events)
   after_first = None
   losses = []

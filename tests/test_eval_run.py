@@ -14,7 +14,7 @@ import jax
 import numpy as np
 import pytest
 
-from benchmarks import train_step as ts
+from benchmarks import compile_count
 from configs import base as base_config
 from configs import tiny_test
 from hmdlm_jax import checkpoint
@@ -138,7 +138,7 @@ def test_entry_points_from_a_checkpoint(tmp_path, capsys):
   assert 'greedy     solve' in printed and f'cell acc {pct}' in printed
   assert 'per level: L0=' in printed
   moved = state.replace(ema_params=jax.tree.map(lambda x: 0.5 * x, state.ema_params))
-  counter = ts.compile_counter()
+  counter = compile_count.compile_counter()
   n0 = len(counter.events)
   evaluator(config, moved, 8, workdir)
   assert [n for n, _ in counter.events[n0:]] == []  # new parameters, no new compilation
