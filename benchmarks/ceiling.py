@@ -37,7 +37,8 @@ _REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if _REPO not in sys.path:
   sys.path.insert(0, _REPO)
 
-from benchmarks import side_by_side as sbs  # pylint: disable=g-import-not-at-top
+from benchmarks import machine  # pylint: disable=g-import-not-at-top
+from benchmarks import side_by_side as sbs
 
 Gemm = tuple[int, int, int, int]  # (batch, m, k, n): batch × [m, k] @ [k, n]
 
@@ -176,7 +177,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
   refs = [r for r in ('md4', 'mdlm_compile') if r.split('_')[0] in trees]
   table = gemms(a.shape)
   tokens = sbs.SHAPES[a.shape][6] * sbs.SHAPES[a.shape][7]
-  result: dict[str, Any] = {'shape': a.shape, 'dims': sbs.SHAPES[a.shape],
+  result: dict[str, Any] = {'machine': machine.machine_info(_REPO), 'shape': a.shape,
+                            'dims': sbs.SHAPES[a.shape],
                             'gemm_gflop_per_step': gemm_flops(table) / 1e9, 'rounds': []}
   for rnd in range(a.rounds):
     row: dict[str, Any] = {'round': rnd}
@@ -200,9 +202,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
       msg += (f', PyTorch GEMMs {row["torch_gemm"]["seconds"]:.2f} s '
               f'({row["torch_gemm"]["gflop_per_s"]:.0f} GFLOP/s)')
     msg += (f'; optimizer {row["optimizer"]["seconds"]:.2f} s; floor {row["floor_s"]:.2f} s = '
-            f'{row["floor_tokens_per_s"]:.0f} tokens/s; ours {row["ours_mdlm"]:.0f} tokens/s')
-    for r in refs:
-      if isinstance(row[r], float):
+            f'{row["floor_tokens_per_s"]:.0f} tokens/s')
+    for r in ['ours_mdlm'] + refs:
+      if not isinstance(row[r], float):  # the child's error, e.g. 'exit 1'
+        msg += f'; {r} failed: {row[r]}'
+      elif r == 'ours_mdlm':
+        msg += f'; ours {row[r]:.0f} tokens/s'
+      else:
         msg += (f'; {r} {row[r]:.0f} tokens/s (1.3x = {1.3 * row[r]:.0f}; floor / {r} = '
                 f'{row["floor_tokens_per_s"] / row[r]:.2f})')
     lines.append(msg)
