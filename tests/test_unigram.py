@@ -137,7 +137,7 @@ def test_baseline_counts_the_rows_and_loss_positions_of_the_evaluation(tmp_path)
 
 
 def test_text_rows_and_prepared_splits(tmp_path):
-  m = _script()
+  from scripts import shakespeare_data as m
   play = 'A.\nOne two\nthree\n\nB.\nfour five six\n'
   assert m.text_rows(play) == ['A. One two three', 'B. four five six']  # one row per speech
   assert m.text_rows(play, 12) == ['A. One two', 'three B.', 'four five six']  # line boundaries
@@ -206,7 +206,7 @@ def test_wordpiece_vocabulary_is_reproducible_and_loads_like_bert(tmp_path):
   """The trained vocabulary lists bert's special tokens first, then its pieces sorted (the
   trainer's own numbering changes from run to run), and the tokenizer module loads it."""
   from hmdlm_jax.data import tokenizers
-  m = _script()
+  from scripts import shakespeare_data as m
   train = tmp_path / 'train.txt'
   train.write_text('\n'.join(FIXTURE.read_text(encoding='utf-8').splitlines()[:200]) + '\n',
                    encoding='utf-8')
