@@ -1,0 +1,117 @@
+"""Helpers of the sampler tests (tests/test_sampling*.py): schedules, exact-oracle and synthetic
+models implementing the apply_fn contract, the jitted sampler, and the statistical checks."""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from hmdlm_jax import config as config_lib
+from hmdlm_jax.processes import base
+from hmdlm_jax.processes import hmdlm
+from hmdlm_jax.processes import hmdlm_sampler
+from hmdlm_jax.processes.schedules import Schedule
+from tests import oracle
+
+LOGLINEAR = Schedule('loglinear', (0.0, 0.25))
+POWER = Schedule('power', (1.0, 2.0))
+MDLM = Schedule('loglinear', (0.0,))
+LOGLINEAR3 = Schedule('loglinear', (0.0, 0.1, 0.2))
+NSE = 5.0  # tolerance in binomial standard errors
+
+
+# ---------------------------------------------------------------------------------------------
+# Helpers: models implementing the apply_fn contract.
+
+
+def toy_oracle(toy: oracle.Toy, schedule, probs=None, memo: bool = True) -> Callable[..., dict]:
+  """The exact oracle of tests/oracle.py for HMDLM on `schedule` (memoised over all states)."""
+  cfg = config_lib.LossConfig(mask_id=toy.mask_id, num_levels=toy.num_levels,
+                              prior_corrected=False)
+  fn = oracle.make_oracle(toy, hmdlm.HMDLM(schedule, cfg), probs=probs)
+  if not memo:
+    return fn
+  return oracle.memoize(fn, vocab_size=toy.vocab_size, num_level_inputs=toy.num_levels + 1,
+                        seq_len=toy.seq_len, num_levels=toy.num_levels)
+
+
+def const_model(hier_logits: np.ndarray | None, token_logits: np.ndarray) -> Callable[..., dict]:
+  """A model that ignores its inputs: fixed hier logits [B, L, K] and token logits [B, L, V]."""
+
+  def fn(tokens, levels, t, *, heads, token_levels=None):
+    out = {}
+    if 'hier' in heads:
+      out['hier'] = jnp.asarray(hier_logits, jnp.float32)
+    if 'token' in heads:
+      out['token'] = jnp.asarray(token_logits, jnp.float32)
+    return out
+
+  return fn
+
+
+def hash_model(num_levels: int, vocab: int, counter: list[int] | None = None
+                ) -> Callable[..., dict]:
+  """A deterministic model whose outputs depend on (tokens, levels, token_levels) but not on t.
+
+  `counter[0]` is incremented by a host callback at every call that actually executes.
+  """
+
+  def fn(tokens, levels, t, *, heads, token_levels=None):
+    if counter is not None:
+      jax.debug.callback(lambda: counter.__setitem__(0, counter[0] + 1))
+    seq_len = tokens.shape[1]
+    pos = jnp.arange(seq_len, dtype=jnp.float32)
+    z = jnp.sum((0.37 * tokens + 1.3 * levels) * (pos + 1.0), axis=-1)  # [B]
+    out = {}
+    if 'hier' in heads:
+      k = jnp.arange(num_levels, dtype=jnp.float32)
+      out['hier'] = 2.0 * jnp.sin(z[:, None, None] + 0.7 * pos[None, :, None] + 1.9 * k)
+    if 'token' in heads:
+      own = 0.0 if token_levels is None else 0.5 * token_levels[..., None]
+      v = jnp.arange(vocab, dtype=jnp.float32)
+      out['token'] = 2.0 * jnp.cos(1.3 * z[:, None, None] + 0.4 * pos[None, :, None] + 0.9 * v
+                                   + own)
+    return out
+
+  return fn
+
+
+def sample_cfg(**kw) -> config_lib.SampleConfig:
+  kw.setdefault('prior_corrected', False)
+  return config_lib.SampleConfig(**kw)
+
+
+# One compile per (model, schedule, config, shape): the model object is hashed by identity.
+_sample_jit = jax.jit(hmdlm_sampler.sample, static_argnums=(0, 2, 3),
+                      static_argnames=('batch_size', 'seq_len'))
+
+
+def process_of(schedule, cfg: config_lib.SampleConfig, **kw) -> hmdlm.HMDLM:
+  """The HMDLM process of a schedule with the sampler's K, mask id and head settings."""
+  loss_cfg = config_lib.LossConfig(mask_id=cfg.mask_id, num_levels=cfg.num_levels,
+                                   prior_corrected=cfg.prior_corrected, variant=cfg.variant)
+  return hmdlm.HMDLM(schedule, loss_cfg, **kw)
+
+
+def run_sampler(apply_fn, key, schedule, cfg, **kw) -> base.SampleOutput:
+  return jax.tree.map(np.asarray, _sample_jit(apply_fn, key, schedule, cfg, **kw))
+
+
+def seq_index(tokens: np.ndarray, num_tokens: int) -> np.ndarray:
+  """Index of each sequence in toy.all_sequences order (lexicographic)."""
+  w = num_tokens ** np.arange(tokens.shape[-1] - 1, -1, -1)
+  return (tokens * w).sum(-1)
+
+
+def total_variation(samples_idx: np.ndarray, probs: np.ndarray) -> float:
+  emp = np.bincount(samples_idx, minlength=len(probs)) / len(samples_idx)
+  return 0.5 * float(np.abs(emp - probs).sum())
+
+
+def assert_fraction(observed: float, expected: float, n: int, what: str) -> None:
+  se = np.sqrt(max(expected * (1.0 - expected), 0.0) / n)
+  assert abs(observed - expected) <= NSE * se + 1e-9, (
+      f'{what}: observed {observed:.5f}, expected {expected:.5f} (n={n}, 5 SE = {NSE * se:.5f})')
