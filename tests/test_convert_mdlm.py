@@ -168,8 +168,9 @@ def inputs(seed: int = 1) -> tuple[np.ndarray, np.ndarray]:
 def flax_logits(cfg_model, params, tokens, t, levels=None) -> np.ndarray:
   model = models.build_model(cfg_model)
   levels = np.zeros_like(tokens) if levels is None else levels
-  out = model.apply({'params': params}, jnp.asarray(tokens), jnp.asarray(levels), jnp.asarray(t),
-                    heads=('token',), train=False)
+  apply = jax.jit(lambda p, x, h, s: model.apply({'params': p}, x, h, s, heads=('token',),
+                                                 train=False))  # eager would compile every op
+  out = apply(params, jnp.asarray(tokens), jnp.asarray(levels), jnp.asarray(t))
   return np.asarray(out['token'])
 
 

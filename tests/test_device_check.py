@@ -5,13 +5,17 @@ import os
 import subprocess
 import sys
 
+from tests.conftest import subprocess_env
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TRAIN_FIELDS = ('batch_size', 'grad_accum', 'median_step_s', 'tokens_per_s',
                 'model_flops_per_step', 'achieved_tflops', 'mfu', 'loss_finite', 'dtype')
 
 
-def test_device_check_dry_writes_every_item(tmp_path):
-  env = dict(os.environ, JAX_PLATFORMS='cpu', PYTHON=sys.executable)
+def test_device_check_dry_writes_every_item(tmp_path, jax_cache):
+  # The test sessions' subprocess settings (tests/conftest.py): CPU, XLA backend optimisation
+  # level 0 (the dry run is compile-bound: two steps per item) and the shared compile cache.
+  env = dict(subprocess_env(jax_cache), PYTHON=sys.executable)
   proc = subprocess.run(['bash', os.path.join(REPO, 'benchmarks', 'device_check.sh'), '--dry',
                          str(tmp_path)], cwd=REPO, env=env, capture_output=True, text=True,
                         timeout=600, check=False)

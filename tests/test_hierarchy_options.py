@@ -44,9 +44,10 @@ def _model_cfg(**over):
 
 
 def _perturbed(params, seed, scale=0.1):
+  """params + N(0, scale²) noise, drawn and added in numpy (eager jnp ops compile per shape)."""
   r = np.random.default_rng(seed)
-  return jax.tree.map(lambda x: x + scale * jnp.asarray(r.normal(size=x.shape), jnp.float32),
-                      params)
+  return jax.tree.map(lambda x: jnp.asarray(np.asarray(x) + scale * r.normal(size=x.shape),
+                                            jnp.float32), params)
 
 
 @functools.lru_cache(maxsize=None)
@@ -63,8 +64,14 @@ def _inputs(seed=0, num_states=K + 1):
           jnp.asarray(r.uniform(0.05, 1.0, (B,)), jnp.float32))
 
 
+@functools.lru_cache(maxsize=None)
+def _hier_fn(model):
+  return jax.jit(lambda p, x, h, t: model.apply({'params': p}, x, h, t, heads=('hier',))['hier'])
+
+
 def _hier(model, params, tokens, levels, t):
-  return np.asarray(model.apply({'params': params}, tokens, levels, t, heads=('hier',))['hier'])
+  """The hier logits, jitted once per model (eager apply compiles every op separately)."""
+  return np.asarray(_hier_fn(model)(params, tokens, levels, t))
 
 
 ALL_ON = dict(hier_layers=2, hier_repeats=2, hier_time_conditioning=True, hier_input_embed=True,
@@ -335,8 +342,9 @@ def test_round_readout_is_stick_breaking():
   assert 'hier_layer' not in abstract and 'hier_round_readout' in abstract
   params = _perturbed(models.init_params(model, jax.random.key(0), L), 11, 0.3)
   tokens, levels, t = _inputs(12)
-  logp, state = model.apply({'params': params}, tokens, levels, t, heads=('hier',),
-                            capture_intermediates=True, mutable=['intermediates'])
+  logp, state = jax.jit(lambda p: model.apply({'params': p}, tokens, levels, t, heads=('hier',),
+                                               capture_intermediates=True,
+                                               mutable=['intermediates']))(params)
   # The hazard logits s_r of the R = K-1 rounds, as the readout computed them.
   s = np.concatenate([np.asarray(v, np.float64) for v in
                       state['intermediates']['hier_round_readout']['__call__']], -1)

@@ -109,8 +109,11 @@ def test_option_starts_as_identity_and_adds_two_projections():
   r = np.random.default_rng(3)
   shared = jax.tree.map(lambda x: x + 0.1 * r.normal(size=x.shape).astype(np.float32), p_off)
   heads = ('hier', 'token')
-  a = off.apply({'params': shared}, tokens, levels, t, heads=heads)
-  b = on.apply({'params': {**p_on, **shared}}, tokens, levels, t, heads=heads)
+  # Jitted: an eager apply compiles every op of the model separately.
+  apply_off = jax.jit(lambda p: off.apply({'params': p}, tokens, levels, t, heads=heads))
+  apply_on = jax.jit(lambda p: on.apply({'params': p}, tokens, levels, t, heads=heads))
+  a = apply_off(shared)
+  b = apply_on({**p_on, **shared})
   for h in heads:
     np.testing.assert_allclose(np.asarray(b[h]), np.asarray(a[h]), atol=1e-5)
   # Trained projections move both heads (the features reach them).
@@ -118,7 +121,7 @@ def test_option_starts_as_identity_and_adds_two_projections():
   for n in ('candidate_proj', 'hier_candidate_proj'):
     moved[n] = jax.tree.map(lambda x: x + 0.5 * r.normal(size=x.shape).astype(np.float32),
                             p_on[n])
-  c = on.apply({'params': moved}, tokens, levels, t, heads=heads)
+  c = apply_on(moved)
   for h in heads:
     assert np.abs(np.asarray(c[h]) - np.asarray(a[h])).max() > 1e-3
 
@@ -143,12 +146,16 @@ def test_the_level_pathway_reads_the_givens_only():
   more_t, more_l = tokens.copy(), levels.copy()
   more_t[0, blank], more_l[0, blank] = sudoku.to_tokens(solution)[0, blank], 0  # revealed, level 0
 
-  def proj_inputs(tok, lev):
-    _, state = model.apply({'params': params}, jnp.asarray(tok), jnp.asarray(lev),
-                           jnp.full((1,), 0.5), heads=('hier', 'token'),
+  @jax.jit  # one compile for both calls (an eager apply compiles every op separately)
+  def captured(tok, lev):
+    _, state = model.apply({'params': params}, tok, lev, jnp.full((1,), 0.5),
+                           heads=('hier', 'token'),
                            capture_intermediates=lambda m, _: 'candidate_proj' in (m.name or ''),
                            mutable=['intermediates'])
-    got = state['intermediates']
+    return state['intermediates']
+
+  def proj_inputs(tok, lev):
+    got = captured(jnp.asarray(tok), jnp.asarray(lev))
     return {n: np.asarray(got[n]['__call__'][0]) for n in ('candidate_proj', 'hier_candidate_proj')}
 
   a, b = proj_inputs(tokens, levels), proj_inputs(more_t, more_l)
