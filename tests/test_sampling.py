@@ -38,8 +38,9 @@ def test_given_positions_are_never_changed(ordering):
   gtok = rng.integers(0, 3, (bsz, 3))
   glev = rng.integers(0, 2, (bsz, 3))
   cfg = sh.sample_cfg(num_steps=steps, num_levels=2, mask_id=toy.mask_id, ordering=ordering)
-  out = sh.run_sampler(sh.toy_oracle(toy, sh.POWER, memo=False), jax.random.key(9), sh.POWER, cfg, batch_size=bsz,
-             seq_len=3, given_tokens=gtok, given_levels=glev, given_mask=given)
+  out = sh.run_sampler(sh.toy_oracle(toy, sh.POWER, memo=False), jax.random.key(9), sh.POWER, cfg,
+                       batch_size=bsz, seq_len=3, given_tokens=gtok, given_levels=glev,
+                       given_mask=given)
   np.testing.assert_array_equal(out.tokens[given], gtok[given])
   np.testing.assert_array_equal(out.levels[given], glev[given])
   assert np.all(out.reveal_step[given] == steps + 1)
@@ -80,7 +81,8 @@ def test_temperature_scales_the_token_distribution():
   best = np.argmax(logits, -1)
   for tau in (0.3, 0.02):
     cfg = sh.sample_cfg(num_steps=16, num_levels=2, mask_id=5, temperature=tau)
-    out = sh.run_sampler(model, jax.random.key(12), sh.LOGLINEAR, cfg, batch_size=bsz, seq_len=seq_len)
+    out = sh.run_sampler(model, jax.random.key(12), sh.LOGLINEAR, cfg, batch_size=bsz,
+                         seq_len=seq_len)
     p = np.exp(logits / tau - np.logaddexp.reduce(logits / tau, axis=-1, keepdims=True))
     expected = float(np.mean(1.0 - p.max(-1)))
     observed = float(np.mean(out.tokens != best))
@@ -91,7 +93,8 @@ def test_temperature_scales_the_token_distribution():
 
 def test_confidence_greedy_is_deterministic():
   toy = oracle.make_toy(0)
-  cfg = sh.sample_cfg(num_steps=3, num_levels=2, mask_id=toy.mask_id, ordering='confidence', greedy=True)
+  cfg = sh.sample_cfg(num_steps=3, num_levels=2, mask_id=toy.mask_id, ordering='confidence',
+                      greedy=True)
   denoiser = sh.toy_oracle(toy, sh.LOGLINEAR, memo=False)
   outs = [sh.run_sampler(denoiser, jax.random.key(k), sh.LOGLINEAR, cfg, batch_size=4, seq_len=3)
           for k in (0, 1, 2)]
@@ -100,8 +103,8 @@ def test_confidence_greedy_is_deterministic():
       np.testing.assert_array_equal(a, b)
   # ...while the ancestral sampler at the same settings is random.
   cfg = sh.sample_cfg(num_steps=3, num_levels=2, mask_id=toy.mask_id, greedy=True)
-  anc = [sh.run_sampler(denoiser, jax.random.key(k), sh.LOGLINEAR, cfg, batch_size=64, seq_len=3).reveal_step
-         for k in (0, 1)]
+  anc = [sh.run_sampler(denoiser, jax.random.key(k), sh.LOGLINEAR, cfg, batch_size=64,
+                        seq_len=3).reveal_step for k in (0, 1)]
   assert not np.array_equal(anc[0], anc[1])
 
 
@@ -125,9 +128,10 @@ def test_confidence_level_context_seen_by_pass_2(level_context):
                                       tokens.shape + (v,))
     return out
 
-  cfg = sh.sample_cfg(num_steps=steps, num_levels=k, mask_id=v - 1, ordering='confidence', greedy=True,
-             level_context=level_context)
-  out = hmdlm_sampler.sample(apply_fn, jax.random.key(0), sh.LOGLINEAR3, cfg, batch_size=2, seq_len=l)
+  cfg = sh.sample_cfg(num_steps=steps, num_levels=k, mask_id=v - 1, ordering='confidence',
+                      greedy=True, level_context=level_context)
+  out = hmdlm_sampler.sample(apply_fn, jax.random.key(0), sh.LOGLINEAR3, cfg, batch_size=2,
+                             seq_len=l)
   assert seen
   for masked, levels in seen:
     if level_context == 'none':
@@ -203,8 +207,8 @@ def test_nfe_counts_and_cache_equivalence(ordering, variant):
                   variant=variant)
   key = jax.random.key(13)
   counter = [0]
-  ref = sh.run_sampler(sh.hash_model(2, vocab, counter), key, sh.LOGLINEAR, sh.sample_cfg(use_cache=False, **base_cfg),
-             **kw)
+  ref = sh.run_sampler(sh.hash_model(2, vocab, counter), key, sh.LOGLINEAR,
+                       sh.sample_cfg(use_cache=False, **base_cfg), **kw)
   assert int(ref.nfe) == 2 * steps and counter[0] == 2 * steps
   for time_cond in (False, True):
     counter[0] = 0
@@ -222,12 +226,12 @@ def test_nfe_counts_mdlm():
   key = jax.random.key(14)
   counter = [0]
   base_cfg = dict(num_steps=steps, num_levels=1, mask_id=vocab - 1)
-  ref = sh.run_sampler(sh.hash_model(1, vocab, counter), key, sh.MDLM, sh.sample_cfg(use_cache=False, **base_cfg),
-             batch_size=bsz, seq_len=seq_len)
+  ref = sh.run_sampler(sh.hash_model(1, vocab, counter), key, sh.MDLM,
+                       sh.sample_cfg(use_cache=False, **base_cfg), batch_size=bsz, seq_len=seq_len)
   assert int(ref.nfe) == steps and counter[0] == steps
   counter[0] = 0
-  out = sh.run_sampler(sh.hash_model(1, vocab, counter), key, sh.MDLM, sh.sample_cfg(use_cache=True, **base_cfg),
-             batch_size=bsz, seq_len=seq_len)
+  out = sh.run_sampler(sh.hash_model(1, vocab, counter), key, sh.MDLM,
+                       sh.sample_cfg(use_cache=True, **base_cfg), batch_size=bsz, seq_len=seq_len)
   for a, b in zip(out[:3], ref[:3]):
     np.testing.assert_array_equal(a, b)
   expected = len(set(out.reveal_step.ravel().tolist()))
@@ -300,8 +304,8 @@ def test_confidence_ordering_matches_reference(num_levels, weight):
   glev = np.full((bsz, seq_len), num_levels - 1)
   gtok = np.argmax(np.where(np.arange(vocab) == vocab - 1, -np.inf, tok), -1)
   schedule = sh.LOGLINEAR if num_levels == 2 else sh.MDLM
-  cfg = sh.sample_cfg(num_steps=steps, num_levels=num_levels, mask_id=vocab - 1, ordering='confidence',
-             greedy=True, hierarchy_weight=weight)
+  cfg = sh.sample_cfg(num_steps=steps, num_levels=num_levels, mask_id=vocab - 1,
+                      ordering='confidence', greedy=True, hierarchy_weight=weight)
   out = sh.run_sampler(sh.const_model(hier, tok), jax.random.key(15), schedule, cfg, batch_size=bsz,
              seq_len=seq_len, given_tokens=gtok, given_levels=glev, given_mask=given)
   reveal, levels, best, counts = _reference_confidence(hier, tok, schedule, steps, vocab - 1,
@@ -353,8 +357,8 @@ def test_confidence_ordering_solves_a_deterministic_puzzle(num_levels):
   kw = dict(batch_size=bsz, seq_len=seq_len, given_tokens=answer,
             given_levels=np.full((bsz, seq_len), num_levels - 1), given_mask=given)
   model = _chain_model(num_levels, num_tokens)
-  cfg = sh.sample_cfg(num_steps=steps, num_levels=num_levels, mask_id=num_tokens, ordering='confidence',
-             greedy=True)
+  cfg = sh.sample_cfg(num_steps=steps, num_levels=num_levels, mask_id=num_tokens,
+                      ordering='confidence', greedy=True)
   for key in (16, 17):
     out = sh.run_sampler(model, jax.random.key(key), schedule, cfg, **kw)
     np.testing.assert_array_equal(out.tokens, answer)
@@ -434,7 +438,8 @@ def test_make_sampler_jits_with_params_as_argument():
   def builder(params):
     return sh.const_model(params['hier'], params['tok'])
 
-  run = base.make_sampler(sh.process_of(schedule, cfg), builder, cfg, batch_size=bsz, seq_len=seq_len)
+  run = base.make_sampler(sh.process_of(schedule, cfg), builder, cfg, batch_size=bsz,
+                          seq_len=seq_len)
   rng = np.random.default_rng(6)
   for _ in range(2):  # new params, same compiled function; greedy tokens = argmax of the params
     params = {'hier': jnp.asarray(rng.normal(size=(bsz, seq_len, 2)), jnp.float32),
@@ -460,13 +465,13 @@ def test_nan_logits_are_reported():
   hier = np.zeros((bsz, seq_len, 2))
   hier[0, 1, 0] = np.nan
   cfg = sh.sample_cfg(num_steps=5, num_levels=2, mask_id=3, use_cache=False)
-  out = sh.run_sampler(sh.const_model(hier, np.zeros((bsz, seq_len, 4))), jax.random.key(0), sh.LOGLINEAR, cfg,
-             batch_size=bsz, seq_len=seq_len)
+  out = sh.run_sampler(sh.const_model(hier, np.zeros((bsz, seq_len, 4))), jax.random.key(0),
+                       sh.LOGLINEAR, cfg, batch_size=bsz, seq_len=seq_len)
   assert int(out.nan_calls) == 5  # every pass-1 call
   with pytest.raises(FloatingPointError, match='5 of 10 network calls returned NaN'):
     base.check_finite(out)
-  ok = sh.run_sampler(sh.const_model(np.zeros_like(hier), np.zeros((bsz, seq_len, 4))), jax.random.key(0),
-            sh.LOGLINEAR, cfg, batch_size=bsz, seq_len=seq_len)
+  ok = sh.run_sampler(sh.const_model(np.zeros_like(hier), np.zeros((bsz, seq_len, 4))),
+                      jax.random.key(0), sh.LOGLINEAR, cfg, batch_size=bsz, seq_len=seq_len)
   assert base.check_finite(ok) is ok
 
 

@@ -31,7 +31,8 @@ def test_algorithm2_samples_the_data_distribution(schedule, variant):
   cfg = sh.sample_cfg(num_steps=1000, num_levels=2, mask_id=toy.mask_id, variant=variant,
              time_conditioning=True)
   bsz, tol = (20_000, 0.03) if variant == 'two_pass' else (10_000, 0.04)
-  out = sh.run_sampler(denoiser, jax.random.key(1), schedule, cfg, batch_size=bsz, seq_len=toy.seq_len)
+  out = sh.run_sampler(denoiser, jax.random.key(1), schedule, cfg, batch_size=bsz,
+                       seq_len=toy.seq_len)
   assert not np.any(out.tokens == toy.mask_id)
   tv = sh.total_variation(sh.seq_index(out.tokens, toy.num_tokens), toy.probs)
   assert tv < tol, f'TV(samples, data) = {tv:.4f}'
@@ -48,7 +49,8 @@ def test_mdlm_sampler_samples_the_data_distribution():
   toy = oracle.make_toy(3, num_levels=1)
   denoiser = sh.toy_oracle(toy, sh.MDLM)
   cfg = sh.sample_cfg(num_steps=1000, num_levels=1, mask_id=toy.mask_id, use_cache=False)
-  out = sh.run_sampler(denoiser, jax.random.key(2), sh.MDLM, cfg, batch_size=20_000, seq_len=toy.seq_len)
+  out = sh.run_sampler(denoiser, jax.random.key(2), sh.MDLM, cfg, batch_size=20_000,
+                       seq_len=toy.seq_len)
   tv = sh.total_variation(sh.seq_index(out.tokens, toy.num_tokens), toy.probs)
   assert tv < 0.03, f'TV(samples, data) = {tv:.4f}'
   assert np.all(out.levels == 0)
@@ -61,7 +63,8 @@ def test_sampler_from_a_wrong_model_is_detected():
   other = oracle.make_toy(7).probs
   denoiser = sh.toy_oracle(toy, sh.POWER, probs=other, memo=False)
   cfg = sh.sample_cfg(num_steps=50, num_levels=2, mask_id=toy.mask_id)
-  out = sh.run_sampler(denoiser, jax.random.key(3), sh.POWER, cfg, batch_size=4000, seq_len=toy.seq_len)
+  out = sh.run_sampler(denoiser, jax.random.key(3), sh.POWER, cfg, batch_size=4000,
+                       seq_len=toy.seq_len)
   assert sh.total_variation(sh.seq_index(out.tokens, toy.num_tokens), toy.probs) > 0.1
 
 
@@ -119,8 +122,8 @@ def test_uniform_hierarchy_reveal_fraction_and_level_shares():
   schedule = sh.LOGLINEAR
   tok = np.random.default_rng(1).normal(size=(bsz, seq_len, 5))
   cfg = sh.sample_cfg(num_steps=steps, num_levels=2, mask_id=4)
-  out = sh.run_sampler(sh.const_model(np.zeros((bsz, seq_len, 2)), tok), jax.random.key(6), schedule, cfg,
-             batch_size=bsz, seq_len=seq_len)
+  out = sh.run_sampler(sh.const_model(np.zeros((bsz, seq_len, 2)), tok), jax.random.key(6),
+                       schedule, cfg, batch_size=bsz, seq_len=seq_len)
   n_pos = bsz * seq_len
   still, share1 = 1.0, 0.0
   for n in range(steps, 0, -1):
@@ -168,8 +171,8 @@ def test_last_step_when_no_level_is_active():
   bsz, seq_len = 200, 6
   hier = np.random.default_rng(2).normal(size=(bsz, seq_len, 2)) * 3
   cfg = sh.sample_cfg(num_steps=4, num_levels=2, mask_id=3)
-  out = sh.run_sampler(sh.const_model(hier, np.zeros((bsz, seq_len, 4))), jax.random.key(8), schedule, cfg,
-             batch_size=bsz, seq_len=seq_len)
+  out = sh.run_sampler(sh.const_model(hier, np.zeros((bsz, seq_len, 4))), jax.random.key(8),
+                       schedule, cfg, batch_size=bsz, seq_len=seq_len)
   assert not np.any(out.tokens == 3)
   assert np.all(out.levels < 2)
   assert np.any(out.reveal_step == 1)  # positions the head put on level 1 waited until the end

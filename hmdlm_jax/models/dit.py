@@ -21,8 +21,8 @@ Time conditioning: MDLM's default is off, and then MDLM still builds `sigma_map`
 conditioning on we feed t ∈ [0, 1] itself (MDLM feeds σ(t) = -log α(t), which has no single value
 when every level has its own schedule).
 
-Parameter count (checked in tests/test_models_reference.py by a hand-written formula). Per block, with width
-H, conditioning width C and MLP width M:
+Parameter count (checked in tests/test_models_reference.py by a hand-written formula). Per
+block, with width H, conditioning width C and MLP width M:
   2H (two LayerNorm weights) + 3H² (qkv) + H² (out) + (HM + M + MH + H) (MLP) + (6HC + 6H) (adaLN)
 MDLM LM1B (H=768, C=128, M=3072, 12 blocks): 7,677,696 per block, 92,132,352 for the blocks;
 time embedder 256·C + C + C² + C = 49,408; final layer H + (2HC + 2H) = 198,912 + (HV + V);
