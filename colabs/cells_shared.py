@@ -1,0 +1,95 @@
+"""Cells every notebook starts with: setup, install, imports (colabs/make_notebooks.py)."""
+
+from __future__ import annotations
+
+SETUP = '''\
+# Setup: find the repository and read the test switches.
+import os
+import pathlib
+import sys
+
+# tests/test_notebooks.py sets HMDLM_NOTEBOOK_TEST=1: smallest settings, nothing installed.
+TEST = os.environ.get('HMDLM_NOTEBOOK_TEST') == '1'
+# Everything this notebook writes (checkpoints, pictures) goes below WORKDIR.
+WORKDIR = pathlib.Path(os.environ.get('HMDLM_NOTEBOOK_WORKDIR', '/tmp/hmdlm_colabs'))
+# Colab: 'gpu' or 'tpu' installs the matching jax wheel next to requirements.txt.
+ACCELERATOR = 'cpu'
+
+
+def find_repo_root() -> pathlib.Path:
+  """The hmdlm_jax checkout: the working directory or one of its parents."""
+  here = pathlib.Path.cwd().resolve()
+  for d in (here, *here.parents):
+    if (d / 'hmdlm_jax' / '__init__.py').is_file() and (d / 'configs' / 'base.py').is_file():
+      return d
+  raise FileNotFoundError(
+      f'No hmdlm_jax checkout at or above {here}. On Colab: upload or `!git clone` the repository, '
+      'then `%cd` into it (or its colabs/ folder) and run this cell again.')
+
+
+ROOT = find_repo_root()
+if str(ROOT) not in sys.path:
+  sys.path.insert(0, str(ROOT))
+WORKDIR.mkdir(parents=True, exist_ok=True)
+print(f'repository: {ROOT}\\nworkdir:    {WORKDIR}\\ntest mode:  {TEST}')
+'''
+
+INSTALL = '''\
+# Install the pinned requirements unless they are already importable at their pins.
+from importlib import metadata
+
+
+def missing_requirements(path: pathlib.Path) -> list[str]:
+  out = []
+  for line in path.read_text().splitlines():
+    line = line.split('#')[0].strip()
+    if '==' not in line:
+      continue
+    name, version = (s.strip() for s in line.split('=='))
+    try:
+      if metadata.version(name) != version:
+        out.append(line)
+    except metadata.PackageNotFoundError:
+      out.append(line)
+  return out
+
+
+MISSING = [] if TEST else missing_requirements(ROOT / 'requirements.txt')
+if MISSING:
+  print('installing', MISSING)
+  !pip install -q -r {ROOT}/requirements.txt
+  if ACCELERATOR == 'gpu':
+    !pip install -q "jax[cuda13]==0.10.2"
+  elif ACCELERATOR == 'tpu':
+    !pip install -q "jax[tpu]==0.10.2"
+  print('Installed: restart the runtime (Runtime > Restart session), then run all cells again.')
+else:
+  print('requirements satisfied: skipping pip install')
+'''
+
+IMPORTS = '''\
+import importlib
+
+import jax
+import numpy as np
+from IPython.display import Image, display
+
+from hmdlm_jax import config as config_lib
+from hmdlm_jax import visualize
+
+
+def load_config(path: str):
+  """`get_config()` of a config file of the repository, e.g. 'configs/sudoku.py'."""
+  module = path.removesuffix('.py').replace('/', '.')
+  return importlib.import_module(module).get_config()
+
+
+def show(path) -> None:
+  """Displays a picture written by hmdlm_jax.visualize."""
+  display(Image(filename=str(path)))
+
+
+PICTURES = WORKDIR / 'pictures'
+PICTURES.mkdir(parents=True, exist_ok=True)
+print('jax', jax.__version__, jax.devices())
+'''
