@@ -30,17 +30,15 @@ from hmdlm_jax.processes import base
 from hmdlm_jax.processes import hmdlm
 from hmdlm_jax.processes import hmdlm_sampler
 from hmdlm_jax.processes.schedules import Schedule
+from tests import model_helpers as mh
 from tests.test_losses import B, L, MASK, V, make_batch, make_net, np_log_softmax, np_schedule
 
 K = 3
 
 
 def _model_cfg(**over):
-  c = get_base_config().model
-  c.update(dict(num_levels=K, vocab_size=V, mask_id=-1, seq_len=L, num_layers=1, hidden_size=16,
-                num_heads=2, mlp_dim=32, cond_dim=8, dropout=0.0))
-  c.update(over)
-  return config_lib.ModelConfig.from_section(c)
+  return config_lib.ModelConfig.from_section(mh.model_cfg(
+      **{'num_levels': K, 'vocab_size': V, 'mask_id': -1, 'seq_len': L, 'dropout': 0.0, **over}))
 
 
 def _perturbed(params, seed, scale=0.1):

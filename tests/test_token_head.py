@@ -17,13 +17,13 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from configs.base import get_base_config
 from hmdlm_jax import config as config_lib
 from hmdlm_jax import models
 from hmdlm_jax.models import token_head
 from hmdlm_jax.processes import hmdlm
 from hmdlm_jax.processes import parameterization
 from hmdlm_jax.processes.schedules import Schedule
+from tests import model_helpers as mh
 
 B, L, H, V = 3, 10, 8, 13
 MASK = V - 1
@@ -92,17 +92,8 @@ def test_unselected_rows_are_never_computed():
 
 
 def _model_cfg(backbone: str, num_levels: int, variant: str, tie: bool):
-  c = get_base_config().model
-  c.update(dict(backbone=backbone, num_levels=num_levels, variant=variant, vocab_size=V,
-                seq_len=L, num_layers=1, hidden_size=16, num_heads=2, mlp_dim=32, cond_dim=8,
-                dropout=0.0, tie_embeddings=tie))
-  return c
-
-
-def _random_params(model, seed):
-  r = np.random.default_rng(seed)
-  return jax.tree.map(lambda x: jnp.asarray(0.3 * r.normal(size=x.shape), jnp.float32),
-                      models.abstract_params(model, L))
+  return mh.model_cfg(backbone=backbone, num_levels=num_levels, variant=variant, vocab_size=V,
+                      seq_len=L, dropout=0.0, tie_embeddings=tie)
 
 
 @pytest.mark.parametrize('backbone,num_levels,variant,tie', [
@@ -110,7 +101,7 @@ def _random_params(model, seed):
     ('gpt2', 2, 'single_pass', False), ('gpt2', 1, 'two_pass', True)])
 def test_loss_selected_rows_equals_all_rows(backbone, num_levels, variant, tie):
   model = models.build_model(_model_cfg(backbone, num_levels, variant, tie))
-  params = _random_params(model, 0)
+  params = mh.random_params(model, L, 0, scale=0.3)
   offsets = (0.0,) if num_levels == 1 else (0.0, 0.5)
   schedule = Schedule('loglinear', offsets)
   r = np.random.default_rng(1)
@@ -153,7 +144,7 @@ def test_token_rows_resolved_by_the_mesh():
 
 def test_token_nll_head_needs_its_query():
   model = models.build_model(_model_cfg('dit', 1, 'two_pass', False))
-  apply_fn = models.make_apply_fn(model, _random_params(model, 0), train=False)
+  apply_fn = models.make_apply_fn(model, mh.random_params(model, L, 0, scale=0.3), train=False)
   x = jnp.zeros((B, L), jnp.int32)
   with pytest.raises(ValueError, match="'token_nll' head and token_query go together"):
     apply_fn(x, x, jnp.ones((B,)), heads=('token_nll',))
