@@ -30,6 +30,7 @@ Everything follows the dtype of `t` (float64 under `jax.enable_x64(True)`), whic
 from __future__ import annotations
 
 import dataclasses
+import functools
 import itertools
 from typing import Any, Callable, Sequence
 
@@ -39,6 +40,7 @@ import numpy as np
 
 from hmdlm_jax.processes.base import NoisyState
 from hmdlm_jax.processes.base import Process
+from tests.conftest import OPTIMISED
 
 ApplyFn = Callable[..., dict]
 QUAD_STEP = 1.0 / 16  # tanh-sinh step (nodes ≈ 2 · 3.2 / step per segment)
@@ -267,7 +269,7 @@ def expected_per_state(toy: Toy, process: Process, value_fn: Callable[..., jax.A
   out = np.zeros((len(t_nodes), n_seq))
   with jax.enable_x64(True):
 
-    @jax.jit
+    @functools.partial(jax.jit, compiler_options=OPTIMISED)
     def at(t_scalar):
       t = jnp.full((n_seq * n_st,), t_scalar, jnp.float64)
       logq = process.log_marginal(NoisyState(jnp.asarray(st.tokens), jnp.asarray(st.levels)),
@@ -304,7 +306,7 @@ def sampler_total_variation(toy: Toy, process: Process, apply_fn: ApplyFn, cfg: 
                             num_samples: int, seed: int = 0) -> tuple[float, Any]:
   """(TV of `num_samples` draws of `process.sample` against p, the SampleOutput)."""
   run = jax.jit(lambda key: process.sample(apply_fn, key, cfg, batch_size=num_samples,
-                                           seq_len=toy.seq_len))
+                                           seq_len=toy.seq_len), compiler_options=OPTIMISED)
   out = jax.tree.map(np.asarray, run(jax.random.key(seed)))
   words = out.tokens < toy.num_tokens
   assert words.all(), 'the sampler left noise states in its output'

@@ -15,6 +15,7 @@ from hmdlm_jax.processes import hmdlm
 from hmdlm_jax.processes import hmdlm_sampler
 from hmdlm_jax.processes.schedules import Schedule
 from tests import oracle
+from tests.conftest import OPTIMISED
 
 LOGLINEAR = Schedule('loglinear', (0.0, 0.25))
 POWER = Schedule('power', (1.0, 2.0))
@@ -86,7 +87,7 @@ def sample_cfg(**kw) -> config_lib.SampleConfig:
 
 # One compile per (model, schedule, config, shape): the model object is hashed by identity.
 _sample_jit = jax.jit(hmdlm_sampler.sample, static_argnums=(0, 2, 3),
-                      static_argnames=('batch_size', 'seq_len'))
+                      static_argnames=('batch_size', 'seq_len'), compiler_options=OPTIMISED)
 
 
 def process_of(schedule, cfg: config_lib.SampleConfig, **kw) -> hmdlm.HMDLM:

@@ -32,6 +32,7 @@ from hmdlm_jax.processes import hmdlm
 from hmdlm_jax.processes import parameterization
 from hmdlm_jax.processes.schedules import Schedule
 from tests import oracle
+from tests.conftest import OPTIMISED
 
 TOY_SEED = 0
 
@@ -221,7 +222,8 @@ def monte_carlo_bound(toy: oracle.Toy, sched: Schedule, cfg: config_lib.LossConf
     t = jax.random.permutation(k_perm, base.sample_times(k_t, bsz, t_min=t_min))
     return (wts * hmdlm.HMDLM(sched, cfg).bound(apply_fn, batch, k_b, t)['total']).sum()
 
-  run = jax.jit(lambda key: jax.lax.map(one, jax.random.split(key, num_batches)))
+  run = jax.jit(lambda key: jax.lax.map(one, jax.random.split(key, num_batches)),
+                compiler_options=OPTIMISED)
   return np.asarray(run(jax.random.key(seed)), np.float64)
 
 

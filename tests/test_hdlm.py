@@ -30,6 +30,7 @@ from hmdlm_jax.processes.hdlm_core import ClusterLayout
 from hmdlm_jax.processes.hdlm_core import HDLMSchedule
 from hmdlm_jax.processes.schedules import Schedule
 from tests import oracle
+from tests.conftest import OPTIMISED
 
 WORD_CLUSTERS = (0, 0, 1, 1)
 MASK = 4
@@ -141,7 +142,8 @@ def test_monte_carlo_bound_matches_exact_expectation():
     t = jax.random.permutation(k_perm, base.sample_times(k_t, len(idx), t_min=t_min))
     return (wts * proc.bound(den, batch, k_b, t)['total']).sum()
 
-  est = np.asarray(jax.jit(lambda k: jax.lax.map(one, jax.random.split(k, num_batches)))(
+  est = np.asarray(jax.jit(lambda k: jax.lax.map(one, jax.random.split(k, num_batches)),
+                         compiler_options=OPTIMISED)(
       jax.random.key(0)), np.float64)
   se = est.std(ddof=1) / np.sqrt(num_batches)
   z = (est.mean() - exact_mean) / se

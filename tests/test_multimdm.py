@@ -24,6 +24,7 @@ from hmdlm_jax.processes import multimdm
 from hmdlm_jax.processes import multimdm_math as mm
 from hmdlm_jax.processes.schedules import Schedule
 from tests import oracle
+from tests.conftest import OPTIMISED
 
 V, M = 4, 2
 SCHEDULES = [dict(), dict(beta='alpha_power', beta_power=0.5),
@@ -129,7 +130,8 @@ def test_monte_carlo_matches_exact_expectation():
     t = jax.random.permutation(k_perm, jax.random.uniform(k_t, (len(idx),), minval=t_min))
     return (wts * proc.bound(apply_fn, batch, k_b, t)['total']).sum()
 
-  est = np.asarray(jax.jit(lambda k: jax.lax.map(one, jax.random.split(k, num_batches)))(
+  est = np.asarray(jax.jit(lambda k: jax.lax.map(one, jax.random.split(k, num_batches)),
+                         compiler_options=OPTIMISED)(
       jax.random.key(0)), np.float64)
   se = est.std(ddof=1) / np.sqrt(len(est))
   print(f'MC {est.mean():.5f} ± {se:.5f} ({len(est) * len(idx)} samples), exact '
