@@ -21,9 +21,12 @@ from tests import sampler_helpers as sh
 # The sampler samples the model (exact denoiser, T = 1000, 20k samples).
 
 
-@pytest.mark.parametrize('schedule,variant', [(sh.LOGLINEAR, 'two_pass'), (sh.POWER, 'two_pass'),
-                                              (sh.LOGLINEAR, 'single_pass')],
-                         ids=['loglinear-two_pass', 'power-two_pass', 'loglinear-single_pass'])
+@pytest.mark.parametrize('schedule,variant', [
+    pytest.param(sh.LOGLINEAR, 'two_pass', id='loglinear-two_pass'),
+    # CI time (2026-12-02): nightly; the power schedule's reveal law is checked in closed form
+    # below, and the other two cases cover both variants.
+    pytest.param(sh.POWER, 'two_pass', id='power-two_pass', marks=pytest.mark.slow),
+    pytest.param(sh.LOGLINEAR, 'single_pass', id='loglinear-single_pass')])
 def test_algorithm2_samples_the_data_distribution(schedule, variant):
   toy = oracle.make_toy(0)
   denoiser = sh.toy_oracle(toy, schedule)
