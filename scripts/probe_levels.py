@@ -11,6 +11,10 @@ accuracy on generated test puzzles against the prior (the majority level among t
       --set model.hier_layers=2 --set model.hier_repeats=4 --out /tmp/probe.json
 
 `--train backbone` trains every parameter on the level loss (the backbone is the trunk);
+`--round_digits W` (with model.hier_readout='rounds') adds W x a per-round digit loss: a probe
+head (LN features of repeat r -> 9 digits) trained on the solution digit of every masked blank
+cell that rounds 1..r of the labeller determine (level >= K - r), so each repeat gets a direct
+signal for what its round should know;
 `--train hier` trains only the hierarchy pathway ('hier_*' parameters, the backbone frozen at its
 initialisation, which is the identity for the DiT's adaLN-zero blocks: the pathway then reads the
 input embedding; use with model.hier_input_embed so it sees its own level/given table).
@@ -68,12 +72,17 @@ def main() -> None:
   ap.add_argument('--train', choices=('backbone', 'hier'), default='backbone')
   ap.add_argument('--test_puzzles', type=int, default=500)
   ap.add_argument('--seed', type=int, default=0)
+  ap.add_argument('--round_digits', type=float, default=0.0,
+                  help="weight of the per-round digit loss (needs model.hier_readout='rounds')")
   ap.add_argument('--set', action='append', default=[], help='config override a.b=value')
   ap.add_argument('--out', default='')
   args = ap.parse_args()
 
   config = config_lib.resolve(_override(sudoku_config.get_config(), args.set))
   cfg_m = config_lib.ModelConfig.from_section(config.model)
+  if args.round_digits and cfg_m.hier_readout != 'rounds':
+    raise SystemExit("--round_digits: needs --set model.hier_readout=rounds (the per-round "
+                     'features it supervises)')
   loss_cfg = config_lib.LossConfig.from_config(config)
   schedule = schedules.schedule_from_config(config.schedule, cfg_m.num_levels)
   model = models.build_model(cfg_m)
@@ -97,36 +106,58 @@ def main() -> None:
   tx = optax.chain(optax.clip_by_global_norm(1.0), optax.adamw(sched, weight_decay=0.0))
   trainable = lambda p: {k: v for k, v in p.items() if args.train == 'backbone' or
                          k.startswith('hier_')}
-  opt_state = tx.init(trainable(params))
+  probe_head = {'kernel': jnp.zeros((cfg_m.hidden_size, 9)), 'bias': jnp.zeros((9,))}
+  opt_state = tx.init((trainable(params), probe_head))
+  k = cfg_m.num_levels
 
   def level_logp(p, batch, t, key):
+    """(level log-probs [B, L, K], selected cells [B, L], per-round LN features [R][B, L, H])."""
     tokens, levels, given, loss_mask = base.unpack(batch)
     xt, ht, masked = hmdlm.corrupt(key, tokens, levels, given, t, schedule,
                                    mask_id=loss_cfg.mask_id)
-    apply_fn = models.make_apply_fn(model, p, train=False)
     if loss_cfg.given_state:
-      apply_fn = base.with_given_state(apply_fn, given, loss_cfg.num_levels)
-    logits = apply_fn(xt, ht, t, heads=('hier',))['hier']
-    logp = parameterization.level_log_probs(logits, t, schedule,
+      ht = jnp.where(given, k + 1, ht)
+    # The rounds readout normalises each repeat's features once: capture those R outputs.
+    logits, state = model.apply(
+        {'params': p}, xt, ht, t, heads=('hier',), train=False, mutable=['intermediates'],
+        capture_intermediates=lambda mdl, method: mdl.name == 'hier_round_norm')
+    rounds = state['intermediates'].get('hier_round_norm', {}).get('__call__', ())
+    logp = parameterization.level_log_probs(logits['hier'], t, schedule,
                                             prior_corrected=loss_cfg.prior_corrected)
-    return logp, masked & loss_mask
+    return logp, masked & loss_mask, rounds
+
+  def round_digit_loss(head, rounds, batch, sel):
+    """Mean over repeats r = 1..R of the digit cross-entropy on the cells rounds <= r decide."""
+    total = 0.0
+    for r, h in enumerate(rounds, start=1):
+      logp = jax.nn.log_softmax(h @ head['kernel'] + head['bias'])
+      nll = -jnp.take_along_axis(logp, batch['tokens'][..., None], -1)[..., 0]
+      w = (sel & (batch['levels'] >= k - r)).astype(jnp.float32)
+      total = total + (nll * w).sum() / jnp.maximum(w.sum(), 1.0)
+    return total / max(len(rounds), 1)
 
   @jax.jit
-  def step(p, opt_state, batch, key):
+  def step(p, head, opt_state, batch, key):
     k_t, k_m = jax.random.split(key)
 
     def loss_fn(sub):
-      logp, sel = level_logp({**p, **sub}, batch, base.sample_times(k_t, args.batch), k_m)
-      return hmdlm.level_cross_entropy(logp, batch['levels'], sel)
+      net, head = sub
+      logp, sel, rounds = level_logp({**p, **net}, batch, base.sample_times(k_t, args.batch), k_m)
+      loss = hmdlm.level_cross_entropy(logp, batch['levels'], sel)
+      if args.round_digits:
+        assert len(rounds) == cfg_m.hier_repeats, f'captured {len(rounds)} rounds'
+        loss = loss + args.round_digits * round_digit_loss(head, rounds, batch, sel)
+      return loss
 
-    sub = trainable(p)
+    sub = (trainable(p), head)
     loss, grads = jax.value_and_grad(loss_fn)(sub)
     updates, opt_state = tx.update(grads, opt_state, sub)
-    return {**p, **optax.apply_updates(sub, updates)}, opt_state, loss, optax.global_norm(grads)
+    net, head = optax.apply_updates(sub, updates)
+    return {**p, **net}, head, opt_state, loss, optax.global_norm(grads)
 
   @jax.jit
   def predict(p, batch, t, key):
-    logp, sel = level_logp(p, batch, t, key)
+    logp, sel, _ = level_logp(p, batch, t, key)
     return jnp.argmax(logp, -1), sel
 
   def evaluate(p) -> dict[str, float]:
@@ -155,8 +186,8 @@ def main() -> None:
     idx = rng.integers(0, len(tr_q), args.batch)
     pairs = [sudoku.augment(tr_q[i], tr_s[i], rng) for i in idx]
     batch = _batch(np.stack([a for a, _ in pairs]), np.stack([b for _, b in pairs]))
-    params, opt_state, loss, gnorm = step(params, opt_state, batch,
-                                          jax.random.fold_in(jax.random.key(args.seed), s))
+    params, probe_head, opt_state, loss, gnorm = step(
+        params, probe_head, opt_state, batch, jax.random.fold_in(jax.random.key(args.seed), s))
     if s % 100 == 0 or s == args.steps:
       rec = {'step': s, 'loss': float(loss), 'grad_norm': float(gnorm),
              'seconds': round(time.time() - start, 1)}
@@ -165,7 +196,8 @@ def main() -> None:
       log.append(rec)
       print(json.dumps(rec), flush=True)
   result = {'overrides': args.set, 'train': args.train, 'steps': args.steps, 'batch': args.batch,
-            'lr': args.lr, 'trained_params': num_params, 'final': log[-1], 'log': log}
+            'lr': args.lr, 'round_digits': args.round_digits, 'trained_params': num_params,
+            'final': log[-1], 'log': log}
   if args.out:
     with open(args.out, 'w') as f:
       json.dump(result, f, indent=1)
