@@ -115,12 +115,17 @@ def main() -> None:
     tokens, levels, given, loss_mask = base.unpack(batch)
     xt, ht, masked = hmdlm.corrupt(key, tokens, levels, given, t, schedule,
                                    mask_id=loss_cfg.mask_id)
+
+    def apply_fn(tokens, levels, t, *, heads, token_levels=None):
+      # The rounds readout normalises each repeat's features once: capture those R outputs.
+      del token_levels  # two-pass model: the hierarchy head reads no token levels
+      return model.apply(
+          {'params': p}, tokens, levels, t, heads=heads, train=False, mutable=['intermediates'],
+          capture_intermediates=lambda mdl, method: mdl.name == 'hier_round_norm')
+
     if loss_cfg.given_state:
-      ht = jnp.where(given, k + 1, ht)
-    # The rounds readout normalises each repeat's features once: capture those R outputs.
-    logits, state = model.apply(
-        {'params': p}, xt, ht, t, heads=('hier',), train=False, mutable=['intermediates'],
-        capture_intermediates=lambda mdl, method: mdl.name == 'hier_round_norm')
+      apply_fn = base.with_given_state(apply_fn, given, loss_cfg.num_levels)
+    logits, state = apply_fn(xt, ht, t, heads=('hier',))
     rounds = state['intermediates'].get('hier_round_norm', {}).get('__call__', ())
     logp = parameterization.level_log_probs(logits['hier'], t, schedule,
                                             prior_corrected=loss_cfg.prior_corrected)
