@@ -104,6 +104,7 @@ def get_base_config() -> ml_collections.ConfigDict:
   # from the revealed digits of the input grid, through zero-init projections (to the input and,
   # with hier_input_embed, to the hierarchy pathway; models/sudoku_candidates.py).
   m.sudoku_candidates = False
+  m.hier_round_tokens = False  # derived: loss.beta_rounds > 0 (a token head on each round)
   m.dtype = 'float32'  # compute dtype: 'float32' | 'bfloat16'; parameters stay float32
 
   # Per-level schedule (docs/method.md §2).
@@ -131,6 +132,10 @@ def get_base_config() -> ml_collections.ConfigDict:
   # masked loss positions (same optimum, no 1/(t − δ_k) tail). The bound's terms are reported
   # (and evaluated) either way.
   l.hier_objective = 'bound'
+  # > 0: adds β_rounds × the per-round token loss (training only): with hier_readout='rounds',
+  # repeat r of the hierarchy trunk reads the tokens of the masked positions whose level rounds
+  # 1..r decide (level >= K - r), so each round learns what it should know (docs/method.md §5.1).
+  l.beta_rounds = 0.0
   # Where the loss evaluates the token head (hmdlm_jax/models/token_head.py): 'selected' = only at
   # the masked loss positions (same values, about half the head's cost; one device only), 'all'
   # = dense logits at every position, 'auto' = 'selected' when the train step runs on one device.

@@ -96,6 +96,7 @@ class ModelConfig:
   hier_width: int = 0
   cluster_head: int = 0  # outputs of HDLM's auxiliary cluster head (derived; 0 = none)
   sudoku_candidates: bool = False
+  hier_round_tokens: bool = False  # derived: loss.beta_rounds > 0 (the per-round token head)
 
   @classmethod
   def from_config(cls, config: ml_collections.ConfigDict) -> ModelConfig:
@@ -125,7 +126,7 @@ class ModelConfig:
     values['dropout'] = _check_number('model.dropout', values['dropout'], lo=0.0, hi=1.0)
     for name in ('time_conditioning', 'tie_embeddings', 'hier_stop_gradient',
                  'hier_time_conditioning', 'hier_input_embed', 'given_state',
-                 'sudoku_candidates'):
+                 'sudoku_candidates', 'hier_round_tokens'):
       _check_bool(f'model.{name}', values[name])
     _check_int('model.hier_layers', values['hier_layers'], minimum=0)
     _check_int('model.hier_repeats', values['hier_repeats'], minimum=1)
@@ -146,6 +147,11 @@ class ModelConfig:
                        'model.hier_layers >= 1 and model.hier_repeats = model.num_levels - 1 = '
                        f"{values['num_levels'] - 1} (got {values['hier_layers']}, "
                        f"{values['hier_repeats']}).")
+    if values['hier_round_tokens'] and (values['hier_readout'] != 'rounds'
+                                        or values['num_levels'] == 1):
+      raise ValueError('loss.beta_rounds > 0 (model.hier_round_tokens) reads the token of each '
+                       "round: it needs model.hier_readout='rounds' and model.num_levels > 1 "
+                       f"(got {values['hier_readout']!r}, {values['num_levels']}).")
     return cls(**values)
 
   def __post_init__(self) -> None:
@@ -195,6 +201,9 @@ class LossConfig:
     hier_objective: what trains the hierarchy head: 'bound' (β_hier L_hier + β_cons L_cons) or
       'cross_entropy' (β_hier × mean −log g[h0] over masked loss positions; docs/method.md §5.1).
     given_state: given positions enter the network as h_g = K+1 (model.given_state).
+    beta_rounds: weight of the per-round token loss L_rounds (training only, never in the bound;
+      0 = off; needs model.hier_readout='rounds', which derives model.hier_round_tokens;
+      docs/method.md §5.1).
     token_rows: where the training loss evaluates the token head: 'all' positions (dense logits,
       then the masked ones are read) or only the 'selected' ones (masked loss positions;
       models/token_head.py: same values, about half the head's cost, one device only); 'auto'
@@ -212,10 +221,11 @@ class LossConfig:
   num_levels: int = 2
   hier_objective: str = 'bound'
   given_state: bool = False
+  beta_rounds: float = 0.0
   token_rows: str = 'all'
 
   def __post_init__(self) -> None:
-    for name in ('beta_hier', 'beta_cons'):
+    for name in ('beta_hier', 'beta_cons', 'beta_rounds'):
       _check_number(f'loss.{name}', getattr(self, name), lo=0.0)
     _check_number('loss.t_min', self.t_min, lo=0.0, hi=1.0)
     if int(self.train_steps_T) != self.train_steps_T or self.train_steps_T < 1:
@@ -246,6 +256,7 @@ class LossConfig:
                mask_id=int(m.mask_id), num_levels=int(m.num_levels),
                hier_objective=str(l.get('hier_objective', 'bound')),
                given_state=bool(m.get('given_state', False)),
+               beta_rounds=float(l.get('beta_rounds', 0.0)),
                token_rows=str(l.get('token_rows', 'auto')))
 
 
@@ -429,6 +440,16 @@ def _check_init(config: ml_collections.ConfigDict) -> None:
                      '.safetensors or a Lightning .ckpt.')
 
 
+def _derive_round_tokens(config: ml_collections.ConfigDict) -> None:
+  """model.hier_round_tokens = loss.beta_rounds > 0 (the head exists only when its loss does)."""
+  beta = _check_number('loss.beta_rounds', config.loss.get('beta_rounds', 0.0), lo=0.0)
+  given = config.model.get('hier_round_tokens', False)
+  if given not in (False, beta > 0):
+    raise ValueError(f'model.hier_round_tokens={given!r} is derived from loss.beta_rounds '
+                     f'({beta}): leave it False and set loss.beta_rounds.')
+  config.model.hier_round_tokens = beta > 0
+
+
 def resolve(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
   """A copy of `config` with the derived values computed and the sections validated (idempotent).
 
@@ -451,6 +472,7 @@ def resolve(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
       config.loss.train_steps_T = config.sample.num_steps
     if config.model.num_levels == 1:
       config.data.hierarchy = 'none'
+    _derive_round_tokens(config)
   config_kinds.check_process(config)
   _check_train(config)
   _check_optim(config)

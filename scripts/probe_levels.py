@@ -11,10 +11,10 @@ accuracy on generated test puzzles against the prior (the majority level among t
       --set model.hier_layers=2 --set model.hier_repeats=4 --out /tmp/probe.json
 
 `--train backbone` trains every parameter on the level loss (the backbone is the trunk);
-`--round_digits W` (with model.hier_readout='rounds') adds W x a per-round digit loss: a probe
-head (LN features of repeat r -> 9 digits) trained on the solution digit of every masked blank
-cell that rounds 1..r of the labeller determine (level >= K - r), so each repeat gets a direct
-signal for what its round should know;
+`--set loss.beta_rounds=W` (with model.hier_readout='rounds') adds W x the package's per-round
+token loss (`processes.hmdlm.round_token_loss`: the 'hier_round_tokens' head of repeat r trained
+on the solution digit of every masked blank cell that rounds 1..r of the labeller determine,
+level >= K - r), so each repeat gets a direct signal for what its round should know;
 `--train hier` trains only the hierarchy pathway ('hier_*' parameters, the backbone frozen at its
 initialisation, which is the identity for the DiT's adaLN-zero blocks: the pathway then reads the
 input embedding; use with model.hier_input_embed so it sees its own level/given table).
@@ -72,17 +72,15 @@ def main() -> None:
   ap.add_argument('--train', choices=('backbone', 'hier'), default='backbone')
   ap.add_argument('--test_puzzles', type=int, default=500)
   ap.add_argument('--seed', type=int, default=0)
-  ap.add_argument('--round_digits', type=float, default=0.0,
-                  help="weight of the per-round digit loss (needs model.hier_readout='rounds')")
   ap.add_argument('--set', action='append', default=[], help='config override a.b=value')
   ap.add_argument('--out', default='')
   args = ap.parse_args()
 
-  config = config_lib.resolve(_override(sudoku_config.get_config(), args.set))
+  try:
+    config = config_lib.resolve(_override(sudoku_config.get_config(), args.set))
+  except ValueError as e:  # one line naming the field, nothing written
+    raise SystemExit(f'probe_levels.py: {e}') from None
   cfg_m = config_lib.ModelConfig.from_section(config.model)
-  if args.round_digits and cfg_m.hier_readout != 'rounds':
-    raise SystemExit("--round_digits: needs --set model.hier_readout=rounds (the per-round "
-                     'features it supervises)')
   loss_cfg = config_lib.LossConfig.from_config(config)
   schedule = schedules.schedule_from_config(config.schedule, cfg_m.num_levels)
   model = models.build_model(cfg_m)
@@ -106,59 +104,41 @@ def main() -> None:
   tx = optax.chain(optax.clip_by_global_norm(1.0), optax.adamw(sched, weight_decay=0.0))
   trainable = lambda p: {k: v for k, v in p.items() if args.train == 'backbone' or
                          k.startswith('hier_')}
-  probe_head = {'kernel': jnp.zeros((cfg_m.hidden_size, 9)), 'bias': jnp.zeros((9,))}
-  opt_state = tx.init((trainable(params), probe_head))
-  k = cfg_m.num_levels
+  opt_state = tx.init(trainable(params))
+  rounds = loss_cfg.beta_rounds > 0
 
-  def level_logp(p, batch, t, key):
-    """(level log-probs [B, L, K], selected cells [B, L], per-round LN features [R][B, L, H])."""
+  def level_logp(p, batch, t, key, heads=('hier',)):
+    """(level log-probs [B, L, K], selected cells [B, L], round token logits [B, L, R, V] when
+    'hier_round_tokens' is in heads, else None)."""
     tokens, levels, given, loss_mask = base.unpack(batch)
     xt, ht, masked = hmdlm.corrupt(key, tokens, levels, given, t, schedule,
                                    mask_id=loss_cfg.mask_id)
-
-    def apply_fn(tokens, levels, t, *, heads, token_levels=None):
-      # The rounds readout normalises each repeat's features once: capture those R outputs.
-      del token_levels  # two-pass model: the hierarchy head reads no token levels
-      return model.apply(
-          {'params': p}, tokens, levels, t, heads=heads, train=False, mutable=['intermediates'],
-          capture_intermediates=lambda mdl, method: mdl.name == 'hier_round_norm')
-
+    apply_fn = models.make_apply_fn(model, p, train=False)
     if loss_cfg.given_state:
       apply_fn = base.with_given_state(apply_fn, given, loss_cfg.num_levels)
-    logits, state = apply_fn(xt, ht, t, heads=('hier',))
-    rounds = state['intermediates'].get('hier_round_norm', {}).get('__call__', ())
-    logp = parameterization.level_log_probs(logits['hier'], t, schedule,
+    out = apply_fn(xt, ht, t, heads=heads)
+    logp = parameterization.level_log_probs(out['hier'], t, schedule,
                                             prior_corrected=loss_cfg.prior_corrected)
-    return logp, masked & loss_mask, rounds
-
-  def round_digit_loss(head, rounds, batch, sel):
-    """Mean over repeats r = 1..R of the digit cross-entropy on the cells rounds <= r decide."""
-    total = 0.0
-    for r, h in enumerate(rounds, start=1):
-      logp = jax.nn.log_softmax(h @ head['kernel'] + head['bias'])
-      nll = -jnp.take_along_axis(logp, batch['tokens'][..., None], -1)[..., 0]
-      w = (sel & (batch['levels'] >= k - r)).astype(jnp.float32)
-      total = total + (nll * w).sum() / jnp.maximum(w.sum(), 1.0)
-    return total / max(len(rounds), 1)
+    return logp, masked & loss_mask, out.get('hier_round_tokens')
 
   @jax.jit
-  def step(p, head, opt_state, batch, key):
+  def step(p, opt_state, batch, key):
     k_t, k_m = jax.random.split(key)
 
-    def loss_fn(sub):
-      net, head = sub
-      logp, sel, rounds = level_logp({**p, **net}, batch, base.sample_times(k_t, args.batch), k_m)
+    def loss_fn(net):
+      heads = ('hier', 'hier_round_tokens') if rounds else ('hier',)
+      logp, sel, round_logits = level_logp({**p, **net}, batch,
+                                           base.sample_times(k_t, args.batch), k_m, heads)
       loss = hmdlm.level_cross_entropy(logp, batch['levels'], sel)
-      if args.round_digits:
-        assert len(rounds) == cfg_m.hier_repeats, f'captured {len(rounds)} rounds'
-        loss = loss + args.round_digits * round_digit_loss(head, rounds, batch, sel)
+      if rounds:
+        loss = loss + loss_cfg.beta_rounds * hmdlm.round_token_loss(
+            round_logits, batch['tokens'], batch['levels'], sel)
       return loss
 
-    sub = (trainable(p), head)
-    loss, grads = jax.value_and_grad(loss_fn)(sub)
-    updates, opt_state = tx.update(grads, opt_state, sub)
-    net, head = optax.apply_updates(sub, updates)
-    return {**p, **net}, head, opt_state, loss, optax.global_norm(grads)
+    net = trainable(p)
+    loss, grads = jax.value_and_grad(loss_fn)(net)
+    updates, opt_state = tx.update(grads, opt_state, net)
+    return {**p, **optax.apply_updates(net, updates)}, opt_state, loss, optax.global_norm(grads)
 
   @jax.jit
   def predict(p, batch, t, key):
@@ -191,8 +171,8 @@ def main() -> None:
     idx = rng.integers(0, len(tr_q), args.batch)
     pairs = [sudoku.augment(tr_q[i], tr_s[i], rng) for i in idx]
     batch = _batch(np.stack([a for a, _ in pairs]), np.stack([b for _, b in pairs]))
-    params, probe_head, opt_state, loss, gnorm = step(
-        params, probe_head, opt_state, batch, jax.random.fold_in(jax.random.key(args.seed), s))
+    params, opt_state, loss, gnorm = step(
+        params, opt_state, batch, jax.random.fold_in(jax.random.key(args.seed), s))
     if s % 100 == 0 or s == args.steps:
       rec = {'step': s, 'loss': float(loss), 'grad_norm': float(gnorm),
              'seconds': round(time.time() - start, 1)}
@@ -201,7 +181,7 @@ def main() -> None:
       log.append(rec)
       print(json.dumps(rec), flush=True)
   result = {'overrides': args.set, 'train': args.train, 'steps': args.steps, 'batch': args.batch,
-            'lr': args.lr, 'round_digits': args.round_digits, 'trained_params': num_params,
+            'lr': args.lr, 'beta_rounds': loss_cfg.beta_rounds, 'trained_params': num_params,
             'final': log[-1], 'log': log}
   if args.out:
     with open(args.out, 'w') as f:

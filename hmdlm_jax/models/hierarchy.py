@@ -13,6 +13,8 @@
   hx = (hier_blocks_0 .. hier_blocks_{N-1})^R (hx) hierarchy trunk: N = hier_layers, R = hier_repeats
                                                    (at width hier_width between two projections)
   'hier'  = hier_head(hx, hc)  or, hier_readout='rounds', stick-breaking over the R = K-1 repeats
+  'hier_round_tokens' = Linear(LN(hx_r)), r = 1..R   token logits of each round, only with
+                                                   hier_round_tokens (loss.beta_rounds > 0)
   'token' = token_head(x (+ W_tok_lvl[token_levels] if single pass and K > 1), c)
   'cluster' = cluster_head(x, c)                   HDLM's auxiliary cluster head, only when
                                                    cluster_head = n > 0 (the process's option)
@@ -52,12 +54,14 @@ HeadFn = Callable[[Array, Array | None], Array]
 # token(x, c, query=None): HeadFn's logits, or with a token_head.TokenQuery its rows' NLL [B, L].
 TokenHeadFn = Callable[..., Array]
 
-HEADS = ('hier', 'token', 'token_nll', 'cluster')
-# The heads every model has ('cluster' exists only when the backbone's cluster_head > 0).
-# 'token_nll' is the token head read as a loss at selected rows only (needs a token_query).
+HEADS = ('hier', 'token', 'token_nll', 'cluster', 'hier_round_tokens')
+# The heads every model has ('cluster' exists only when the backbone's cluster_head > 0,
+# 'hier_round_tokens' only with hier_round_tokens). 'token_nll' is the token head read as a loss
+# at selected rows only (needs a token_query).
 CORE_HEADS = ('hier', 'token')
 # Top-level parameter names used only by the hierarchy pathway start with this prefix (the level
-# head 'hier_layer' / 'hier_head', the trunk 'hier_blocks_i', 'hier_time_*', 'hier_level_embed');
+# head 'hier_layer' / 'hier_head', the trunk 'hier_blocks_i', 'hier_time_*', 'hier_level_embed',
+# the round readout and token head 'hier_round_*');
 # optim.py clips their gradient as a group of its own (optim.hier_grad_clip).
 HIER_PREFIX = 'hier_'
 # block(x [B, L, H], c [B, C] | None, rope, train) -> [B, L, H]: one backbone block.
@@ -124,6 +128,8 @@ class HierarchicalBackbone(nn.Module):
                at token_query.targets, on token_query.rows only (0 elsewhere; the others are
                never computed: models/token_head.py)
     'cluster' -> float32 [B, L, n] raw auxiliary cluster logits (needs cluster_head = n > 0)
+    'hier_round_tokens' -> float32 [B, L, R, V] raw token logits read from each of the R = K-1
+               repeats of the hierarchy trunk (needs hier_round_tokens; `_round_features`)
   Only the requested heads are computed. train=True applies dropout (rng stream 'dropout').
   Subclasses set the defaults of the fields, `token_embed_name`, `embedding_std`, and implement
   `trunk` and `make_heads`.
@@ -153,6 +159,8 @@ class HierarchicalBackbone(nn.Module):
   hier_width: int = 0  # width of the trunk's blocks (0 = hidden_size); projections in and out
   cluster_head: int = 0  # n outputs of HDLM's auxiliary cluster head (0 = no such head)
   sudoku_candidates: bool = False  # add the grid's candidate features (sudoku_candidates.py)
+  # A token head on each repeat's features (hier_readout='rounds'; the per-round token loss).
+  hier_round_tokens: bool = False
 
   # Parameter name of the input token table ('vocab_embed' in MDLM's DiT, 'wte' in GPT-2).
   token_embed_name: ClassVar[str] = 'vocab_embed'
@@ -180,9 +188,10 @@ class HierarchicalBackbone(nn.Module):
 
   @property
   def available_heads(self) -> tuple[str, ...]:
-    """The heads with parameters: 'hier', 'token' and 'cluster' if cluster_head > 0 ('token_nll'
-    reads the token head)."""
-    return CORE_HEADS + ('cluster',) if self.cluster_head else CORE_HEADS
+    """The heads with parameters: 'hier', 'token', 'cluster' if cluster_head > 0 and
+    'hier_round_tokens' if hier_round_tokens ('token_nll' reads the token head)."""
+    return (CORE_HEADS + (('cluster',) if self.cluster_head else ())
+            + (('hier_round_tokens',) if self.hier_round_tokens else ()))
 
   @property
   def num_input_states(self) -> int:
@@ -198,6 +207,9 @@ class HierarchicalBackbone(nn.Module):
     if 'cluster' in heads and not self.cluster_head:
       raise ValueError("heads include 'cluster' but the model has no auxiliary cluster head "
                        '(model.cluster_head=0; set process.hdlm.aux_weight > 0).')
+    if 'hier_round_tokens' in heads and not (self.hier_round_tokens and self.num_levels > 1):
+      raise ValueError("heads include 'hier_round_tokens' but the model has no per-round token "
+                       'head (set loss.beta_rounds > 0 with K > 1 and hier_readout=rounds).')
     check_inputs(tokens, levels, t, token_levels, single_pass=self.single_pass,
                  num_levels=self.num_levels, heads=heads)
     if ('token_nll' in heads) != (token_query is not None):
@@ -230,15 +242,21 @@ class HierarchicalBackbone(nn.Module):
     x, c = self.trunk(x, t, rope, train)
 
     head = self.make_heads(token_table)
-    if 'hier' in heads and k > 1:
+    if ('hier' in heads or 'hier_round_tokens' in heads) and k > 1:
       hx, hc = x, c
       if self.hier_stop_gradient:
         # L_hier and L_cons then train the head only (and pass 1 needs no backward through the
         # backbone); the backbone learns from the token loss alone.
         hx, hc = jax.lax.stop_gradient(x), jax.lax.stop_gradient(c)
       hx, hc, per_round = self._hier_trunk(hx, hc, tokens, levels, t, rope, train, cand)
-      out['hier'] = (self._round_readout(per_round) if self.hier_readout == 'rounds'
-                     else head.hier(hx, hc))
+      if self.hier_readout == 'rounds':
+        normed = self._round_features(per_round)
+        if 'hier' in heads:
+          out['hier'] = self._round_readout(normed)
+        if 'hier_round_tokens' in heads:
+          out['hier_round_tokens'] = self._round_tokens(normed)
+      else:
+        out['hier'] = head.hier(hx, hc)
     if 'token' in heads or 'token_nll' in heads:
       if self.single_pass and k > 1:
         # Single pass: the token head is told each position's own level; the hierarchy head
@@ -297,22 +315,40 @@ class HierarchicalBackbone(nn.Module):
                             out_dtype=jnp.float32, name=f'{HIER_PREFIX}out_proj')(z)
     return z, hc, per_round
 
-  def _round_readout(self, per_round: list[Array]) -> Array:
+  def _round_features(self, per_round: list[Array]) -> list[Array]:
+    """LN(hx_r) [B, L, H'] of each repeat r, one LayerNorm shared by the rounds (what the round
+    readout and the per-round token head read)."""
+    norm = layers.LayerNorm(name=f'{HIER_PREFIX}round_norm')
+    return [norm(h) for h in per_round]
+
+  def _round_tokens(self, normed: list[Array]) -> Array:
+    """Token logits [B, L, R, V] of each round, one zero-init Linear shared by the rounds.
+
+    Trained by the per-round token loss (processes/hmdlm.py `round_token_loss`): round r learns
+    the tokens of the positions whose level the first r rounds decide, so each repeat is told
+    what its round of propagation should know (docs/method.md §5.1).
+    """
+    head = layers.Dense((self.vocab_size,), ('embed', 'vocab'), kernel_init=layers.zeros_init,
+                        bias_init=layers.zeros_init, dtype=self.compute_dtype,
+                        out_dtype=jnp.float32, name=f'{HIER_PREFIX}round_token_head')
+    return jnp.stack([head(h) for h in normed], axis=2)
+
+  def _round_readout(self, normed: list[Array]) -> Array:
     """`hier_readout='rounds'`: level log-probabilities [B, L, K] by stick-breaking over rounds.
 
     Repeat r = 1..K-1 of the trunk reads a hazard p_r = σ(s_r), s_r = Linear(LN(hx_r)) (one
-    readout shared by the rounds): the probability that the position is decided in round r if it
-    was not before. Level K-r (higher = earlier) has probability p_r Π_{j<r} (1 − p_j) and level 0
-    the rest, Π_{j<K} (1 − p_j). The log-probabilities are valid logits for the head's log-softmax
-    and prior correction. This mirrors a labeller whose levels are rounds of propagation (Sudoku,
-    docs/method.md §6): the level loss reaches each round's readout directly. The readout bias
-    starts at −2 (hazard 0.12 per round, near the Sudoku labeller's ~0.13).
+    readout shared by the rounds; `normed` = the LN(hx_r) of `_round_features`): the
+    probability that the position is decided in round r if it was not before. Level K-r (higher
+    = earlier) has probability p_r Π_{j<r} (1 − p_j) and level 0 the rest, Π_{j<K} (1 − p_j).
+    The log-probabilities are valid logits for the head's log-softmax and prior correction.
+    This mirrors a labeller whose levels are rounds of propagation (Sudoku, docs/method.md §6):
+    the level loss reaches each round's readout directly. The readout bias starts at −2 (hazard
+    0.12 per round, near the Sudoku labeller's ~0.13).
     """
-    norm = layers.LayerNorm(name=f'{HIER_PREFIX}round_norm')
     readout = layers.Dense((1,), ('embed', None), kernel_init=layers.zeros_init,
                            bias_init=nn.initializers.constant(-2.0), dtype=self.compute_dtype,
                            out_dtype=jnp.float32, name=f'{HIER_PREFIX}round_readout')
-    s = jnp.concatenate([readout(norm(h)) for h in per_round], axis=-1)  # [B, L, K-1]
+    s = jnp.concatenate([readout(h) for h in normed], axis=-1)  # [B, L, K-1]
     log_p, log_q = jax.nn.log_sigmoid(s), jax.nn.log_sigmoid(-s)
     survive = jnp.cumsum(log_q, axis=-1) - log_q  # Σ_{j<r} log(1 − p_j)
     decided = log_p + survive  # round r -> level K - r

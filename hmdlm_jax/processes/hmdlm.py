@@ -22,6 +22,8 @@ Hierarchy objective (`loss.hier_objective`, docs/method.md §5.1): 'bound' train
 β_hier L_hier + β_cons L_cons; 'cross_entropy' with β_hier × the mean −log g^i[h0^i] over the masked
 loss positions of the batch (same minimiser g = the posterior of the level; no λ' weight, so no
 1/(t − δ_k) tail). L_hier and L_cons are reported either way and the bound never changes.
+`loss.beta_rounds` > 0 adds β_rounds × L_rounds, the per-round token loss (`round_token_loss`),
+read from pass 1's 'hier_round_tokens' head; a training signal only, never part of the bound.
 """
 
 from __future__ import annotations
@@ -150,19 +152,44 @@ def level_cross_entropy(level_logp: jax.Array, levels: jax.Array, sel: jax.Array
   return jnp.where(sel, nll, 0.0).sum().astype(jnp.float32) / n
 
 
+def round_token_loss(round_logits: jax.Array, tokens: jax.Array, levels: jax.Array,
+                     sel: jax.Array) -> jax.Array:
+  """L_rounds: the mean over rounds r = 1..R of the mean token NLL of round r's head over the
+  selected positions whose level rounds 1..r decide (h0 >= K - r, K = R + 1): [] (docs/method.md
+  §5.1). A round with no such position adds 0.
+
+  round_logits [B, L, R, V] raw ('hier_round_tokens'); tokens, levels [B, L] x0, h0;
+  sel [B, L] bool (masked loss positions).
+  """
+  chex.assert_rank((round_logits, tokens, levels, sel), (4, 2, 2, 2))
+  chex.assert_equal_shape_prefix((round_logits, tokens, levels, sel), 2)
+  num_rounds = round_logits.shape[2]
+  logp = jax.nn.log_softmax(round_logits.astype(jnp.float32), axis=-1)
+  nll = -jnp.take_along_axis(logp, tokens[:, :, None, None], axis=-1)[..., 0]  # [B, L, R]
+  # Round r (index r-1) decides levels K-1 .. K-r, i.e. h0 >= K - r = R + 1 - r.
+  first_level = num_rounds - jnp.arange(num_rounds)  # [R]: R, R-1, .., 1
+  w = sel[..., None] & (levels[..., None] >= first_level)  # [B, L, R]
+  per_round = (jnp.where(w, nll, 0.0).sum((0, 1))
+               / jnp.maximum(w.sum((0, 1)), 1).astype(jnp.float32))
+  return per_round.mean()
+
+
 def _pass1(apply_fn: ApplyFn, xt: jax.Array, ht: jax.Array, t: jax.Array, schedule: Schedule,
-           cfg: LossConfig) -> jax.Array:
-  """log g [B, L, K] from pass 1 on (x_t, h_t); K = 1: zeros [B, L, 1], no network call."""
+           cfg: LossConfig, *, rounds: bool = False) -> tuple[jax.Array, jax.Array | None]:
+  """(log g [B, L, K], per-round token logits [B, L, R, V] if `rounds` else None) from pass 1
+  on (x_t, h_t); K = 1: zeros [B, L, 1], no network call."""
   if cfg.num_levels == 1:
-    return jnp.zeros(xt.shape + (1,), jnp.float32)
-  out = apply_fn(xt, ht, t, heads=('hier',))
-  return parameterization.level_log_probs(out['hier'], t, schedule,
-                                          prior_corrected=cfg.prior_corrected)
+    return jnp.zeros(xt.shape + (1,), jnp.float32), None
+  out = apply_fn(xt, ht, t, heads=('hier', 'hier_round_tokens') if rounds else ('hier',))
+  return (parameterization.level_log_probs(out['hier'], t, schedule,
+                                           prior_corrected=cfg.prior_corrected),
+          out.get('hier_round_tokens'))
 
 
 def diffusion_loss(apply_fn: ApplyFn, batch: Mapping[str, Any], key: jax.Array,
                    schedule: Schedule, cfg: LossConfig) -> tuple[jax.Array, dict[str, jax.Array]]:
-  """The training loss L = L_LM + β_hier L_hier + β_cons L_cons (eq. 76, Algorithm 1).
+  """The training loss L = L_LM + β_hier L_hier + β_cons L_cons (eq. 76, Algorithm 1)
+  (+ β_rounds L_rounds with loss.beta_rounds > 0).
 
   two_pass: pass 1 on (x_t, h_t) -> g; pass 2 on (x_t, h_s) -> f with h_s from `reveal_levels`.
   single_pass: one call on (x_t, h_t) with token_levels = h0 at masked positions (own-level
@@ -177,6 +204,7 @@ def diffusion_loss(apply_fn: ApplyFn, batch: Mapping[str, Any], key: jax.Array,
     (loss scalar float32, metrics dict of float32 scalars): 'loss', 'lm', 'hier', 'cons',
     'nelbo' (= lm + hier + cons), 'token_nll' (unweighted -log f per masked loss token),
     'level_ce' (mean -log g[h0] per masked loss token; only with hier_objective='cross_entropy'),
+    'round_tokens' (L_rounds, `round_token_loss`; only with beta_rounds > 0),
     'level_acc' (argmax g == h0 on masked
     loss tokens), 'mask_rate', 'num_loss_tokens', 'finite'.
     NaN/Inf propagate into 'loss' on purpose (never averaged away).
@@ -195,19 +223,22 @@ def diffusion_loss(apply_fn: ApplyFn, batch: Mapping[str, Any], key: jax.Array,
   else:
     token_head_name, query = 'token', None
   token_call = functools.partial(apply_fn, token_query=query) if query is not None else apply_fn
+  rounds = cfg.beta_rounds > 0 and cfg.num_levels > 1
+  round_logits = None
   if cfg.num_levels == 1:
     level_logp = jnp.zeros(tokens.shape + (1,), jnp.float32)
     token_out = token_call(xt, ht, t, heads=(token_head_name,))[token_head_name]
   elif cfg.variant == 'two_pass':
-    level_logp = _pass1(apply_fn, xt, ht, t, schedule, cfg)
+    level_logp, round_logits = _pass1(apply_fn, xt, ht, t, schedule, cfg, rounds=rounds)
     hs = reveal_levels(k_rev, levels, ht, masked, t, schedule, step=1.0 / cfg.train_steps_T)
     token_out = token_call(xt, hs, t, heads=(token_head_name,))[token_head_name]
   else:
-    out = token_call(xt, ht, t, heads=('hier', token_head_name),
+    out = token_call(xt, ht, t, heads=('hier', token_head_name) + (
+                         ('hier_round_tokens',) if rounds else ()),
                      token_levels=jnp.where(masked, levels, ht))
     level_logp = parameterization.level_log_probs(out['hier'], t, schedule,
                                                   prior_corrected=cfg.prior_corrected)
-    token_out = out[token_head_name]
+    token_out, round_logits = out[token_head_name], out.get('hier_round_tokens')
   tok_nll = (token_out if query is not None
              else parameterization.token_nll(token_out, tokens, mask_id=cfg.mask_id))
   terms = loss_terms(tok_nll, level_logp, levels, masked, loss_mask, hazard)
@@ -217,6 +248,9 @@ def diffusion_loss(apply_fn: ApplyFn, batch: Mapping[str, Any], key: jax.Array,
     loss = lm + cfg.beta_hier * level_ce
   else:
     loss = lm + cfg.beta_hier * hier + cfg.beta_cons * cons
+  if round_logits is not None:
+    l_rounds = round_token_loss(round_logits, tokens, levels, sel)
+    loss = loss + cfg.beta_rounds * l_rounds
   n_sel = jnp.maximum(sel.sum(), 1).astype(jnp.float32)
   n_loss = loss_mask.sum().astype(jnp.float32)
   level_ok = jnp.argmax(level_logp, axis=-1) == levels
@@ -229,6 +263,8 @@ def diffusion_loss(apply_fn: ApplyFn, batch: Mapping[str, Any], key: jax.Array,
   )
   if cfg.hier_objective == 'cross_entropy':  # reported only then: the default log is unchanged
     metrics['level_ce'] = level_ce
+  if round_logits is not None:  # likewise only with loss.beta_rounds > 0
+    metrics['round_tokens'] = l_rounds
   metrics['finite'] = jnp.all(jnp.isfinite(jnp.stack([loss, lm, hier, cons]))).astype(jnp.float32)
   return loss.astype(jnp.float32), {k: v.astype(jnp.float32) for k, v in metrics.items()}
 
@@ -267,7 +303,7 @@ def bound_from_state(apply_fn: ApplyFn, batch: Mapping[str, Any], xt: jax.Array,
     token_logits = out['token']
     weight = jnp.ones(tokens.shape, hazard.dtype)
   else:
-    level_logp = _pass1(apply_fn, xt, ht, t, schedule, cfg)
+    level_logp, _ = _pass1(apply_fn, xt, ht, t, schedule, cfg)
     score = jnp.where(sel, jax.random.uniform(key, tokens.shape), -1.0)
     pick = jax.nn.one_hot(jnp.argmax(score, axis=-1), tokens.shape[1], dtype=bool) & sel
     token_logits = apply_fn(xt, jnp.where(pick, levels, ht), t, heads=('token',))['token']
@@ -299,7 +335,7 @@ def level_blind_from_state(apply_fn: ApplyFn, batch: Mapping[str, Any], xt: jax.
   chex.assert_equal_shape((tokens, xt, ht, masked))
   apply_fn = _network(apply_fn, given, cfg)
   hazard = schedule.hazard(t)  # [B, K]
-  level_logp = _pass1(apply_fn, xt, ht, t, schedule, cfg).astype(hazard.dtype)
+  level_logp = _pass1(apply_fn, xt, ht, t, schedule, cfg)[0].astype(hazard.dtype)
   r = (jnp.exp(level_logp) * hazard[:, None, :]).sum(-1)  # [B, L]
   # No level information at masked positions: h_t (h_m there), also as single_pass's own level.
   extra = {'token_levels': ht} if cfg.variant == 'single_pass' and cfg.num_levels > 1 else {}
@@ -444,7 +480,7 @@ class HMDLM(base.Process):
     loss); K = 1: zeros [B, L, 1]. Used by the level-accuracy diagnostics of tasks/."""
     _, _, given, _ = base.unpack(batch)
     return _pass1(_network(apply_fn, given, self.cfg), state.tokens, state.levels, t,
-                  self.schedule, self.cfg)
+                  self.schedule, self.cfg)[0]
 
   def check_sampling(self, cfg: SampleConfig) -> None:
     schedules.check_ordering(self.schedule, cfg.num_steps, self.check_ordering)
