@@ -97,6 +97,9 @@ def get_base_config() -> ml_collections.ConfigDict:
   # repeat, levels by stick-breaking (needs hier_repeats = num_levels - 1; models/hierarchy.py).
   m.hier_readout = 'head'
   m.hier_width = 0  # width of the trunk's blocks (0 = hidden_size); narrower = cheaper pass 1
+  # What the pathway reads: 'features' (the backbone's final hidden state, the paper) | 'input'
+  # (the embedded input before the backbone's blocks: a level network of its own beside it).
+  m.hier_source = 'features'
   # Given cells (Sudoku clues, prompts) carry their own input state h_g = K+1 instead of their
   # level: the level tables get a (K+2)-th row (docs/design.md). False: givens show their level.
   m.given_state = False

@@ -56,6 +56,7 @@ LEVEL_CONTEXTS = ('candidates', 'none')
 HIER_OBJECTIVES = ('bound', 'cross_entropy')
 TOKEN_ROWS = ('auto', 'all', 'selected')
 HIER_READOUTS = ('head', 'rounds')
+HIER_SOURCES = ('features', 'input')
 
 
 # ------------------------------------------------------------------------------------------ views
@@ -97,6 +98,7 @@ class ModelConfig:
   cluster_head: int = 0  # outputs of HDLM's auxiliary cluster head (derived; 0 = none)
   sudoku_candidates: bool = False
   hier_round_tokens: bool = False  # derived: loss.beta_rounds > 0 (the per-round token head)
+  hier_source: str = 'features'
 
   @classmethod
   def from_config(cls, config: ml_collections.ConfigDict) -> ModelConfig:
@@ -147,6 +149,9 @@ class ModelConfig:
                        'model.hier_layers >= 1 and model.hier_repeats = model.num_levels - 1 = '
                        f"{values['num_levels'] - 1} (got {values['hier_layers']}, "
                        f"{values['hier_repeats']}).")
+    if values['hier_source'] not in HIER_SOURCES:
+      raise ValueError(f"model.hier_source={values['hier_source']!r} is not one of "
+                       f'{HIER_SOURCES}.')
     if values['hier_round_tokens'] and (values['hier_readout'] != 'rounds'
                                         or values['num_levels'] == 1):
       raise ValueError('loss.beta_rounds > 0 (model.hier_round_tokens) reads the token of each '

@@ -141,15 +141,19 @@ class DiT(hierarchy.HierarchicalBackbone):
             train: bool) -> tuple[Array, Array]:
     """x [B, L, H] -> (x [B, L, H], c [B, cond_dim]) through the adaLN-zero blocks."""
     x = layers.constrain(x, ('batch', 'length', 'embed'))
-    # MDLM feeds σ = 0 when time conditioning is off; the embedder exists either way.
-    t_in = t if self.time_conditioning else jnp.zeros_like(t)
-    # The time MLP is tiny: float32 regardless of the compute dtype (MDLM runs it outside autocast).
-    c = nn.silu(layers.TimestepEmbedder(self.cond_dim, name='sigma_map')(t_in))
+    c = self.conditioning(t)
     for i in range(self.num_layers):
       x = DDiTBlock(self.num_heads, self.mlp_dim, self.dropout, rope is not None,
                     self.compute_dtype, self.position_embedding == 'sudoku_rel',
                     name=f'blocks_{i}')(x, c, rope, train)
     return x, c
+
+  def conditioning(self, t: Array) -> Array:
+    """c [B, cond_dim] = SiLU(the embedding of t), or of 0 without time conditioning."""
+    # MDLM feeds σ = 0 when time conditioning is off; the embedder exists either way.
+    t_in = t if self.time_conditioning else jnp.zeros_like(t)
+    # The time MLP is tiny: float32 regardless of the compute dtype (MDLM runs it outside autocast).
+    return nn.silu(layers.TimestepEmbedder(self.cond_dim, name='sigma_map')(t_in))
 
   def make_heads(self, token_table: layers.Embed) -> hierarchy.Heads:
     """Every head is an adaLN final layer (MDLM's DDitFinalLayer) on (x, c): H -> K, H -> V and

@@ -6,6 +6,8 @@
   x += W_cand · cand(tokens)                       if sudoku_candidates (zero-init Linear)
   x, c = trunk(x, t)                               backbone-specific: time conditioning, blocks
   hx, hc = x, c                                    stop-gradient'ed if hier_stop_gradient
+                                                   (hx = the embedded input, before the trunk,
+                                                   if hier_source='input')
   hx += W_hin[levels]                              if hier_input_embed (own input-state table)
        (+ W_hcand · cand(givens)                    and sudoku_candidates; givens = all revealed
                                                     cells unless given_state)
@@ -161,6 +163,9 @@ class HierarchicalBackbone(nn.Module):
   sudoku_candidates: bool = False  # add the grid's candidate features (sudoku_candidates.py)
   # A token head on each repeat's features (hier_readout='rounds'; the per-round token loss).
   hier_round_tokens: bool = False
+  # What the hierarchy pathway reads: 'features' (the trunk's output, the paper) or 'input' (the
+  # embedded input before the trunk: the pathway is then a network of its own beside the trunk).
+  hier_source: str = 'features'
 
   # Parameter name of the input token table ('vocab_embed' in MDLM's DiT, 'wte' in GPT-2).
   token_embed_name: ClassVar[str] = 'vocab_embed'
@@ -175,6 +180,12 @@ class HierarchicalBackbone(nn.Module):
     rope: rotary cos, sin [L, head_dim] when position_embedding='rotary', else None.
     """
     raise NotImplementedError
+
+  def conditioning(self, t: Array) -> Array | None:
+    """The conditioning vector c [B, C] the heads and blocks read (None: the backbone has none);
+    `trunk` returns the same c. Called on its own when no head reads the trunk's output."""
+    del t
+    return None
 
   def make_heads(self, token_table: layers.Embed) -> Heads:
     """The output heads; `token_table` is the input token table (for tied output weights); the
@@ -239,15 +250,19 @@ class HierarchicalBackbone(nn.Module):
       rope = layers.rotary_cos_sin(l, self.hidden_size // self.num_heads)
     else:
       x = x + self._positions(l)[None]
-    x, c = self.trunk(x, t, rope, train)
+    x_in = x
+    if self.hier_source == 'input' and not {'token', 'token_nll', 'cluster'} & set(heads):
+      x, c = None, self.conditioning(t)  # pass 1 of an 'input' pathway: no trunk to run
+    else:
+      x, c = self.trunk(x, t, rope, train)
 
     head = self.make_heads(token_table)
     if ('hier' in heads or 'hier_round_tokens' in heads) and k > 1:
-      hx, hc = x, c
+      hx, hc = (x_in if self.hier_source == 'input' else x), c
       if self.hier_stop_gradient:
         # L_hier and L_cons then train the head only (and pass 1 needs no backward through the
         # backbone); the backbone learns from the token loss alone.
-        hx, hc = jax.lax.stop_gradient(x), jax.lax.stop_gradient(c)
+        hx, hc = jax.lax.stop_gradient(hx), jax.lax.stop_gradient(hc)
       hx, hc, per_round = self._hier_trunk(hx, hc, tokens, levels, t, rope, train, cand)
       if self.hier_readout == 'rounds':
         normed = self._round_features(per_round)
