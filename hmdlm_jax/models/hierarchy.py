@@ -61,6 +61,8 @@ HEADS = ('hier', 'token', 'token_nll', 'cluster', 'hier_round_tokens')
 # 'hier_round_tokens' only with hier_round_tokens). 'token_nll' is the token head read as a loss
 # at selected rows only (needs a token_query).
 CORE_HEADS = ('hier', 'token')
+# The heads that read the trunk's output (the hierarchy heads read it unless hier_source='input').
+TRUNK_HEADS = ('token', 'token_nll', 'cluster')
 # Top-level parameter names used only by the hierarchy pathway start with this prefix (the level
 # head 'hier_layer' / 'hier_head', the trunk 'hier_blocks_i', 'hier_time_*', 'hier_level_embed',
 # the round readout and token head 'hier_round_*');
@@ -251,7 +253,7 @@ class HierarchicalBackbone(nn.Module):
     else:
       x = x + self._positions(l)[None]
     x_in = x
-    if self.hier_source == 'input' and not {'token', 'token_nll', 'cluster'} & set(heads):
+    if self.hier_source == 'input' and not set(TRUNK_HEADS) & set(heads):
       x, c = None, self.conditioning(t)  # pass 1 of an 'input' pathway: no trunk to run
     else:
       x, c = self.trunk(x, t, rope, train)

@@ -175,15 +175,13 @@ def round_token_loss(round_logits: jax.Array, tokens: jax.Array, levels: jax.Arr
 
 
 def _pass1(apply_fn: ApplyFn, xt: jax.Array, ht: jax.Array, t: jax.Array, schedule: Schedule,
-           cfg: LossConfig, *, rounds: bool = False) -> tuple[jax.Array, jax.Array | None]:
-  """(log g [B, L, K], per-round token logits [B, L, R, V] if `rounds` else None) from pass 1
-  on (x_t, h_t); K = 1: zeros [B, L, 1], no network call."""
+           cfg: LossConfig) -> jax.Array:
+  """log g [B, L, K] from pass 1 on (x_t, h_t); K = 1: zeros [B, L, 1], no network call."""
   if cfg.num_levels == 1:
-    return jnp.zeros(xt.shape + (1,), jnp.float32), None
-  out = apply_fn(xt, ht, t, heads=('hier', 'hier_round_tokens') if rounds else ('hier',))
-  return (parameterization.level_log_probs(out['hier'], t, schedule,
-                                           prior_corrected=cfg.prior_corrected),
-          out.get('hier_round_tokens'))
+    return jnp.zeros(xt.shape + (1,), jnp.float32)
+  out = apply_fn(xt, ht, t, heads=('hier',))
+  return parameterization.level_log_probs(out['hier'], t, schedule,
+                                          prior_corrected=cfg.prior_corrected)
 
 
 def diffusion_loss(apply_fn: ApplyFn, batch: Mapping[str, Any], key: jax.Array,
@@ -223,22 +221,24 @@ def diffusion_loss(apply_fn: ApplyFn, batch: Mapping[str, Any], key: jax.Array,
   else:
     token_head_name, query = 'token', None
   token_call = functools.partial(apply_fn, token_query=query) if query is not None else apply_fn
-  rounds = cfg.beta_rounds > 0 and cfg.num_levels > 1
+  # The per-round token head is read beside the level head (pass 1), only for its loss.
+  level_heads = ('hier', 'hier_round_tokens') if cfg.beta_rounds > 0 else ('hier',)
   round_logits = None
   if cfg.num_levels == 1:
     level_logp = jnp.zeros(tokens.shape + (1,), jnp.float32)
     token_out = token_call(xt, ht, t, heads=(token_head_name,))[token_head_name]
-  elif cfg.variant == 'two_pass':
-    level_logp, round_logits = _pass1(apply_fn, xt, ht, t, schedule, cfg, rounds=rounds)
-    hs = reveal_levels(k_rev, levels, ht, masked, t, schedule, step=1.0 / cfg.train_steps_T)
-    token_out = token_call(xt, hs, t, heads=(token_head_name,))[token_head_name]
   else:
-    out = token_call(xt, ht, t, heads=('hier', token_head_name) + (
-                         ('hier_round_tokens',) if rounds else ()),
-                     token_levels=jnp.where(masked, levels, ht))
+    if cfg.variant == 'two_pass':
+      out = apply_fn(xt, ht, t, heads=level_heads)  # pass 1 on (x_t, h_t)
+      hs = reveal_levels(k_rev, levels, ht, masked, t, schedule, step=1.0 / cfg.train_steps_T)
+      token_out = token_call(xt, hs, t, heads=(token_head_name,))[token_head_name]
+    else:
+      out = token_call(xt, ht, t, heads=level_heads + (token_head_name,),
+                       token_levels=jnp.where(masked, levels, ht))
+      token_out = out[token_head_name]
     level_logp = parameterization.level_log_probs(out['hier'], t, schedule,
                                                   prior_corrected=cfg.prior_corrected)
-    token_out, round_logits = out[token_head_name], out.get('hier_round_tokens')
+    round_logits = out.get('hier_round_tokens')
   tok_nll = (token_out if query is not None
              else parameterization.token_nll(token_out, tokens, mask_id=cfg.mask_id))
   terms = loss_terms(tok_nll, level_logp, levels, masked, loss_mask, hazard)
@@ -303,7 +303,7 @@ def bound_from_state(apply_fn: ApplyFn, batch: Mapping[str, Any], xt: jax.Array,
     token_logits = out['token']
     weight = jnp.ones(tokens.shape, hazard.dtype)
   else:
-    level_logp, _ = _pass1(apply_fn, xt, ht, t, schedule, cfg)
+    level_logp = _pass1(apply_fn, xt, ht, t, schedule, cfg)
     score = jnp.where(sel, jax.random.uniform(key, tokens.shape), -1.0)
     pick = jax.nn.one_hot(jnp.argmax(score, axis=-1), tokens.shape[1], dtype=bool) & sel
     token_logits = apply_fn(xt, jnp.where(pick, levels, ht), t, heads=('token',))['token']
@@ -335,7 +335,7 @@ def level_blind_from_state(apply_fn: ApplyFn, batch: Mapping[str, Any], xt: jax.
   chex.assert_equal_shape((tokens, xt, ht, masked))
   apply_fn = _network(apply_fn, given, cfg)
   hazard = schedule.hazard(t)  # [B, K]
-  level_logp = _pass1(apply_fn, xt, ht, t, schedule, cfg)[0].astype(hazard.dtype)
+  level_logp = _pass1(apply_fn, xt, ht, t, schedule, cfg).astype(hazard.dtype)
   r = (jnp.exp(level_logp) * hazard[:, None, :]).sum(-1)  # [B, L]
   # No level information at masked positions: h_t (h_m there), also as single_pass's own level.
   extra = {'token_levels': ht} if cfg.variant == 'single_pass' and cfg.num_levels > 1 else {}
@@ -480,7 +480,7 @@ class HMDLM(base.Process):
     loss); K = 1: zeros [B, L, 1]. Used by the level-accuracy diagnostics of tasks/."""
     _, _, given, _ = base.unpack(batch)
     return _pass1(_network(apply_fn, given, self.cfg), state.tokens, state.levels, t,
-                  self.schedule, self.cfg)[0]
+                  self.schedule, self.cfg)
 
   def check_sampling(self, cfg: SampleConfig) -> None:
     schedules.check_ordering(self.schedule, cfg.num_steps, self.check_ordering)
