@@ -385,3 +385,32 @@ def test_hier_source_input_reads_the_embedded_input():
   assert hier_flops(model) == pathway and hier_flops(feats) > pathway
   with pytest.raises(ValueError, match='model.hier_source'):
     _model_cfg(hier_source='trunk')
+
+
+def test_hier_source_givens_reads_the_givens_alone():
+  """hier_source='givens': the level output is a function of the given positions only (any
+  change at a non-given position leaves it, and moves the 'input' pathway's), and it is the
+  'input' pathway's output at the state where every non-given position is masked."""
+  over = dict(hier_layers=1, hier_repeats=2, hier_input_embed=True, given_state=True,
+              hier_time_conditioning=True)
+  model, abstract = _model(hier_source='givens', **over)
+  inp, inp_abstract = _model(hier_source='input', **over)
+  assert jax.tree.structure(abstract) == jax.tree.structure(inp_abstract)
+  params = _perturbed(models.init_params(model, jax.random.key(0), L), 16, 0.3)
+  tokens, levels, t = _inputs(17, num_states=K + 2)
+  r = np.random.default_rng(18)
+  given = np.asarray(levels) == K + 1
+  # Other tokens and other states (levels 0..K-1 or masked) at every non-given position.
+  tokens2 = jnp.where(given, tokens, jnp.asarray(r.integers(0, V, (B, L)), jnp.int32))
+  levels2 = jnp.where(given, levels, jnp.asarray(r.integers(0, K + 1, (B, L)), jnp.int32))
+  for m, same in ((model, True), (inp, False)):
+    a, b = _hier(m, params, tokens, levels, t), _hier(m, params, tokens2, levels2, t)
+    assert np.allclose(a, b, atol=1e-6) == same, m.hier_source
+  mask_id = _model_cfg(**over).mask_id
+  masked_tokens = jnp.where(given, tokens, mask_id)
+  masked_levels = jnp.where(given, levels, K)
+  np.testing.assert_allclose(_hier(model, params, tokens, levels, t),
+                             _hier(inp, params, masked_tokens, masked_levels, t),
+                             rtol=1e-5, atol=1e-6)
+  with pytest.raises(ValueError, match='model.given_state'):
+    _model_cfg(hier_source='givens')

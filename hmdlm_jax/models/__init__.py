@@ -51,7 +51,7 @@ def build_model(cfg_model: Any) -> nn.Module:
       hier_input_embed=cfg.hier_input_embed, given_state=cfg.given_state,
       hier_readout=cfg.hier_readout, hier_width=cfg.hier_width, cluster_head=cfg.cluster_head,
       sudoku_candidates=cfg.sudoku_candidates, hier_round_tokens=cfg.hier_round_tokens,
-      hier_source=cfg.hier_source)
+      hier_source=cfg.hier_source, mask_id=cfg.mask_id)
 
 
 def heads_salt(heads: tuple[str, ...]) -> int:

@@ -7,7 +7,9 @@
   x, c = trunk(x, t)                               backbone-specific: time conditioning, blocks
   hx, hc = x, c                                    stop-gradient'ed if hier_stop_gradient
                                                    (hx = the embedded input, before the trunk,
-                                                   if hier_source='input')
+                                                   if hier_source='input'; the embedded givens
+                                                   alone, every other cell shown as MASK, if
+                                                   hier_source='givens')
   hx += W_hin[levels]                              if hier_input_embed (own input-state table)
        (+ W_hcand · cand(givens)                    and sudoku_candidates; givens = all revealed
                                                     cells unless given_state)
@@ -61,7 +63,7 @@ HEADS = ('hier', 'token', 'token_nll', 'cluster', 'hier_round_tokens')
 # 'hier_round_tokens' only with hier_round_tokens). 'token_nll' is the token head read as a loss
 # at selected rows only (needs a token_query).
 CORE_HEADS = ('hier', 'token')
-# The heads that read the trunk's output (the hierarchy heads read it unless hier_source='input').
+# The heads that read the trunk's output (the hierarchy heads read it when hier_source='features').
 TRUNK_HEADS = ('token', 'token_nll', 'cluster')
 # Top-level parameter names used only by the hierarchy pathway start with this prefix (the level
 # head 'hier_layer' / 'hier_head', the trunk 'hier_blocks_i', 'hier_time_*', 'hier_level_embed',
@@ -165,9 +167,12 @@ class HierarchicalBackbone(nn.Module):
   sudoku_candidates: bool = False  # add the grid's candidate features (sudoku_candidates.py)
   # A token head on each repeat's features (hier_readout='rounds'; the per-round token loss).
   hier_round_tokens: bool = False
-  # What the hierarchy pathway reads: 'features' (the trunk's output, the paper) or 'input' (the
-  # embedded input before the trunk: the pathway is then a network of its own beside the trunk).
+  # What the hierarchy pathway reads: 'features' (the trunk's output, the paper), 'input' (the
+  # embedded input before the trunk: the pathway is then a network of its own beside the trunk)
+  # or 'givens' (the embedded input with every non-given position shown as MASK: the levels of a
+  # labeller that reads the givens, Sudoku's, are then a function of what the pathway sees).
   hier_source: str = 'features'
+  mask_id: int = -1  # the MASK token (hier_source='givens' shows non-given positions as it)
 
   # Parameter name of the input token table ('vocab_embed' in MDLM's DiT, 'wte' in GPT-2).
   token_embed_name: ClassVar[str] = 'vocab_embed'
@@ -238,34 +243,50 @@ class HierarchicalBackbone(nn.Module):
 
     token_table = layers.Embed(self.vocab_size, self.hidden_size, ('vocab', 'embed'),
                                self.embedding_init, name=self.token_embed_name)
-    x = token_table(tokens)
-    if k > 1:  # (K+1) × H table, row K = h_m (paper section 4.3.2); row K+1 = h_g if given_state
-      # Zero-init: the network starts as its MDLM twin and learns to use the levels (dit.py).
-      x = x + layers.Embed(self.num_input_states, self.hidden_size, ('levels', 'embed'),
-                           layers.zeros_init, name='level_embed')(levels)
-    cand = None
-    if self.sudoku_candidates:  # zero-init: the network starts as it would without them
-      cand = sudoku_candidates.candidate_features(tokens)
-      x = x + self._candidate_proj('candidate_proj', cand)
-    rope = None
+    # Zero-init: the network starts as its MDLM twin and learns to use the levels (dit.py).
+    # (K+1) × H table, row K = h_m (paper section 4.3.2); row K+1 = h_g if given_state.
+    level_table = (layers.Embed(self.num_input_states, self.hidden_size, ('levels', 'embed'),
+                                layers.zeros_init, name='level_embed') if k > 1 else None)
+    # Zero-init: the network starts as it would without the candidate features.
+    cand_proj = self._candidate_proj('candidate_proj') if self.sudoku_candidates else None
+    rope = positions = None
     if self.position_embedding == 'rotary':  # applied to q, k inside the trunk's attention
       rope = layers.rotary_cos_sin(l, self.hidden_size // self.num_heads)
     else:
-      x = x + self._positions(l)[None]
-    x_in = x
-    if self.hier_source == 'input' and not set(TRUNK_HEADS) & set(heads):
-      x, c = None, self.conditioning(t)  # pass 1 of an 'input' pathway: no trunk to run
+      positions = self._positions(l)[None]
+
+    def embed(tok: Array, lev: Array) -> tuple[Array, Array | None]:
+      """The embedded input [B, L, H] of (tokens, levels) and its candidate features."""
+      x = token_table(tok)
+      if level_table is not None:
+        x = x + level_table(lev)
+      cand = None
+      if cand_proj is not None:
+        cand = sudoku_candidates.candidate_features(tok)
+        x = x + cand_proj(cand)
+      return (x if positions is None else x + positions), cand
+
+    x, cand = embed(tokens, levels)
+    hier_heads = ('hier' in heads or 'hier_round_tokens' in heads) and k > 1
+    h_tokens, h_levels, x_in = tokens, levels, x
+    if hier_heads and self.hier_source == 'givens':  # every non-given position shown as MASK
+      given = levels == k + 1
+      h_tokens = jnp.where(given, tokens, self.mask_id)
+      h_levels = jnp.where(given, levels, k)
+      x_in, cand = embed(h_tokens, h_levels)
+    if self.hier_source != 'features' and not set(TRUNK_HEADS) & set(heads):
+      x, c = None, self.conditioning(t)  # pass 1 of a pathway beside the trunk: no trunk to run
     else:
       x, c = self.trunk(x, t, rope, train)
 
     head = self.make_heads(token_table)
-    if ('hier' in heads or 'hier_round_tokens' in heads) and k > 1:
-      hx, hc = (x_in if self.hier_source == 'input' else x), c
+    if hier_heads:
+      hx, hc = (x if self.hier_source == 'features' else x_in), c
       if self.hier_stop_gradient:
         # L_hier and L_cons then train the head only (and pass 1 needs no backward through the
         # backbone); the backbone learns from the token loss alone.
         hx, hc = jax.lax.stop_gradient(hx), jax.lax.stop_gradient(hc)
-      hx, hc, per_round = self._hier_trunk(hx, hc, tokens, levels, t, rope, train, cand)
+      hx, hc, per_round = self._hier_trunk(hx, hc, h_tokens, h_levels, t, rope, train, cand)
       if self.hier_readout == 'rounds':
         normed = self._round_features(per_round)
         if 'hier' in heads:
@@ -304,7 +325,7 @@ class HierarchicalBackbone(nn.Module):
         if self.given_state:  # alone when it knows them, as the labeller computes the levels
           givens = jnp.where(levels == self.num_levels + 1, tokens, sudoku_candidates.BLANK)
           cand = sudoku_candidates.candidate_features(givens)
-        hx = hx + self._candidate_proj(f'{HIER_PREFIX}candidate_proj', cand)
+        hx = hx + self._candidate_proj(f'{HIER_PREFIX}candidate_proj')(cand)
     if self.hier_time_conditioning:  # zero-init projection of its own time embedding, added
       ct = nn.silu(layers.TimestepEmbedder(self.cond_dim, name='hier_time_embed')(t))
       hx = hx + layers.Dense((self.hidden_size,), ('cond', 'embed'), kernel_init=layers.zeros_init,
@@ -372,11 +393,11 @@ class HierarchicalBackbone(nn.Module):
     level0 = jnp.sum(log_q, axis=-1, keepdims=True)
     return jnp.concatenate([level0, decided[..., ::-1]], axis=-1)  # levels 0, 1, .., K-1
 
-  def _candidate_proj(self, name: str, cand: Array) -> Array:
+  def _candidate_proj(self, name: str) -> layers.Dense:
     """Zero-init Linear of the candidate features [B, L, 28] -> float32 [B, L, H]."""
     return layers.Dense((self.hidden_size,), (None, 'embed'), kernel_init=layers.zeros_init,
                         bias_init=layers.zeros_init, dtype=self.compute_dtype,
-                        out_dtype=jnp.float32, name=name)(cand)
+                        out_dtype=jnp.float32, name=name)
 
   def _positions(self, length: int) -> Array:
     """The absolute position embedding 'position' -> float32 [length, H]."""
