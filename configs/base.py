@@ -99,7 +99,8 @@ def get_base_config() -> ml_collections.ConfigDict:
   m.hier_width = 0  # width of the trunk's blocks (0 = hidden_size); narrower = cheaper pass 1
   # What the pathway reads: 'features' (the backbone's final hidden state, the paper) | 'input'
   # (the embedded input before the backbone's blocks: a level network of its own beside it) |
-  # 'givens' (that embedded input with every non-given cell shown as MASK; needs given_state).
+  # 'givens' (that embedded input with every non-given cell shown as MASK; needs given_state) |
+  # 'given_digits' (only the non-given digits hidden: revealed cells still show their level).
   m.hier_source = 'features'
   # Given cells (Sudoku clues, prompts) carry their own input state h_g = K+1 instead of their
   # level: the level tables get a (K+2)-th row (docs/design.md). False: givens show their level.

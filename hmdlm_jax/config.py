@@ -56,7 +56,7 @@ LEVEL_CONTEXTS = ('candidates', 'none')
 HIER_OBJECTIVES = ('bound', 'cross_entropy')
 TOKEN_ROWS = ('auto', 'all', 'selected')
 HIER_READOUTS = ('head', 'rounds')
-HIER_SOURCES = ('features', 'input', 'givens')
+HIER_SOURCES = ('features', 'input', 'givens', 'given_digits')
 
 
 # ------------------------------------------------------------------------------------------ views
@@ -152,9 +152,10 @@ class ModelConfig:
     if values['hier_source'] not in HIER_SOURCES:
       raise ValueError(f"model.hier_source={values['hier_source']!r} is not one of "
                        f'{HIER_SOURCES}.')
-    if values['hier_source'] == 'givens' and not values['given_state']:
-      raise ValueError("model.hier_source='givens' shows the pathway the given positions only, "
-                       'which it tells by their input state: set model.given_state=True.')
+    if values['hier_source'] in ('givens', 'given_digits') and not values['given_state']:
+      raise ValueError(f"model.hier_source={values['hier_source']!r} shows the pathway the "
+                       'digits of the given positions only, which it tells by their input '
+                       'state: set model.given_state=True.')
     if values['hier_round_tokens'] and (values['hier_readout'] != 'rounds'
                                         or values['num_levels'] == 1):
       raise ValueError('loss.beta_rounds > 0 (model.hier_round_tokens) reads the token of each '

@@ -9,7 +9,8 @@
                                                    (hx = the embedded input, before the trunk,
                                                    if hier_source='input'; the embedded givens
                                                    alone, every other cell shown as MASK, if
-                                                   hier_source='givens')
+                                                   hier_source='givens'; with only the other
+                                                   digits hidden if 'given_digits')
   hx += W_hin[levels]                              if hier_input_embed (own input-state table)
        (+ W_hcand · cand(givens)                    and sudoku_candidates; givens = all revealed
                                                     cells unless given_state)
@@ -170,9 +171,10 @@ class HierarchicalBackbone(nn.Module):
   # What the hierarchy pathway reads: 'features' (the trunk's output, the paper), 'input' (the
   # embedded input before the trunk: the pathway is then a network of its own beside the trunk)
   # or 'givens' (the embedded input with every non-given position shown as MASK: the levels of a
-  # labeller that reads the givens, Sudoku's, are then a function of what the pathway sees).
+  # labeller that reads the givens, Sudoku's, are then a function of what the pathway sees) or
+  # 'given_digits' (the same with the input states kept: revealed positions show their level).
   hier_source: str = 'features'
-  mask_id: int = -1  # the MASK token (hier_source='givens' shows non-given positions as it)
+  mask_id: int = -1  # the MASK token (hier_source='givens' shows non-given digits as it)
 
   # Parameter name of the input token table ('vocab_embed' in MDLM's DiT, 'wte' in GPT-2).
   token_embed_name: ClassVar[str] = 'vocab_embed'
@@ -269,10 +271,10 @@ class HierarchicalBackbone(nn.Module):
     x, cand = embed(tokens, levels)
     hier_heads = ('hier' in heads or 'hier_round_tokens' in heads) and k > 1
     h_tokens, h_levels, x_in = tokens, levels, x
-    if hier_heads and self.hier_source == 'givens':  # every non-given position shown as MASK
-      given = levels == k + 1
+    if hier_heads and self.hier_source in ('givens', 'given_digits'):
+      given = levels == k + 1  # the non-given digits hidden as MASK (and their states, 'givens')
       h_tokens = jnp.where(given, tokens, self.mask_id)
-      h_levels = jnp.where(given, levels, k)
+      h_levels = jnp.where(given, levels, k) if self.hier_source == 'givens' else levels
       x_in, cand = embed(h_tokens, h_levels)
     if self.hier_source != 'features' and not set(TRUNK_HEADS) & set(heads):
       x, c = None, self.conditioning(t)  # pass 1 of a pathway beside the trunk: no trunk to run
