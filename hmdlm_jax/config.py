@@ -56,7 +56,9 @@ LEVEL_CONTEXTS = ('candidates', 'none')
 HIER_OBJECTIVES = ('bound', 'cross_entropy')
 TOKEN_ROWS = ('auto', 'all', 'selected')
 HIER_READOUTS = ('head', 'rounds')
-HIER_SOURCES = ('features', 'input', 'givens', 'given_digits')
+# The pathway sources that hide the non-given digits (models/hierarchy.py); need given_state.
+GIVEN_SOURCES = ('givens', 'given_digits')
+HIER_SOURCES = ('features', 'input') + GIVEN_SOURCES
 
 
 # ------------------------------------------------------------------------------------------ views
@@ -152,7 +154,7 @@ class ModelConfig:
     if values['hier_source'] not in HIER_SOURCES:
       raise ValueError(f"model.hier_source={values['hier_source']!r} is not one of "
                        f'{HIER_SOURCES}.')
-    if values['hier_source'] in ('givens', 'given_digits') and not values['given_state']:
+    if values['hier_source'] in GIVEN_SOURCES and not values['given_state']:
       raise ValueError(f"model.hier_source={values['hier_source']!r} shows the pathway the "
                        'digits of the given positions only, which it tells by their input '
                        'state: set model.given_state=True.')

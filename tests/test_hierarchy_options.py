@@ -416,3 +416,5 @@ def test_hier_source_givens_reads_the_given_digits_alone(source):
                                         seen_levels, t), rtol=1e-5, atol=1e-6)
   with pytest.raises(ValueError, match='model.given_state'):
     _model_cfg(hier_source=source)
+  with pytest.raises(ValueError, match='mask_id'):  # a module built without the config's MASK
+    _hier_fn(model.clone(mask_id=-1))(params, tokens, levels, t)

@@ -48,6 +48,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from hmdlm_jax.config import GIVEN_SOURCES
 from hmdlm_jax.models import layers
 from hmdlm_jax.models import sudoku_candidates
 from hmdlm_jax.models import sudoku_positions
@@ -168,13 +169,13 @@ class HierarchicalBackbone(nn.Module):
   sudoku_candidates: bool = False  # add the grid's candidate features (sudoku_candidates.py)
   # A token head on each repeat's features (hier_readout='rounds'; the per-round token loss).
   hier_round_tokens: bool = False
-  # What the hierarchy pathway reads: 'features' (the trunk's output, the paper), 'input' (the
-  # embedded input before the trunk: the pathway is then a network of its own beside the trunk)
-  # or 'givens' (the embedded input with every non-given position shown as MASK: the levels of a
-  # labeller that reads the givens, Sudoku's, are then a function of what the pathway sees) or
-  # 'given_digits' (the same with the input states kept: revealed positions show their level).
+  # What the hierarchy pathway reads: 'features' (the trunk's output, the paper); 'input' (the
+  # embedded input before the trunk: the pathway is then a network of its own beside the trunk);
+  # 'givens' (the embedded input with every non-given position shown as MASK with the masked
+  # state: the levels of a labeller that reads the givens, Sudoku's, are then a function of what
+  # the pathway sees); 'given_digits' (only the non-given digits hidden, the states kept).
   hier_source: str = 'features'
-  mask_id: int = -1  # the MASK token (hier_source='givens' shows non-given digits as it)
+  mask_id: int = -1  # the MASK token, shown for the hidden digits of config.GIVEN_SOURCES
 
   # Parameter name of the input token table ('vocab_embed' in MDLM's DiT, 'wte' in GPT-2).
   token_embed_name: ClassVar[str] = 'vocab_embed'
@@ -271,7 +272,10 @@ class HierarchicalBackbone(nn.Module):
     x, cand = embed(tokens, levels)
     hier_heads = ('hier' in heads or 'hier_round_tokens' in heads) and k > 1
     h_tokens, h_levels, x_in = tokens, levels, x
-    if hier_heads and self.hier_source in ('givens', 'given_digits'):
+    if hier_heads and self.hier_source in GIVEN_SOURCES:
+      if self.mask_id < 0:  # build_model passes the config's resolved mask_id
+        raise ValueError(f'hier_source={self.hier_source!r} needs the MASK token id (mask_id '
+                         f'>= 0, got {self.mask_id}); build the model with models.build_model.')
       given = levels == k + 1  # the non-given digits hidden as MASK (and their states, 'givens')
       h_tokens = jnp.where(given, tokens, self.mask_id)
       h_levels = jnp.where(given, levels, k) if self.hier_source == 'givens' else levels
