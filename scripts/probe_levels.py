@@ -126,9 +126,8 @@ def main() -> None:
     k_t, k_m = jax.random.split(key)
 
     def loss_fn(net):
-      heads = ('hier', 'hier_round_tokens') if rounds else ('hier',)
-      logp, sel, round_logits = level_logp({**p, **net}, batch,
-                                           base.sample_times(k_t, args.batch), k_m, heads)
+      logp, sel, round_logits = level_logp({**p, **net}, batch, base.sample_times(k_t, args.batch),
+                                           k_m, hmdlm.pass1_heads(loss_cfg.beta_rounds))
       loss = hmdlm.level_cross_entropy(logp, batch['levels'], sel)
       if rounds:
         loss = loss + loss_cfg.beta_rounds * hmdlm.round_token_loss(

@@ -359,25 +359,32 @@ def test_round_readout_is_stick_breaking():
     _model_cfg(hier_layers=1, hier_repeats=1, hier_readout='rounds')
 
 
-def test_hier_source_input_reads_the_embedded_input():
+@pytest.mark.parametrize('backbone', ['dit', 'gpt2'])
+def test_hier_source_input_reads_the_embedded_input(backbone):
   """hier_source='input': the pathway reads the input before the trunk, so the level output
   ignores the backbone's blocks (it moves with them for 'features'); the parameter tree is the
-  same."""
-  over = dict(hier_layers=1, hier_repeats=2, hier_input_embed=True, num_layers=2)
+  same. GPT-2 (learned positions, time added inside its trunk) as the DiT (rotary)."""
+  over = dict(hier_layers=1, hier_repeats=2, hier_input_embed=True, num_layers=2,
+              backbone=backbone)
+  if backbone == 'gpt2':
+    over.update(position_embedding='learned', time_conditioning=True)
+  block = 'blocks' if backbone == 'dit' else 'h'
   model, abstract = _model(hier_source='input', **over)
   feats, feats_abstract = _model(**over)
   assert jax.tree.structure(abstract) == jax.tree.structure(feats_abstract)
   params = _perturbed(models.init_params(model, jax.random.key(0), L), 13, 0.3)
-  moved = dict(params, blocks_1=_perturbed(params['blocks_1'], 14, 0.5))
+  moved = dict(params, **{f'{block}_1': _perturbed(params[f'{block}_1'], 14, 0.5)})
   tokens, levels, t = _inputs(15)
   for m, same in ((model, True), (feats, False)):
     a, b = _hier(m, params, tokens, levels, t), _hier(m, moved, tokens, levels, t)
     assert np.allclose(a, b, atol=1e-6) == same, m.hier_source
-  # ... and it is the 'features' model whose trunk is the identity (both blocks' gates at zero).
-  identity = dict(params, **{f'blocks_{i}': models.init_params(
-      model, jax.random.key(0), L)[f'blocks_{i}'] for i in range(2)})
-  np.testing.assert_allclose(_hier(model, params, tokens, levels, t),
-                             _hier(feats, identity, tokens, levels, t), rtol=1e-5, atol=1e-6)
+  if backbone == 'dit':
+    # ... and it is the 'features' model whose trunk is the identity (both blocks' gates at 0;
+    # GPT-2's blocks are not the identity at init).
+    identity = dict(params, **{f'blocks_{i}': models.init_params(
+        model, jax.random.key(0), L)[f'blocks_{i}'] for i in range(2)})
+    np.testing.assert_allclose(_hier(model, params, tokens, levels, t),
+                               _hier(feats, identity, tokens, levels, t), rtol=1e-5, atol=1e-6)
   # Pass 1 alone does not run the trunk: its matmuls are the pathway's only (2 blocks: 2x fewer).
   hier_flops = lambda m: flops.jaxpr_matmul_flops(
       lambda p: m.apply({'params': p}, tokens, levels, t, heads=('hier',)), params)

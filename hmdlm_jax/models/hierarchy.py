@@ -328,7 +328,9 @@ class HierarchicalBackbone(nn.Module):
       hx = hx + layers.Embed(self.num_input_states, self.hidden_size, ('levels', 'embed'),
                              layers.zeros_init, name='hier_level_embed')(levels)
       if cand is not None:  # and its own view of the candidate features: from the givens
-        if self.given_state:  # alone when it knows them, as the labeller computes the levels
+        # alone when it knows them, as the labeller computes the levels (a GIVEN_SOURCES view
+        # already shows the givens alone, so `cand` is theirs).
+        if self.given_state and self.hier_source not in GIVEN_SOURCES:
           givens = jnp.where(levels == self.num_levels + 1, tokens, sudoku_candidates.BLANK)
           cand = sudoku_candidates.candidate_features(givens)
         hx = hx + self._candidate_proj(f'{HIER_PREFIX}candidate_proj')(cand)
