@@ -38,6 +38,7 @@ from hmdlm_jax import models
 from hmdlm_jax.data import sudoku
 from hmdlm_jax.data import sudoku_csv
 from hmdlm_jax.data import sudoku_generator
+from hmdlm_jax.models import hierarchy
 from hmdlm_jax.processes import base
 from hmdlm_jax.processes import hmdlm
 from hmdlm_jax.processes import parameterization
@@ -127,7 +128,7 @@ def main() -> None:
 
     def loss_fn(net):
       logp, sel, round_logits = level_logp({**p, **net}, batch, base.sample_times(k_t, args.batch),
-                                           k_m, hmdlm.pass1_heads(loss_cfg.beta_rounds))
+                                           k_m, hierarchy.pass1_heads(loss_cfg.beta_rounds))
       loss = hmdlm.level_cross_entropy(logp, batch['levels'], sel)
       if rounds:
         loss = loss + loss_cfg.beta_rounds * hmdlm.round_token_loss(
