@@ -109,6 +109,9 @@ def get_base_config() -> ml_collections.ConfigDict:
   # from the revealed digits of the input grid, through zero-init projections (to the input and,
   # with hier_input_embed, to the hierarchy pathway; models/sudoku_candidates.py).
   m.sudoku_candidates = False
+  # True: those features feed the hierarchy pathway only (needs hier_input_embed); the token
+  # network, and so an MDLM twin, never sees them.
+  m.candidates_pathway_only = False
   m.hier_round_tokens = False  # derived: loss.beta_rounds > 0 (a token head on each round)
   m.dtype = 'float32'  # compute dtype: 'float32' | 'bfloat16'; parameters stay float32
 

@@ -99,6 +99,7 @@ class ModelConfig:
   hier_width: int = 0
   cluster_head: int = 0  # outputs of HDLM's auxiliary cluster head (derived; 0 = none)
   sudoku_candidates: bool = False
+  candidates_pathway_only: bool = False
   hier_round_tokens: bool = False  # derived: loss.beta_rounds > 0 (the per-round token head)
   hier_source: str = 'features'
 
@@ -130,7 +131,7 @@ class ModelConfig:
     values['dropout'] = _check_number('model.dropout', values['dropout'], lo=0.0, hi=1.0)
     for name in ('time_conditioning', 'tie_embeddings', 'hier_stop_gradient',
                  'hier_time_conditioning', 'hier_input_embed', 'given_state',
-                 'sudoku_candidates', 'hier_round_tokens'):
+                 'sudoku_candidates', 'candidates_pathway_only', 'hier_round_tokens'):
       _check_bool(f'model.{name}', values[name])
     _check_int('model.hier_layers', values['hier_layers'], minimum=0)
     _check_int('model.hier_repeats', values['hier_repeats'], minimum=1)
@@ -194,6 +195,9 @@ class ModelConfig:
       raise bad('sudoku_candidates', 'the candidate features need a Sudoku grid: model.seq_len '
                 '= 81, vocab_size = 10 and mask_id = 9 (tokens 0..8 = digits 1..9; '
                 f'got {self.seq_len}, {self.vocab_size}, {self.mask_id})')
+    if self.candidates_pathway_only and not (self.sudoku_candidates and self.hier_input_embed):
+      raise bad('candidates_pathway_only', 'the candidate features would feed nothing: set '
+                'model.sudoku_candidates=True and model.hier_input_embed=True')
 
 
 @dataclasses.dataclass(frozen=True)

@@ -5,7 +5,8 @@
 * numpy re-derivation of every feature (peers and units by explicit loops) on random partial
   grids with masked cells;
 * the model option: zero-init (the logits equal the model without it), only the expected
-  parameters added, the features reach both heads once trained; a non-Sudoku model is refused.
+  parameters added, the features reach both heads once trained; a non-Sudoku model is refused;
+  with `candidates_pathway_only` the token output is exactly the model's without them.
 """
 
 from __future__ import annotations
@@ -161,3 +162,34 @@ def test_the_level_pathway_reads_the_givens_only():
   a, b = proj_inputs(tokens, levels), proj_inputs(more_t, more_l)
   np.testing.assert_array_equal(a['hier_candidate_proj'], b['hier_candidate_proj'])
   assert np.abs(a['candidate_proj'] - b['candidate_proj']).max() > 1e-3
+
+
+@pytest.mark.parametrize('source', ['features', 'input'])
+def test_pathway_only_features_never_reach_the_token_network(source):
+  """model.candidates_pathway_only: the token output is the no-candidates model's exactly (same
+  parameters), while the pathway's projection moves the level output; K = 1 (the MDLM twin)
+  has no candidate parameters at all."""
+  base = dict(hier_input_embed=True, hier_layers=1, hier_source=source)
+  off, on = models.build_model(_cfg(**base)), models.build_model(
+      _cfg(**base, sudoku_candidates=True, candidates_pathway_only=True))
+  p_off = models.init_params(off, jax.random.key(0), 81)
+  p_on = models.init_params(on, jax.random.key(0), 81)
+  assert set(p_on) - set(p_off) == {'hier_candidate_proj'}
+  r = np.random.default_rng(6)
+  params = {k: jax.tree.map(lambda x: x + 0.3 * r.normal(size=x.shape).astype(np.float32), v)
+            for k, v in p_on.items()}  # every projection trained (non-zero)
+  quiz, solution, _ = sudoku_generator.generate_puzzles(np.random.default_rng(7), 2)
+  tokens = jnp.asarray(np.where(quiz > 0, sudoku.to_tokens(solution), MASK), jnp.int32)
+  levels = jnp.asarray(np.where(quiz > 0, 4, 3), jnp.int32)
+  t = jnp.full((2,), 0.7)
+  heads = ('hier', 'token')
+  a = jax.jit(lambda p: off.apply({'params': p}, tokens, levels, t, heads=heads))(
+      {k: v for k, v in params.items() if k != 'hier_candidate_proj'})
+  b = jax.jit(lambda p: on.apply({'params': p}, tokens, levels, t, heads=heads))(params)
+  np.testing.assert_allclose(np.asarray(b['token']), np.asarray(a['token']), atol=1e-5)
+  assert np.abs(np.asarray(b['hier']) - np.asarray(a['hier'])).max() > 1e-3
+  twin = _cfg(**base, num_levels=1, given_state=False, sudoku_candidates=True,
+              candidates_pathway_only=True)
+  assert 'candidate features' not in models.param_count_breakdown(twin)
+  with pytest.raises(ValueError, match='model.candidates_pathway_only'):
+    _cfg(candidates_pathway_only=True, sudoku_candidates=True)  # no hier_input_embed

@@ -3,7 +3,8 @@
 `HierarchicalBackbone` is the call contract shared by the DiT and GPT-2 backbones:
 
   x = E_tok[tokens] (+ W_lvl[levels] if K > 1) (+ absolute positions unless rotary)     [B, L, H]
-  x += W_cand · cand(tokens)                       if sudoku_candidates (zero-init Linear)
+  x += W_cand · cand(tokens)                       if sudoku_candidates (zero-init Linear) and
+                                                   not candidates_pathway_only
   x, c = trunk(x, t)                               backbone-specific: time conditioning, blocks
   hx, hc = x, c                                    stop-gradient'ed if hier_stop_gradient
                                                    (hx = the embedded input, before the trunk,
@@ -173,6 +174,7 @@ class HierarchicalBackbone(nn.Module):
   hier_width: int = 0  # width of the trunk's blocks (0 = hidden_size); projections in and out
   cluster_head: int = 0  # n outputs of HDLM's auxiliary cluster head (0 = no such head)
   sudoku_candidates: bool = False  # add the grid's candidate features (sudoku_candidates.py)
+  candidates_pathway_only: bool = False  # ... to the hierarchy pathway only, not the trunk
   # A token head on each repeat's features (hier_readout='rounds'; the per-round token loss).
   hier_round_tokens: bool = False
   # What the hierarchy pathway reads: 'features' (the trunk's output, the paper); 'input' (the
@@ -257,7 +259,8 @@ class HierarchicalBackbone(nn.Module):
     level_table = (layers.Embed(self.num_input_states, self.hidden_size, ('levels', 'embed'),
                                 layers.zeros_init, name='level_embed') if k > 1 else None)
     # Zero-init: the network starts as it would without the candidate features.
-    cand_proj = self._candidate_proj('candidate_proj') if self.sudoku_candidates else None
+    cand_proj = (self._candidate_proj('candidate_proj')
+                 if self.sudoku_candidates and not self.candidates_pathway_only else None)
     rope = positions = None
     if self.position_embedding == 'rotary':  # applied to q, k inside the trunk's attention
       rope = layers.rotary_cos_sin(l, self.hidden_size // self.num_heads)
@@ -269,9 +272,8 @@ class HierarchicalBackbone(nn.Module):
       x = token_table(tok)
       if level_table is not None:
         x = x + level_table(lev)
-      cand = None
+      cand = sudoku_candidates.candidate_features(tok) if self.sudoku_candidates else None
       if cand_proj is not None:
-        cand = sudoku_candidates.candidate_features(tok)
         x = x + cand_proj(cand)
       return (x if positions is None else x + positions), cand
 
