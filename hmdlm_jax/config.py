@@ -9,8 +9,8 @@ derived values computed, each in exactly one place:
   `(0,)` for K = 1, so `--config.model.num_levels=1` alone turns HMDLM into its MDLM twin
   (docs/method.md §2: K = 1 with δ = 0 is MDLM);
 * `loss.train_steps_T = 0` -> `sample.num_steps` (Algorithm 1's T_train on the sampling grid);
-* `model.num_levels = 1` -> `data.hierarchy = 'none'`: with one level every position is level 0
-  whatever the labelling rule, so the rule is moot (the text kinds check rule and K agree);
+* `model.num_levels = 1` -> `data.hierarchy = 'none'`, `loss.beta_rounds = 0`: with one level
+  every position is level 0 whatever the rule, which is moot, and so are its rounds;
 * per process kind (config_kinds.PROCESS_RULES): `process.kind = 'mdlm'` requires K = 1 (MDLM
   is HMDLM's K = 1 case, reachable by name); `process.kind = 'hdlm'` (docs/method.md §13.1):
   `model.extra_vocab_rows` = the cluster-token rows (num_clusters, 0 for one cluster, which is
@@ -485,8 +485,8 @@ def resolve(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
     if config.loss.train_steps_T == 0:  # Algorithm 1 on the sampling grid
       _check_int('sample.num_steps', config.sample.num_steps, minimum=1)
       config.loss.train_steps_T = config.sample.num_steps
-    if config.model.num_levels == 1:
-      config.data.hierarchy = 'none'
+    if config.model.num_levels == 1:  # the twin of any setting: no levels, no rounds
+      config.data.hierarchy, config.loss.beta_rounds = 'none', 0.0
     _derive_round_tokens(config)
   config_kinds.check_process(config)
   _check_train(config)

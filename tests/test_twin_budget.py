@@ -64,3 +64,19 @@ def test_commands_differ_only_in_the_twin_flags():
   assert '--config.model.sudoku_candidates=True' in h and '--config.seed=1' in h
   assert [a for a in t if a not in h] == ['--workdir=/w/t', '--config.model.num_levels=1',
                                           '--config.train.num_steps=1600']
+
+
+def test_the_twin_of_a_pathway_setting_is_the_demos_twin():
+  """`model.num_levels=1` turns any hierarchy setting into its twin: the per-round token loss is
+  derived off, and with the candidates fed to the pathway only the twin's step has exactly the
+  plain demo twin's matrix FLOPs (the pathway was its only extra)."""
+  from hmdlm_jax import config as config_lib  # pylint: disable=g-import-not-at-top
+  setting = ['model.given_state=True', 'model.sudoku_candidates=True',
+             'model.candidates_pathway_only=True', 'model.hier_input_embed=True',
+             'model.hier_layers=1', 'model.hier_repeats=5', 'model.hier_readout=rounds',
+             'loss.beta_rounds=1.0', 'model.hier_source=input']
+  cfg = lambda over: twin_budget._override(twin_budget.sudoku_config.get_config(), over)
+  twin = config_lib.resolve(cfg(setting + ['model.num_levels=1']))
+  assert twin.loss.beta_rounds == 0.0 and not twin.model.hier_round_tokens
+  assert (twin_budget.step_cost.step_flops(cfg(setting + ['model.num_levels=1']))
+          == twin_budget.step_cost.step_flops(cfg(['model.num_levels=1'])))

@@ -272,8 +272,9 @@ class HierarchicalBackbone(nn.Module):
       x = token_table(tok)
       if level_table is not None:
         x = x + level_table(lev)
-      cand = sudoku_candidates.candidate_features(tok) if self.sudoku_candidates else None
+      cand = None
       if cand_proj is not None:
+        cand = sudoku_candidates.candidate_features(tok)
         x = x + cand_proj(cand)
       return (x if positions is None else x + positions), cand
 
@@ -335,12 +336,14 @@ class HierarchicalBackbone(nn.Module):
     if self.hier_input_embed:  # the pathway's own view of the input states (given / masked / level)
       hx = hx + layers.Embed(self.num_input_states, self.hidden_size, ('levels', 'embed'),
                              layers.zeros_init, name='hier_level_embed')(levels)
-      if cand is not None:  # and its own view of the candidate features: from the givens
-        # alone when it knows them, as the labeller computes the levels (a GIVEN_SOURCES view
-        # already shows the givens alone, so `cand` is theirs).
+      if self.sudoku_candidates:  # and its own view of the candidate features: from the
+        # givens alone when it knows them, as the labeller computes the levels (a GIVEN_SOURCES
+        # view already shows the givens alone); `cand`: the view's, if the input computed them.
         if self.given_state and self.hier_source not in GIVEN_SOURCES:
-          givens = jnp.where(levels == self.num_levels + 1, tokens, sudoku_candidates.BLANK)
-          cand = sudoku_candidates.candidate_features(givens)
+          tokens = jnp.where(levels == self.num_levels + 1, tokens, sudoku_candidates.BLANK)
+          cand = None
+        if cand is None:
+          cand = sudoku_candidates.candidate_features(tokens)
         hx = hx + self._candidate_proj(f'{HIER_PREFIX}candidate_proj')(cand)
     if self.hier_time_conditioning:  # zero-init projection of its own time embedding, added
       ct = nn.silu(layers.TimestepEmbedder(self.cond_dim, name='hier_time_embed')(t))
