@@ -40,7 +40,8 @@ def test_level_accuracy_exact_for_known_heads():
   assert set(perfect) == {'t=random', 't=1.0', 't=0.75', 't=0.5'}
   for r in perfect.values():
     assert r['accuracy'] == 1.0 and r['cells'] > 0
-    assert all(a is None or a == 1.0 for a in r['per_level'])
+    assert all(a is None or a == 1.0 for a in r['per_level'] + r['precision'])
+    assert np.trace(r['confusion']) == r['cells'] == np.sum(r['confusion'])
   levels = sudoku_data.hierarchy_levels(quiz)[quiz == 0]
   counts = np.bincount(levels, minlength=6)
   const = sudoku_hierarchy.level_accuracy(uniform_model(6), proc, batches, t_min=1e-3)['t=1.0']
@@ -49,6 +50,12 @@ def test_level_accuracy_exact_for_known_heads():
   assert const['prior'] == pytest.approx(counts.max() / len(levels))
   assert const['per_level'][0] == 1.0
   assert all(a in (None, 0.0) for a in const['per_level'][1:])
+  # It predicts level 0 for every cell: precision there is the share of level 0, none elsewhere.
+  assert const['precision'][0] == pytest.approx(counts[0] / len(levels))
+  assert const['precision'][1:] == [None] * 5
+  np.testing.assert_array_equal(np.asarray(const['confusion'])[:, 0], counts)
+  line = sudoku_hierarchy.summary_lines({'level_accuracy': {'t=1.0': const}})[0]
+  assert f'precision {100 * counts[0] / len(levels):.0f} - - - - -' in line
 
 
 def test_labeller_levels_replace_the_head_in_decoding():

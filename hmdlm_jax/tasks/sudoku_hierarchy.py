@@ -78,7 +78,9 @@ def level_accuracy(apply_fn: compiled.ApplyFn, process: process_base.Process,
 
   Returns:
     {'t=<t>': {'accuracy', 'prior' (majority-level accuracy on the same cells), 'majority_level',
-    'per_level' [K] (recall; None where no cell has that level), 'cells'}}.
+    'per_level' [K] (recall; None where no cell has that level), 'precision' [K] (the share of
+    the cells predicted at a level that are at it; None where none is predicted there),
+    'confusion' [K][K] (cell counts, [gold][predicted]), 'cells'}}.
   """
   run = _pass1_program(apply_fn, process)
   num_levels = process.num_levels
@@ -99,7 +101,7 @@ def level_accuracy(apply_fn: compiled.ApplyFn, process: process_base.Process,
       pred, masked = jax.device_get(run(b, k_mask, t))
       sel = masked & np.asarray(batch['loss_mask'], bool) & np.asarray(valid, bool)[:, None]
       np.add.at(confusion, (np.asarray(batch['levels'])[sel], pred[sel]), 1)
-    gold = confusion.sum(1)
+    gold, predicted = confusion.sum(1), confusion.sum(0)
     cells = int(gold.sum())
     out[f't={t0}'] = {
         'accuracy': float(np.trace(confusion) / cells) if cells else None,
@@ -107,6 +109,9 @@ def level_accuracy(apply_fn: compiled.ApplyFn, process: process_base.Process,
         'majority_level': int(np.argmax(gold)),
         'per_level': [float(confusion[k, k] / gold[k]) if gold[k] else None
                       for k in range(num_levels)],
+        'precision': [float(confusion[k, k] / predicted[k]) if predicted[k] else None
+                      for k in range(num_levels)],
+        'confusion': confusion.tolist(),
         'cells': cells,
     }
   return out
@@ -118,9 +123,10 @@ def summary_lines(diag: dict[str, Any]) -> list[str]:
   for name, r in diag.get('level_accuracy', {}).items():
     if r['accuracy'] is None:
       continue
-    per = ' '.join('-' if a is None else f'{100 * a:.0f}' for a in r['per_level'])
+    per, prec = (' '.join('-' if a is None else f'{100 * a:.0f}' for a in r[key])
+                 for key in ('per_level', 'precision'))
     lines.append(f'  level accuracy {name:8s} {100 * r["accuracy"]:.1f}% (prior '
-                 f'{100 * r["prior"]:.1f}%; per level 0..K-1: {per})')
+                 f'{100 * r["prior"]:.1f}%; per level 0..K-1: recall {per}, precision {prec})')
   for mode, r in diag.get('decodings', {}).items():
     m = r['greedy']['mean']
     tag = ' [reference: labeller levels from the givens, not the learned head]' \
