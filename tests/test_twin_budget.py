@@ -1,4 +1,5 @@
-"""scripts/twin_budget.py (issue 11): reading runs, the seed table, the commands; scripts/stats.py."""
+"""scripts/twin_budget.py (issue 11): reading runs, the seed table, the commands, the twin of a
+pathway setting; scripts/stats.py."""
 
 import json
 import math
@@ -10,6 +11,7 @@ import numpy as np
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
+from hmdlm_jax import config as config_lib  # pylint: disable=g-import-not-at-top,wrong-import-position
 from scripts import stats  # pylint: disable=g-import-not-at-top,wrong-import-position
 from scripts import twin_budget  # pylint: disable=g-import-not-at-top,wrong-import-position
 
@@ -70,7 +72,6 @@ def test_the_twin_of_a_pathway_setting_is_the_demos_twin():
   """`model.num_levels=1` turns any hierarchy setting into its twin: the per-round token loss is
   derived off, and with the candidates fed to the pathway only the twin's step has exactly the
   plain demo twin's matrix FLOPs (the pathway was its only extra)."""
-  from hmdlm_jax import config as config_lib  # pylint: disable=g-import-not-at-top
   setting = ['model.given_state=True', 'model.sudoku_candidates=True',
              'model.candidates_pathway_only=True', 'model.hier_input_embed=True',
              'model.hier_layers=1', 'model.hier_repeats=5', 'model.hier_readout=rounds',
