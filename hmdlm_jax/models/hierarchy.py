@@ -340,9 +340,9 @@ class HierarchicalBackbone(nn.Module):
         # givens alone when it knows them, as the labeller computes the levels (a GIVEN_SOURCES
         # view already shows the givens alone); `cand`: the view's, if the input computed them.
         if self.given_state and self.hier_source not in GIVEN_SOURCES:
-          tokens = jnp.where(levels == self.num_levels + 1, tokens, sudoku_candidates.BLANK)
-          cand = None
-        if cand is None:
+          givens = jnp.where(levels == self.num_levels + 1, tokens, sudoku_candidates.BLANK)
+          cand = sudoku_candidates.candidate_features(givens)
+        elif cand is None:
           cand = sudoku_candidates.candidate_features(tokens)
         hx = hx + self._candidate_proj(f'{HIER_PREFIX}candidate_proj')(cand)
     if self.hier_time_conditioning:  # zero-init projection of its own time embedding, added
