@@ -1,11 +1,12 @@
 r"""HMDLM against its MDLM twin at equal compute on Sudoku, over seeds (issue 11).
 
   python -m scripts.twin_budget --workdir=/tmp/twin_budget --seeds=0,1,2 [--num_puzzles=500] \
-      [--set model.sudoku_candidates=True ...]
+      [--config=configs/sudoku_learned_hierarchy.py] [--set model.sudoku_candidates=True ...]
 
 Per seed s, two runs of the README demo command (`python -m hmdlm_jax.main
---config=configs/sudoku.py`, train + final evaluation), in WORKDIR/{hmdlm,twin}_s<s>:
-  hmdlm   the demo's HMDLM, configs/sudoku.py's train.num_steps
+--config=configs/sudoku.py`, or the Sudoku config given by --config; train + final evaluation),
+in WORKDIR/{hmdlm,twin}_s<s>:
+  hmdlm   the config's HMDLM, its train.num_steps
   twin    `--config.model.num_levels=1`, with train.num_steps scaled so that both runs do the
           same matrix FLOPs (scripts/step_cost.py: the twin's step is 0.750× the demo's, so
           1,600 steps against 1,200) — an equal wall budget that does not depend on how loaded
@@ -23,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import importlib
 import json
 import os
 import platform
@@ -33,7 +35,6 @@ from typing import Any
 _REPO = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), '..'))
 sys.path.insert(0, _REPO)
 
-from configs import sudoku as sudoku_config  # pylint: disable=wrong-import-position
 from scripts import stats  # pylint: disable=wrong-import-position
 from scripts import step_cost  # pylint: disable=wrong-import-position
 from scripts.probe_levels import _override  # pylint: disable=wrong-import-position
@@ -42,17 +43,30 @@ MODELS = ('hmdlm', 'twin')
 DECODINGS = ('greedy', 'stochastic')
 
 
-def twin_steps(hmdlm_steps: int, overrides: list[str]) -> int:
+DEFAULT_CONFIG = 'configs/sudoku.py'
+
+
+def load_config(path: str) -> Any:
+  """get_config() of a configs/*.py file given as its path (as `--config=` of hmdlm_jax.main)."""
+  directory, name = os.path.split(os.path.normpath(path))
+  if directory != 'configs' or not name.endswith('.py') or not os.path.isfile(
+      os.path.join(_REPO, path)):
+    raise SystemExit(f'--config={path!r}: give a file of the repository\'s configs/ folder, '
+                     f'e.g. --config={DEFAULT_CONFIG}')
+  return importlib.import_module(f'configs.{name[:-3]}').get_config()
+
+
+def twin_steps(hmdlm_steps: int, overrides: list[str], config_path: str = DEFAULT_CONFIG) -> int:
   """The twin's step budget at (at most) the HMDLM run's matrix FLOPs."""
-  base = step_cost.step_flops(_override(sudoku_config.get_config(), overrides))
-  twin = step_cost.step_flops(_override(sudoku_config.get_config(),
+  base = step_cost.step_flops(_override(load_config(config_path), overrides))
+  twin = step_cost.step_flops(_override(load_config(config_path),
                                         overrides + ['model.num_levels=1']))
   return int(hmdlm_steps * base // twin)  # never more than the HMDLM run
 
 
 def command(workdir: str, seed: int, num_puzzles: int, overrides: list[str],
-            steps: int | None) -> list[str]:
-  cmd = [sys.executable, '-m', 'hmdlm_jax.main', '--config=configs/sudoku.py',
+            steps: int | None, config_path: str = DEFAULT_CONFIG) -> list[str]:
+  cmd = [sys.executable, '-m', 'hmdlm_jax.main', f'--config={config_path}',
          f'--workdir={workdir}', f'--config.seed={seed}',
          f'--config.data.num_test_puzzles={num_puzzles}',
          f'--config.eval.num_examples={num_puzzles}']
@@ -106,18 +120,19 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
   p.add_argument('--workdir', required=True)
   p.add_argument('--seeds', default='0,1,2')
   p.add_argument('--num_puzzles', type=int, default=500)
+  p.add_argument('--config', default=DEFAULT_CONFIG, help='a Sudoku configs/*.py file')
   p.add_argument('--set', action='append', default=[], help='FIELD=VALUE for both models')
   a = p.parse_args(argv)
   seeds = [int(s) for s in a.seeds.split(',')]
-  hmdlm_steps = int(_override(sudoku_config.get_config(), a.set).train.num_steps)
-  steps = {'hmdlm': None, 'twin': twin_steps(hmdlm_steps, a.set)}
+  hmdlm_steps = int(_override(load_config(a.config), a.set).train.num_steps)
+  steps = {'hmdlm': None, 'twin': twin_steps(hmdlm_steps, a.set, a.config)}
   os.makedirs(a.workdir, exist_ok=True)
   runs: dict[str, dict[int, dict[str, Any]]] = {m: {} for m in MODELS}
   commands = {}
   for s in seeds:
     for m in MODELS:
       wd = os.path.join(a.workdir, f'{m}_s{s}')
-      cmd = command(wd, s, a.num_puzzles, a.set, steps[m])
+      cmd = command(wd, s, a.num_puzzles, a.set, steps[m], a.config)
       commands[f'{m}_s{s}'] = ' '.join(cmd[1:])
       if read_run(wd) is None:
         print(f'[{datetime.datetime.now():%H:%M:%S}] {m} seed {s}: {" ".join(cmd[1:])}',
@@ -130,7 +145,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
   print(text)
   result = {'date': datetime.datetime.now(datetime.timezone.utc).isoformat(),
             'machine': f'{platform.processor() or platform.machine()}, {os.cpu_count()} CPUs',
-            'twin_steps': steps['twin'], 'hmdlm_steps': hmdlm_steps, 'overrides': a.set,
+            'config': a.config, 'twin_steps': steps['twin'], 'hmdlm_steps': hmdlm_steps,
+            'overrides': a.set,
             'commands': commands,
             'runs': {m: {str(s): r for s, r in rs.items()} for m, rs in runs.items()},
             'table': text}

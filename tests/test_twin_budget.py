@@ -7,6 +7,7 @@ import os
 import sys
 
 import numpy as np
+import pytest
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
@@ -76,8 +77,27 @@ def test_the_twin_of_a_pathway_setting_is_the_demos_twin():
              'model.candidates_pathway_only=True', 'model.hier_input_embed=True',
              'model.hier_layers=1', 'model.hier_repeats=5', 'model.hier_readout=rounds',
              'loss.beta_rounds=1.0', 'model.hier_source=input']
-  cfg = lambda over: twin_budget._override(twin_budget.sudoku_config.get_config(), over)
+  cfg = lambda over: twin_budget._override(twin_budget.load_config(twin_budget.DEFAULT_CONFIG), over)
   twin = config_lib.resolve(cfg(setting + ['model.num_levels=1']))
   assert twin.loss.beta_rounds == 0.0 and not twin.model.hier_round_tokens
   assert (twin_budget.step_cost.step_flops(cfg(setting + ['model.num_levels=1']))
           == twin_budget.step_cost.step_flops(cfg(['model.num_levels=1'])))
+
+
+def test_the_learned_hierarchy_config_and_its_twin_budget():
+  """--config names any Sudoku config: configs/sudoku_learned_hierarchy.py's twin is the demo's
+  twin (same step FLOPs), so it gets the step budget of its pathway setting; a path outside
+  configs/ is refused with one line."""
+  path = 'configs/sudoku_learned_hierarchy.py'
+  own = twin_budget.load_config(path)
+  demo_twin = twin_budget._override(twin_budget.load_config(twin_budget.DEFAULT_CONFIG),
+                                    ['model.num_levels=1'])
+  flops = twin_budget.step_cost.step_flops
+  steps = twin_budget.twin_steps(own.train.num_steps, [], path)
+  assert steps == own.train.num_steps * flops(own) // flops(demo_twin)
+  assert steps > 3 * own.train.num_steps  # the pathway is most of HMDLM's step (95 G vs 27 G)
+  cmd = twin_budget.command('/w/t', 0, 500, [], steps, path)
+  assert cmd[3] == f'--config={path}' and f'--config.train.num_steps={steps}' in cmd
+  for bad in ('sudoku_learned_hierarchy.py', 'configs/nope.py', '/tmp/configs/sudoku.py'):
+    with pytest.raises(SystemExit, match=r'--config=.*configs/'):
+      twin_budget.load_config(bad)
