@@ -77,7 +77,8 @@ def test_the_twin_of_a_pathway_setting_is_the_demos_twin():
              'model.candidates_pathway_only=True', 'model.hier_input_embed=True',
              'model.hier_layers=1', 'model.hier_repeats=5', 'model.hier_readout=rounds',
              'loss.beta_rounds=1.0', 'model.hier_source=input']
-  cfg = lambda over: twin_budget._override(twin_budget.load_config(twin_budget.DEFAULT_CONFIG), over)
+  demo = lambda: twin_budget.load_config(twin_budget.DEFAULT_CONFIG)
+  cfg = lambda over: twin_budget._override(demo(), over)
   twin = config_lib.resolve(cfg(setting + ['model.num_levels=1']))
   assert twin.loss.beta_rounds == 0.0 and not twin.model.hier_round_tokens
   assert (twin_budget.step_cost.step_flops(cfg(setting + ['model.num_levels=1']))
