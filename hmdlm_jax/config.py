@@ -293,6 +293,7 @@ class SampleConfig:
     level_context: confidence ordering only: 'candidates' (pass 2 sees ĥ at every masked
       position) | 'none' (pass 2 sees h_m there; one call computes both heads).
     hierarchy_weight: confidence ordering only: w >= 0 in score = w · log π + log max f.
+    hierarchy_sure: confidence ordering only: τ in [0, 1]; π >= τ · max_k λ_k goes first; 0 = off.
     given_state: given positions enter the network as h_g = K+1 (model.given_state).
   """
   num_steps: int
@@ -307,6 +308,7 @@ class SampleConfig:
   time_conditioning: bool = True
   level_context: str = 'candidates'
   hierarchy_weight: float = 1.0
+  hierarchy_sure: float = 0.0
   given_state: bool = False
 
   def __post_init__(self) -> None:
@@ -325,9 +327,8 @@ class SampleConfig:
     if self.level_context not in LEVEL_CONTEXTS:
       raise ValueError(f'sample.level_context must be one of {LEVEL_CONTEXTS}, got '
                        f'{self.level_context!r}.')
-    w = self.hierarchy_weight
-    if isinstance(w, bool) or not isinstance(w, (int, float)) or not 0 <= w < float('inf'):
-      raise ValueError(f'sample.hierarchy_weight must be a finite number >= 0, got {w!r}.')
+    _check_number('sample.hierarchy_weight', self.hierarchy_weight, lo=0.0)
+    _check_number('sample.hierarchy_sure', self.hierarchy_sure, lo=0.0, hi=1.0, hi_open=False)
     if self.variant not in VARIANTS:
       raise ValueError(f'model.variant must be one of {VARIANTS}, got {self.variant!r}.')
 
@@ -351,6 +352,7 @@ class SampleConfig:
                time_conditioning=bool(m.time_conditioning or m.get('hier_time_conditioning',
                                                                    False)),
                level_context=sm.level_context, hierarchy_weight=float(sm.hierarchy_weight),
+               hierarchy_sure=float(sm.hierarchy_sure),
                given_state=bool(m.get('given_state', False)))
 
 
@@ -375,11 +377,10 @@ def _resolve_offsets(config: ml_collections.ConfigDict) -> None:
 def _check_train(config: ml_collections.ConfigDict) -> None:
   """The fields of the training loop (the optimiser's are checked by `_check_optim`)."""
   t = config.train
-  for name in ('num_steps', 'log_every', 'ckpt_every', 'grad_accum', 'max_bad_steps'):
+  for name in ('num_steps', 'log_every', 'ckpt_every', 'grad_accum', 'max_bad_steps', 'keep_last'):
     _check_int(f'train.{name}', t[name], minimum=1)
-  _check_int('train.eval_every', t.eval_every, minimum=0)
-  _check_int('train.keep_last', t.keep_last, minimum=1)
-  _check_int('train.keep_period', t.keep_period, minimum=0)
+  for name in ('eval_every', 'keep_period'):
+    _check_int(f'train.{name}', t[name], minimum=0)
   _check_number('train.time_budget_s', t.time_budget_s, lo=0.0)
   for name in ('final_eval', 'async_checkpoint'):
     _check_bool(f'train.{name}', t[name])

@@ -46,7 +46,10 @@ Confidence ordering (Sudoku, typically T = L = 81; MDLM/MGDM-style top-k decodin
   w = 1 / 0.3 / 0 gave 75.5 / 80.1 / 82.9% cell accuracy, hence w = 0 there (the count k_n and
   the eligibility still come from π). Eligible =
   masked with π_i > 0 (a position the head puts only on levels that cannot be revealed yet
-  waits; the last step takes everyone). Ties go to the lower position index.
+  waits; the last step takes everyone). Ties go to the lower position index. With
+  `hierarchy_sure` τ > 0 the positions the head is sure of, π_i >= τ · max_k λ_k (its mass on
+  the levels that reveal fastest now), are taken first, by score among themselves, then the rest:
+  a head trusted only where it is sure (docs/hierarchy_results.md, item 16).
   Level context: a candidate's level is its most probable level GIVEN that it is revealed now,
   ĥ^i = argmax_k λ_k g^i_k (argmax g over the active levels at the last step). Pass 2 is run once
   for all candidates, each conditioned on its candidate level: two_pass writes ĥ at every masked
@@ -339,6 +342,10 @@ def reverse_step(apply_fn: ApplyFn, schedule: Schedule, cfg: SampleConfig, key: 
       conf = jnp.max(token_logp, axis=-1)  # log max_v f^i(v), untempered
       score = jnp.where(eligible, cfg.hierarchy_weight * base.log0(pi) + conf, -jnp.inf)
       order = jnp.argsort(-score, axis=-1, stable=True)
+      if cfg.hierarchy_sure > 0:  # the head's sure positions first, each group by score
+        sure = (eligible & (pi >= cfg.hierarchy_sure * jnp.max(lam))).astype(jnp.int32)
+        first = jnp.argsort(-jnp.take_along_axis(sure, order, -1), axis=-1, stable=True)
+        order = jnp.take_along_axis(order, first, -1)
       rank = jnp.argsort(order, axis=-1)
       chosen = eligible & (rank < count[:, None])
     new_tok = base.draw_tokens(k_token, token_logp, cfg)

@@ -1,4 +1,4 @@
-"""Hierarchy diagnostics of every Sudoku evaluation (issue 11; docs/method.md §10, §10.1).
+"""Hierarchy diagnostics of every Sudoku evaluation (issue 11; docs/method.md §6, §10).
 
 For a model with K > 1 levels (nothing is computed for its MDLM twin):
 
@@ -54,7 +54,7 @@ def mode_config(cfg: SampleConfig, mode: str) -> tuple[SampleConfig, bool]:
   """The sampler settings of a decoding mode (greedy) and whether it uses the labeller's levels."""
   w, ctx, labeller = DECODING_MODES[mode]
   return dataclasses.replace(cfg, greedy=True, ordering='confidence', hierarchy_weight=w,
-                             level_context=ctx), labeller
+                             hierarchy_sure=0.0, level_context=ctx), labeller
 
 
 def _pass1_program(apply_fn: compiled.ApplyFn, process: process_base.Process):
