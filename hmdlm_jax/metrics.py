@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import time
 from typing import Any, Mapping
 
@@ -21,6 +22,15 @@ import numpy as np
 
 REQUIRED_TRAIN_KEYS: tuple[str, ...] = ('step', 'split', 'loss', 'lr', 'grad_norm', 'steps_per_s',
                                         'tokens_per_s')
+_TB_ILLEGAL = re.compile(r'[^-/\w.]')  # characters a TensorBoard tag may not hold
+
+
+def tb_tag(name: str) -> str:
+  """The TensorBoard tag of a metric name: illegal characters (e.g. '=' in 't=1.0') -> '_'.
+
+  The same tag tensorboardX would make, without its log line for every such scalar.
+  """
+  return _TB_ILLEGAL.sub('_', name).lstrip('/')
 
 
 def to_scalars(tree: Mapping[str, Any]) -> dict[str, float]:
@@ -73,7 +83,7 @@ class MetricsWriter:
     self._file.flush()
     if self._tb is not None:
       for k, v in scalars.items():
-        self._tb.add_scalar(f'{split}/{k}', float(v), int(step))
+        self._tb.add_scalar(tb_tag(f'{split}/{k}'), float(v), int(step))
       self._tb.flush()
 
   def close(self) -> None:

@@ -19,6 +19,7 @@ from configs import base as base_config
 from configs import tiny_test
 from hmdlm_jax import checkpoint
 from hmdlm_jax import config as config_lib
+from hmdlm_jax import metrics as metrics_lib
 from hmdlm_jax import sharding
 from hmdlm_jax import tasks
 from hmdlm_jax import train
@@ -33,6 +34,19 @@ def test_flatten_metrics():
   flat = reports.flatten_metrics({'a': {'b': 1, 'c': None, 'd': float('nan'), 'e': True},
                                   'f': 2.5, 'g': 'text'})
   assert flat == {'a/b': 1.0, 'f': 2.5}
+
+
+def test_tensorboard_tags_are_legal_without_a_log_line(tmp_path, caplog):
+  from tensorboardX import summary  # pylint: disable=g-import-not-at-top
+  names = ['hierarchy/level_accuracy/t=1.0/prior', 'greedy/per_seed/0/solve_rate', 'a b(c)']
+  for name in names:  # tensorboardX's own cleaning is the oracle
+    assert metrics_lib.tb_tag(name) == summary._clean_tag(name)  # pylint: disable=protected-access
+  writer = metrics_lib.MetricsWriter(str(tmp_path))
+  with caplog.at_level('INFO'):
+    writer.write(3, 'eval', {name: 0.5 for name in names})
+  writer.close()
+  assert not [r for r in caplog.records if 'illegal' in r.getMessage()]
+  assert metrics_lib.read_metrics(str(tmp_path))[0]['hierarchy/level_accuracy/t=1.0/prior'] == 0.5
 
 
 def test_registry_keys_and_eval_kind_check():
