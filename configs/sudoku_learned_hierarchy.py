@@ -1,21 +1,23 @@
-"""Sudoku HMDLM whose level head learns the hierarchy (issue 11; docs/hierarchy_results.md, 12-13).
+"""Sudoku HMDLM whose level head learns the hierarchy (issue 11; docs/hierarchy_results.md, 12-16).
 
   python -m hmdlm_jax.main --config=configs/sudoku_learned_hierarchy.py --workdir=DIR
 
 The demo (configs/sudoku.py) with the hierarchy pathway of docs/method.md §4.7: it reads the
 embedded input (givens as their own state, its own input table and time embedding), runs two tied
-blocks per solving round for the five rounds, reads one hazard per round, and learns each round's
-digits (`loss.beta_rounds`) besides the levels (plain cross-entropy, its own gradient clip). The
-Sudoku candidate features feed this pathway only, so the token network is the demo's and
-`--config.model.num_levels=1` gives exactly the demo's MDLM twin. 2,000 steps, 95.2 G matrix FLOPs
-per step (2.6x the demo's: `python -m scripts.step_cost`); about 40 minutes of training alone on
-2 CPU cores (2026-12-02), plus about 20 of evaluation on 500 test puzzles.
+blocks per solving round for the five rounds at width 64, reads one hazard per round, and learns
+each round's digits (`loss.beta_rounds`) besides the levels (plain cross-entropy, its own gradient
+clip). The Sudoku candidate features feed this pathway only, so the token network is the demo's
+and `--config.model.num_levels=1` gives exactly the demo's MDLM twin. 2,000 steps, 46.3 G matrix
+FLOPs per step (1.28x the demo's: `python -m scripts.step_cost`; 95.2 G at the full width,
+`--config.model.hier_width=0`, items 12-14); about 25 minutes of training alone on 2 CPU cores
+(2026-12-03), plus about 10 of evaluation on 500 test puzzles.
 
-Measured (500 generated test puzzles, seeds 0-2, docs/hierarchy_results.md item 13): level
-accuracy of the jointly trained head 0.84 against a prior of 0.61; greedy decoding at w = 0.1
+Measured (500 generated test puzzles, docs/hierarchy_results.md item 16): level accuracy of the
+jointly trained head 0.82 against a prior of 0.61 (3 seeds); greedy decoding at w = 0.1
 (`sample.hierarchy_weight`: the head's reveal probability enters the confidence score with a
 small weight) solves more puzzles than ignoring the head (w = 0) and than ordering by it alone
-(w = 1). The final evaluation reports all three and, as a reference, the labeller's order.
+(w = 1); at equal matrix FLOPs its MDLM twin (3,407 steps) solves about as many (2 seeds). The
+final evaluation reports all three decodings and, as a reference, the labeller's order.
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ def get_config() -> ml_collections.ConfigDict:
   m.hier_time_conditioning = True
   m.hier_source = 'input'  # the pathway computes the rounds itself (its head re-reads the grid)
   m.hier_layers = 2  # tied blocks per round
+  m.hier_width = 64  # item 16: half the pathway's FLOPs of the full width, a larger decoding gain
   m.hier_repeats = 5  # one repeat per solving round (K - 1)
   m.hier_readout = 'rounds'
 
@@ -44,7 +47,7 @@ def get_config() -> ml_collections.ConfigDict:
   c.optim.hier_grad_clip = 1.0  # the pathway's gradient does not throttle the backbone's step
   c.train.num_steps = 2000
 
-  c.sample.hierarchy_weight = 0.1  # item 13: 0.1 and 0.3 beat 0 and 1
+  c.sample.hierarchy_weight = 0.1  # items 13, 16: 0.1 (and 0.3) beat 0 and 1
 
   c.data.num_test_puzzles = 500
   e = c.eval
