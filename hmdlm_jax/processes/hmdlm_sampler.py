@@ -49,7 +49,7 @@ Confidence ordering (Sudoku, typically T = L = 81; MDLM/MGDM-style top-k decodin
   waits; the last step takes everyone). Ties go to the lower position index. With
   `hierarchy_sure` τ > 0 the positions the head is sure of, π_i >= τ · max_k λ_k (its mass on
   the levels that reveal fastest now), are taken first, by score among themselves, then the rest:
-  a head trusted only where it is sure (docs/hierarchy_results.md, item 16).
+  a head trusted only where it is sure (docs/hierarchy_results.md, item 17: no gain there).
   Level context: a candidate's level is its most probable level GIVEN that it is revealed now,
   ĥ^i = argmax_k λ_k g^i_k (argmax g over the active levels at the last step). Pass 2 is run once
   for all candidates, each conditioned on its candidate level: two_pass writes ĥ at every masked
