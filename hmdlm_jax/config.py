@@ -44,6 +44,7 @@ from hmdlm_jax.config_hdlm import hdlm_cluster_rows
 from hmdlm_jax.config_kinds import noise_ids
 from hmdlm_jax.config_kinds import num_noise_rows
 from hmdlm_jax.config_multimdm import MultiMDMConfig
+from hmdlm_jax.config_pathway import check_pathway
 
 VARIANTS = ('two_pass', 'single_pass')
 # What hmdlm_jax/models implements (tests/test_models.py checks the registries agree).
@@ -55,10 +56,6 @@ ORDERINGS = ('ancestral', 'confidence')
 LEVEL_CONTEXTS = ('candidates', 'none')
 HIER_OBJECTIVES = ('bound', 'cross_entropy')
 TOKEN_ROWS = ('auto', 'all', 'selected')
-HIER_READOUTS = ('head', 'rounds')
-# The pathway sources that hide the non-given digits (models/hierarchy.py); need given_state.
-GIVEN_SOURCES = ('givens', 'given_digits')
-HIER_SOURCES = ('features', 'input') + GIVEN_SOURCES
 
 
 # ------------------------------------------------------------------------------------------ views
@@ -97,6 +94,7 @@ class ModelConfig:
   given_state: bool = False
   hier_readout: str = 'head'
   hier_width: int = 0
+  hier_num_heads: int = 0
   cluster_head: int = 0  # outputs of HDLM's auxiliary cluster head (derived; 0 = none)
   sudoku_candidates: bool = False
   candidates_pathway_only: bool = False
@@ -133,37 +131,8 @@ class ModelConfig:
                  'hier_time_conditioning', 'hier_input_embed', 'given_state',
                  'sudoku_candidates', 'candidates_pathway_only', 'hier_round_tokens'):
       _check_bool(f'model.{name}', values[name])
-    _check_int('model.hier_layers', values['hier_layers'], minimum=0)
-    _check_int('model.hier_repeats', values['hier_repeats'], minimum=1)
-    _check_int('model.hier_width', values['hier_width'], minimum=0)
     _check_int('model.cluster_head', values['cluster_head'], minimum=0)
-    if values['hier_width'] and values['hier_width'] % values['num_heads']:
-      raise ValueError(f"model.hier_width={values['hier_width']} must be divisible by "
-                       f"model.num_heads={values['num_heads']} (0 = hidden_size).")
-    if values['hier_repeats'] > 1 and values['hier_layers'] == 0:
-      raise ValueError(f"model.hier_repeats={values['hier_repeats']} repeats the hierarchy trunk, "
-                       'which has no blocks: set model.hier_layers >= 1 (or hier_repeats=1).')
-    if values['hier_readout'] not in HIER_READOUTS:
-      raise ValueError(f"model.hier_readout={values['hier_readout']!r} is not one of "
-                       f'{HIER_READOUTS}.')
-    if values['hier_readout'] == 'rounds' and values['num_levels'] > 1 and (
-        values['hier_layers'] == 0 or values['hier_repeats'] != values['num_levels'] - 1):
-      raise ValueError("model.hier_readout='rounds' reads one hazard per round: it needs "
-                       'model.hier_layers >= 1 and model.hier_repeats = model.num_levels - 1 = '
-                       f"{values['num_levels'] - 1} (got {values['hier_layers']}, "
-                       f"{values['hier_repeats']}).")
-    if values['hier_source'] not in HIER_SOURCES:
-      raise ValueError(f"model.hier_source={values['hier_source']!r} is not one of "
-                       f'{HIER_SOURCES}.')
-    if values['hier_source'] in GIVEN_SOURCES and not values['given_state']:
-      raise ValueError(f"model.hier_source={values['hier_source']!r} shows the pathway the "
-                       'digits of the given positions only, which it tells by their input '
-                       'state: set model.given_state=True.')
-    if values['hier_round_tokens'] and (values['hier_readout'] != 'rounds'
-                                        or values['num_levels'] == 1):
-      raise ValueError('loss.beta_rounds > 0 (model.hier_round_tokens) reads the token of each '
-                       "round: it needs model.hier_readout='rounds' and model.num_levels > 1 "
-                       f"(got {values['hier_readout']!r}, {values['num_levels']}).")
+    check_pathway(values)
     return cls(**values)
 
   def __post_init__(self) -> None:

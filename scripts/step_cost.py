@@ -1,23 +1,52 @@
-"""Matmul FLOPs of one training step (loss + gradient) of configs/sudoku.py with overrides.
+r"""Cost of one training step of a Sudoku config with overrides: matmul FLOPs, and wall time.
 
-Used to turn a wall budget into step budgets that do not depend on how loaded the machine is:
-  python -m scripts.step_cost --set model.num_levels=1 --set model.hier_layers=1 ...
-prints the FLOPs per step and the ratio to the default demo's step.
+  python -m scripts.step_cost [--config=configs/sudoku_learned_hierarchy.py] \
+      [--set model.hier_num_heads=1 ...] [--wall_rounds=5 --wall_steps=10]
+
+prints the matrix FLOPs of one training step (loss + gradient) of the config and of its MDLM twin
+(`model.num_levels=1`), and their ratios to the default demo's step. FLOPs turn a wall budget into
+step budgets that do not depend on how loaded the machine is (scripts/twin_budget.py). They are a
+fair proxy only where the step's time is its matmuls: on a CPU the attention softmax and the
+elementwise ops of narrow blocks are not (docs/hierarchy_results.md item 18), so --wall_rounds=N
+also times the real jitted training step (hmdlm_jax/train.py, a synthetic batch) of the config and
+of its twin in N interleaved rounds of --wall_steps steps each (default 5), on this machine, and
+prints the medians per round, the time ratio and the twin's step budget at equal wall time. Run
+it on a quiet machine: one machine drifts by 15-30% between rounds.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib
+import os
+import statistics
+import time
+from typing import Any
 
 import jax
 import jax.numpy as jnp
 
 from benchmarks import flops
-from configs import sudoku as sudoku_config
+from benchmarks import train_step as bench_step
 from hmdlm_jax import config as config_lib
 from hmdlm_jax import models
 from hmdlm_jax import processes
+from hmdlm_jax import sharding as shd
+from hmdlm_jax import train
 from scripts.probe_levels import _override
+
+_REPO = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), '..'))
+DEFAULT_CONFIG = 'configs/sudoku.py'
+
+
+def load_config(path: str) -> Any:
+  """get_config() of a configs/*.py file given as its path (as `--config=` of hmdlm_jax.main)."""
+  directory, name = os.path.split(os.path.normpath(path))
+  if directory != 'configs' or not name.endswith('.py') or not os.path.isfile(
+      os.path.join(_REPO, path)):
+    raise SystemExit(f'--config={path!r}: give a file of the repository\'s configs/ folder, '
+                     f'e.g. --config={DEFAULT_CONFIG}')
+  return importlib.import_module(f'configs.{name[:-3]}').get_config()
 
 
 def step_flops(config) -> int:
@@ -36,14 +65,67 @@ def step_flops(config) -> int:
   return flops.jaxpr_matmul_flops(jax.value_and_grad(loss), params)
 
 
+def step_seconds(configs: dict[str, Any], rounds: int, steps: int = 5) -> dict[str, list[float]]:
+  """Median seconds of `steps` real training steps per round, for each named config, the configs
+  interleaved in each of `rounds` rounds (after one compiling step each)."""
+  runners = {}
+  for name, c in configs.items():
+    c = config_lib.resolve(c)
+    train.validate_config(c)
+    mesh = shd.make_mesh(c.mesh)
+    model = models.build_model(c.model)
+    state, sh = train.create_train_state(c, mesh, model)
+    step = train.make_train_step(c, model, processes.build(c), mesh, sh)
+    batch = shd.make_global_batch(bench_step.synthetic_batch(c), mesh)
+    runners[name] = [step, jax.block_until_ready(step(state, batch)[0]), batch]
+  out: dict[str, list[float]] = {name: [] for name in configs}
+  for _ in range(rounds):
+    for name, r in runners.items():
+      step, state, batch = r
+      times = []
+      for _ in range(steps):
+        t0 = time.perf_counter()
+        state, metrics = step(state, batch)
+        jax.block_until_ready((state, metrics))
+        times.append(time.perf_counter() - t0)
+      r[1] = state
+      out[name].append(statistics.median(times))
+  return out
+
+
+def equal_wall_steps(steps: int, config_s: list[float], twin_s: list[float]
+                     ) -> tuple[list[float], int]:
+  """Per-round time ratios config / twin and the twin's step budget at the wall time of `steps`
+  config steps (by the median ratio, rounded down)."""
+  ratios = [a / b for a, b in zip(config_s, twin_s, strict=True)]
+  return ratios, int(steps * statistics.median(ratios))
+
+
 def main() -> None:
-  ap = argparse.ArgumentParser()
-  ap.add_argument('--set', action='append', default=[])
+  ap = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
+  ap.add_argument('--config', default=DEFAULT_CONFIG, help='a Sudoku configs/*.py file')
+  ap.add_argument('--set', action='append', default=[], help='FIELD=VALUE, e.g. model.hier_width=32')
+  ap.add_argument('--wall_rounds', type=int, default=0, help='0 = FLOPs only')
+  ap.add_argument('--wall_steps', type=int, default=5, help='timed steps per round and config')
   args = ap.parse_args()
-  base = step_flops(sudoku_config.get_config())
-  mine = step_flops(_override(sudoku_config.get_config(), args.set))
-  print(f'{mine / 1e9:.2f} GFLOP per step; {mine / base:.3f} x the default demo '
-        f'({base / 1e9:.2f} GFLOP)')
+  mine = lambda extra=(): _override(load_config(args.config), args.set + list(extra))
+  base = step_flops(load_config(DEFAULT_CONFIG))
+  for name, c in (('config', mine()), ('twin', mine(['model.num_levels=1']))):
+    f = step_flops(c)
+    print(f'{name}: {f / 1e9:.2f} GFLOP per step; {f / base:.3f} x the default demo '
+          f'({base / 1e9:.2f} GFLOP)')
+  if args.wall_rounds > 0:
+    secs = step_seconds({'config': mine(), 'twin': mine(['model.num_levels=1'])},
+                        args.wall_rounds, args.wall_steps)
+    steps = int(mine().train.num_steps)
+    ratios, twin_steps = equal_wall_steps(steps, secs['config'], secs['twin'])
+    print(f'seconds per step, {args.wall_rounds} interleaved round(s) ({jax.device_count()} '
+          f'{jax.default_backend()} device(s), {os.cpu_count()} CPUs): config '
+          + ' '.join(f'{s:.3f}' for s in secs['config']) + '; twin '
+          + ' '.join(f'{s:.3f}' for s in secs['twin']))
+    print('config / twin per step: ' + ' '.join(f'{r:.2f}' for r in ratios)
+          + f' (median {statistics.median(ratios):.2f}): at equal wall time the twin trains '
+          f'{twin_steps:,} steps against {steps:,}')
 
 
 if __name__ == '__main__':

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import importlib
 import json
 import os
 import platform
@@ -37,23 +36,12 @@ sys.path.insert(0, _REPO)
 
 from scripts import stats  # pylint: disable=wrong-import-position
 from scripts import step_cost  # pylint: disable=wrong-import-position
+from scripts.step_cost import DEFAULT_CONFIG  # pylint: disable=wrong-import-position
+from scripts.step_cost import load_config  # pylint: disable=wrong-import-position
 from scripts.probe_levels import _override  # pylint: disable=wrong-import-position
 
 MODELS = ('hmdlm', 'twin')
 DECODINGS = ('greedy', 'stochastic')
-
-
-DEFAULT_CONFIG = 'configs/sudoku.py'
-
-
-def load_config(path: str) -> Any:
-  """get_config() of a configs/*.py file given as its path (as `--config=` of hmdlm_jax.main)."""
-  directory, name = os.path.split(os.path.normpath(path))
-  if directory != 'configs' or not name.endswith('.py') or not os.path.isfile(
-      os.path.join(_REPO, path)):
-    raise SystemExit(f'--config={path!r}: give a file of the repository\'s configs/ folder, '
-                     f'e.g. --config={DEFAULT_CONFIG}')
-  return importlib.import_module(f'configs.{name[:-3]}').get_config()
 
 
 def twin_steps(hmdlm_steps: int, overrides: list[str], config_path: str = DEFAULT_CONFIG) -> int:

@@ -8,7 +8,8 @@
   is the bound's terms; the level-hidden LM term equals its numpy re-derivation;
 * optim: `optim.hier_grad_clip` clips each group to its own norm and a huge head gradient leaves
   the backbone's update unchanged;
-* config: `loss.train_steps_T = 0` resolves to `sample.num_steps`.
+* config: `loss.train_steps_T = 0` resolves to `sample.num_steps`;
+* `model.hier_num_heads`: the pathway's blocks attend with that many heads (numpy re-derivation).
 The parameter trees of existing configs are pinned by tests/test_models.py (fixtures).
 """
 
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 import functools
 
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -33,6 +35,7 @@ from hmdlm_jax.processes import hmdlm_sampler
 from hmdlm_jax.processes.schedules import Schedule
 from tests import model_helpers as mh
 from tests.test_losses import B, L, MASK, V, make_batch, make_net, np_log_softmax, np_schedule
+from tests.test_models_reference import _np64, _np_ddit_block
 
 K = 3
 
@@ -101,6 +104,35 @@ def test_pathway_adds_only_hier_params_and_starts_as_identity(backbone, options)
   # Perturbed, the pathway changes the logits (the test can fail).
   moved = {**params_on, **_perturbed({n: on_init[n] for n in extra}, 4, 0.3)}
   assert np.abs(_hier(on, moved, *args) - _hier(off, shared, *args)).max() > 1e-3
+
+
+def test_pathway_heads_option_runs_single_head_attention():
+  """model.hier_num_heads: the pathway's block attends with that many heads (numpy re-derivation
+  of the block on the inputs it received), the token trunk keeps model.num_heads."""
+  model, abstract = _model(hier_layers=1, hier_width=8, hier_num_heads=1)
+  assert abstract['hier_blocks_0']['attn_qkv']['kernel'].shape == (8, 3, 1, 8)
+  assert abstract['blocks_0']['attn_qkv']['kernel'].shape == (16, 3, 2, 8)
+  assert _model(hier_layers=1, hier_width=8)[1]['hier_blocks_0']['attn_qkv']['kernel'].shape == (
+      8, 3, 2, 4)  # 0 = num_heads
+  params = mh.random_params(model, L, 8, scale=0.3)
+  seen = {}
+
+  def record(next_fun, args, kwargs, context):
+    out = next_fun(*args, **kwargs)
+    if context.module.name == 'hier_blocks_0' and context.method_name == '__call__':
+      seen['x'], seen['c'], seen['out'] = args[0], args[1], out
+    return out
+
+  with nn.intercept_methods(record):
+    model.apply({'params': params}, *_inputs(9), heads=('hier',))
+  want = _np_ddit_block(_np64(params['hier_blocks_0']), np.asarray(seen['x'], np.float64),
+                        np.asarray(seen['c'], np.float64))
+  np.testing.assert_allclose(np.asarray(seen['out']), want, atol=1e-4, rtol=1e-4)
+  for bad, match in ((dict(hier_width=8, hier_num_heads=3), 'divisible'),
+                     (dict(hier_width=6, hier_num_heads=2), 'even head dimension'),
+                     (dict(hier_num_heads=-1), 'model.hier_num_heads')):
+    with pytest.raises(ValueError, match=match):
+      _model_cfg(hier_layers=1, **bad)
 
 
 def test_repeats_share_weights_and_act():

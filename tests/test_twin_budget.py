@@ -102,3 +102,24 @@ def test_the_learned_hierarchy_config_and_its_twin_budget():
   for bad in ('sudoku_learned_hierarchy.py', 'configs/nope.py', '/tmp/configs/sudoku.py'):
     with pytest.raises(SystemExit, match=r'--config=.*configs/'):
       twin_budget.load_config(bad)
+
+
+def test_pathway_heads_keep_the_flops_and_equal_wall_budget():
+  """`model.hier_num_heads` changes no matmul FLOPs (same projections, the attention's scores and
+  values split over fewer heads), so the FLOPs budget cannot see it: the wall budget's arithmetic
+  (scripts/step_cost.py --wall_rounds) is the median per-round ratio, rounded down; the timer
+  runs each config's real step in every round."""
+  path = 'configs/sudoku_learned_hierarchy.py'
+  cfg = lambda over: twin_budget._override(twin_budget.load_config(path), over)
+  tiny = ['model.num_layers=1', 'model.hidden_size=32', 'model.num_heads=2', 'model.mlp_dim=32',
+          'data.batch_size=2', 'model.hier_width=16']
+  flops = twin_budget.step_cost.step_flops
+  assert flops(cfg(tiny + ['model.hier_num_heads=1'])) == flops(cfg(tiny)) > 0
+  ratios, steps = twin_budget.step_cost.equal_wall_steps(2000, [0.6, 0.9, 0.5], [0.3, 0.3, 0.2])
+  np.testing.assert_allclose(ratios, [2.0, 3.0, 2.5])
+  assert steps == 5000
+  with pytest.raises(ValueError):
+    twin_budget.step_cost.equal_wall_steps(2000, [0.6], [0.3, 0.3])
+  secs = twin_budget.step_cost.step_seconds(
+      {'a': cfg(tiny), 'b': cfg(tiny + ['model.num_levels=1'])}, rounds=2, steps=1)
+  assert set(secs) == {'a', 'b'} and all(len(v) == 2 and min(v) > 0 for v in secs.values())

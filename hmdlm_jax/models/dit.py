@@ -170,8 +170,8 @@ class DiT(hierarchy.HierarchicalBackbone):
 
     return hierarchy.Heads(hier=hier_layer, token=token, cluster=cluster_layer)
 
-  def block(self, name: str, mlp_dim: int) -> hierarchy.BlockFn:
+  def block(self, name: str, mlp_dim: int, num_heads: int) -> hierarchy.BlockFn:
     """One adaLN-zero block like the trunk's (identity at init), for the hierarchy trunk."""
-    return DDiTBlock(self.num_heads, mlp_dim, self.dropout,
+    return DDiTBlock(num_heads, mlp_dim, self.dropout,
                      self.position_embedding == 'rotary', self.compute_dtype,
                      self.position_embedding == 'sudoku_rel', name=name)

@@ -161,8 +161,8 @@ class GPT2(hierarchy.HierarchicalBackbone):
 
     return hierarchy.Heads(hier=hier, token=token, cluster=cluster)
 
-  def block(self, name: str, mlp_dim: int) -> hierarchy.BlockFn:
+  def block(self, name: str, mlp_dim: int, num_heads: int) -> hierarchy.BlockFn:
     """One pre-LN block like the trunk's, for the hierarchy trunk (it reads no c)."""
-    blk = GPT2Block(self.num_heads, mlp_dim, self.num_layers, self.dropout,
+    blk = GPT2Block(num_heads, mlp_dim, self.num_layers, self.dropout,
                     self.position_embedding == 'rotary', self.compute_dtype, name=name)
     return lambda x, c, rope, train: blk(x, rope, train)

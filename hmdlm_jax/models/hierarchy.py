@@ -49,7 +49,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from hmdlm_jax.config import GIVEN_SOURCES
+from hmdlm_jax.config_pathway import GIVEN_SOURCES
 from hmdlm_jax.models import layers
 from hmdlm_jax.models import sudoku_candidates
 from hmdlm_jax.models import sudoku_positions
@@ -172,6 +172,7 @@ class HierarchicalBackbone(nn.Module):
   given_state: bool = False  # given cells carry the input state h_g = K+1 (tables get K+2 rows)
   hier_readout: str = 'head'  # 'head' (the backbone's level head) | 'rounds' (_round_readout)
   hier_width: int = 0  # width of the trunk's blocks (0 = hidden_size); projections in and out
+  hier_num_heads: int = 0  # attention heads of the trunk's blocks (0 = num_heads)
   cluster_head: int = 0  # n outputs of HDLM's auxiliary cluster head (0 = no such head)
   sudoku_candidates: bool = False  # add the grid's candidate features (sudoku_candidates.py)
   candidates_pathway_only: bool = False  # ... to the hierarchy pathway only, not the trunk
@@ -183,7 +184,7 @@ class HierarchicalBackbone(nn.Module):
   # state: the levels of a labeller that reads the givens, Sudoku's, are then a function of what
   # the pathway sees); 'given_digits' (only the non-given digits hidden, the states kept).
   hier_source: str = 'features'
-  mask_id: int = -1  # the MASK token, shown for the hidden digits of config.GIVEN_SOURCES
+  mask_id: int = -1  # the MASK token, shown for the hidden digits of config_pathway.GIVEN_SOURCES
 
   # Parameter name of the input token table ('vocab_embed' in MDLM's DiT, 'wte' in GPT-2).
   token_embed_name: ClassVar[str] = 'vocab_embed'
@@ -210,9 +211,9 @@ class HierarchicalBackbone(nn.Module):
     cluster head has `cluster_head` outputs (built only if it is called)."""
     raise NotImplementedError
 
-  def block(self, name: str, mlp_dim: int) -> BlockFn:
+  def block(self, name: str, mlp_dim: int, num_heads: int) -> BlockFn:
     """One block of the backbone's kind named `name` (for the hierarchy trunk); its width is its
-    input's, its MLP width `mlp_dim`."""
+    input's, its MLP width `mlp_dim`, its attention heads `num_heads`."""
     raise NotImplementedError
 
   @property
@@ -354,13 +355,17 @@ class HierarchicalBackbone(nn.Module):
     if not self.hier_layers:
       return hx, hc, []
     mlp_dim = self.mlp_dim * width // self.hidden_size
-    blocks = [self.block(f'{HIER_PREFIX}blocks_{i}', mlp_dim) for i in range(self.hier_layers)]
+    # Fewer heads cost the same matmul FLOPs but fewer [B, heads, L, L] softmax elements, which
+    # dominate a narrow pathway's time on CPU (docs/hierarchy_results.md item 18).
+    heads = self.hier_num_heads or self.num_heads
+    blocks = [self.block(f'{HIER_PREFIX}blocks_{i}', mlp_dim, heads)
+              for i in range(self.hier_layers)]
     z = hx
     if width != self.hidden_size:  # a narrower (cheaper) trunk between two projections
       z = layers.Dense((width,), ('embed', None), dtype=self.compute_dtype, out_dtype=jnp.float32,
                        name=f'{HIER_PREFIX}in_proj')(hx)
-      if rope is not None:
-        rope = layers.rotary_cos_sin(hx.shape[1], width // self.num_heads)
+    if rope is not None and width // heads != self.hidden_size // self.num_heads:
+      rope = layers.rotary_cos_sin(hx.shape[1], width // heads)
     per_round = []
     for _ in range(self.hier_repeats):
       for block in blocks:
