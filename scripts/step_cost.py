@@ -108,6 +108,9 @@ def main() -> None:
   ap.add_argument('--wall_rounds', type=int, default=0, help='0 = FLOPs only')
   ap.add_argument('--wall_steps', type=int, default=5, help='timed steps per round and config')
   args = ap.parse_args()
+  if args.wall_rounds < 0 or args.wall_steps < 1:
+    ap.error(f'--wall_rounds={args.wall_rounds} must be >= 0 and --wall_steps={args.wall_steps} '
+             '>= 1')
   mine = lambda extra=(): _override(load_config(args.config), args.set + list(extra))
   base = step_flops(load_config(DEFAULT_CONFIG))
   for name, c in (('config', mine()), ('twin', mine(['model.num_levels=1']))):
