@@ -18,9 +18,9 @@ jointly trained head 0.82 against a prior of 0.61 (3 seeds); greedy decoding at 
 small weight) solves more puzzles than ignoring the head (w = 0) and than ordering by it alone
 (w = 1); at equal matrix FLOPs its MDLM twin (3,407 steps) solves about as many (2 seeds). The
 final evaluation reports all three decodings and, as a reference, the labeller's order.
-`--config.model.hier_num_heads=1` (one attention head in the pathway) kept the head as accurate
-and made the step about 10% faster alone, 27% beside other runs (2 seeds, item 18); it is to
-become the default after a third seed.
+`--config.model.hier_num_heads=1` (one attention head in the pathway) keeps the level accuracy and
+makes the step about 10% faster alone, 27% beside other runs, but decodes about one point lower
+(3 seeds, within noise; item 18), so the pathway keeps four heads here.
 """
 
 from __future__ import annotations
