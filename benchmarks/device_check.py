@@ -91,18 +91,10 @@ def _step_adapter(config: Any, batch_size: int, accum: int) -> tuple[Callable[[]
   """
   from benchmarks import train_step as ts  # pylint: disable=g-import-not-at-top
   from hmdlm_jax import config as config_lib  # pylint: disable=g-import-not-at-top
-  from hmdlm_jax import models, processes, train  # pylint: disable=g-import-not-at-top
-  from hmdlm_jax import sharding as shd  # pylint: disable=g-import-not-at-top
   config.data.batch_size = batch_size
   config.train.grad_accum = accum
   config = config_lib.resolve(config)
-  train.validate_config(config)
-  mesh = shd.make_mesh(config.mesh)
-  model = models.build_model(config.model)
-  process = processes.build(config)
-  state, shardings = train.create_train_state(config, mesh, model)
-  batch = shd.make_global_batch(ts.synthetic_batch(config), mesh)
-  step = train.make_train_step(config, model, process, mesh, shardings)
+  step, state, batch = ts.real_step(config)
   holder = {'state': state}
 
   def one() -> Any:

@@ -128,6 +128,19 @@ def synthetic_batch(config: ml_collections.ConfigDict, seed: int = 0) -> dict[st
                                                 'given': given, 'loss_mask': ~given})
 
 
+def real_step(config: ml_collections.ConfigDict) -> tuple[Callable[..., Any], Any, Any]:
+  """The package's real jitted train step (hmdlm_jax/train.py) on a synthetic batch of `config`
+  (resolved and validated here): (step(state, batch) -> (state, metrics), initial state, global
+  batch). Nothing is compiled until the first call."""
+  config = config_lib.resolve(config)
+  train.validate_config(config)
+  mesh = shd.make_mesh(config.mesh)
+  model = models.build_model(config.model)
+  state, shardings = train.create_train_state(config, mesh, model)
+  step = train.make_train_step(config, model, processes.build(config), mesh, shardings)
+  return step, state, shd.make_global_batch(synthetic_batch(config), mesh)
+
+
 # ----------------------------------------------------------------------------- patch check
 
 

@@ -31,8 +31,6 @@ from benchmarks import train_step as bench_step
 from hmdlm_jax import config as config_lib
 from hmdlm_jax import models
 from hmdlm_jax import processes
-from hmdlm_jax import sharding as shd
-from hmdlm_jax import train
 from scripts.probe_levels import _override
 
 _REPO = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), '..'))
@@ -70,13 +68,7 @@ def step_seconds(configs: dict[str, Any], rounds: int, steps: int = 5) -> dict[s
   interleaved in each of `rounds` rounds (after one compiling step each)."""
   runners = {}
   for name, c in configs.items():
-    c = config_lib.resolve(c)
-    train.validate_config(c)
-    mesh = shd.make_mesh(c.mesh)
-    model = models.build_model(c.model)
-    state, sh = train.create_train_state(c, mesh, model)
-    step = train.make_train_step(c, model, processes.build(c), mesh, sh)
-    batch = shd.make_global_batch(bench_step.synthetic_batch(c), mesh)
+    step, state, batch = bench_step.real_step(c)
     runners[name] = [step, jax.block_until_ready(step(state, batch)[0]), batch]
   out: dict[str, list[float]] = {name: [] for name in configs}
   for _ in range(rounds):
