@@ -194,6 +194,8 @@ def get_base_config() -> ml_collections.ConfigDict:
   # > 0: the hierarchy-only parameters ('hier_*', models/hierarchy.py) are clipped to this global
   # norm as a group of their own, and `grad_clip` applies to the rest; 0 = one clip over all.
   o.hier_grad_clip = 0.0
+  # The hierarchy-only parameters' learning rate is hier_lr_scale · lr (optim.scale_by_group).
+  o.hier_lr_scale = 1.0
   o.eps = 1e-8  # Adam's ε
   o.decay_floor = 0.0  # cosine decay ends at decay_floor · lr (HDLM's OWT runs: 0.1)
   o.ema_decay = 0.9999

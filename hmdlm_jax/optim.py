@@ -4,6 +4,9 @@ Clipping: one global-norm clip over all parameters (`optim.grad_clip`), or, with
 `optim.hier_grad_clip > 0`, one clip per group: the hierarchy-only parameters ('hier_*',
 `models.hierarchy.is_hierarchy_param`) to `hier_grad_clip` and the rest to `grad_clip`
 (`clip_by_group_global_norm`), so a large level-head gradient no longer shrinks the backbone's step.
+`optim.hier_lr_scale` multiplies the hierarchy-only parameters' learning rate (`scale_by_group`
+after AdamW): the level pathway shares no parameter with the token network on the Sudoku config, so
+it can learn faster without touching the backbone's step.
 
 Gradient accumulation is not an optax wrapper here: `train.py` splits the batch into micro-batches
 inside one jitted step (`lax.scan`) and hands the averaged gradient to this optimiser, so one
@@ -46,6 +49,9 @@ def validate_optim_config(optim_cfg: Any) -> None:
   if float(o.get('hier_grad_clip', 0.0)) < 0.0:
     raise ValueError(f'optim.hier_grad_clip={o.hier_grad_clip} must be >= 0 (0 = the one global '
                      'clip of optim.grad_clip over all parameters).')
+  if not float(o.get('hier_lr_scale', 1.0)) > 0.0:
+    raise ValueError(f"optim.hier_lr_scale={o.get('hier_lr_scale')} must be > 0 (1 = the "
+                     'learning rate of optim.lr for every parameter).')
   if not float(o.get('eps', 1e-8)) > 0.0:
     raise ValueError(f"optim.eps={o.get('eps')} must be > 0.")
   if not 0.0 <= float(o.get('decay_floor', 0.0)) <= 1.0:
@@ -124,15 +130,30 @@ def clip_by_group_global_norm(max_norms: Mapping[str, float],
   return optax.GradientTransformation(lambda params: optax.EmptyState(), update)
 
 
+def scale_by_group(factors: Mapping[str, float],
+                   groups: Callable[[Any], Any] = param_groups) -> optax.GradientTransformation:
+  """Multiply each group's updates by its factor: u_g <- f_g · u_g (after AdamW: a per-group
+  learning-rate multiplier, weight decay included). A group not named keeps its updates."""
+
+  def update(updates: Any, state: Any, params: Any = None) -> tuple[Any, Any]:
+    del params
+    new = jax.tree.map(lambda u, g: (u * float(factors[g])).astype(u.dtype) if g in factors else u,
+                       updates, groups(updates))
+    return new, state
+
+  return optax.GradientTransformation(lambda params: optax.EmptyState(), update)
+
+
 def make_optimizer(optim_cfg: Any, num_steps: int) -> optax.GradientTransformation:
-  """clip -> AdamW(lr schedule, b1, b2, eps, weight_decay).
+  """clip -> AdamW(lr schedule, b1, b2, eps, weight_decay) (-> scale_by_group).
 
   clip: clip_by_global_norm(grad_clip) over all parameters, or, with optim.hier_grad_clip > 0,
   `clip_by_group_global_norm` with grad_clip for the backbone group and hier_grad_clip for the
   hierarchy-only parameters (module docstring).
 
   `inject_hyperparams` exposes the current learning rate in the optimiser state (`hyperparams`)
-  so the step can log exactly the lr it applied.
+  so the step can log exactly the lr it applied (the backbone's; the hierarchy group's is
+  optim.hier_lr_scale times it).
   """
   schedule = make_lr_schedule(optim_cfg, num_steps)
   clip = float(optim_cfg.grad_clip)
@@ -150,6 +171,9 @@ def make_optimizer(optim_cfg: Any, num_steps: int) -> optax.GradientTransformati
   elif clip > 0.0:
     parts.append(optax.clip_by_global_norm(clip))
   parts.append(adamw(learning_rate=schedule))
+  hier_lr_scale = float(optim_cfg.get('hier_lr_scale', 1.0))
+  if hier_lr_scale != 1.0:
+    parts.append(scale_by_group({'hier': hier_lr_scale}))
   return optax.chain(*parts)
 
 

@@ -7,7 +7,8 @@
   nothing else; `loss.hier_objective='cross_entropy'` equals a numpy re-derivation and the default
   is the bound's terms; the level-hidden LM term equals its numpy re-derivation;
 * optim: `optim.hier_grad_clip` clips each group to its own norm and a huge head gradient leaves
-  the backbone's update unchanged;
+  the backbone's update unchanged; `optim.hier_lr_scale` multiplies the hierarchy group's AdamW
+  update exactly and leaves the backbone's;
 * config: `loss.train_steps_T = 0` resolves to `sample.num_steps`;
 * `model.hier_num_heads`: the pathway's blocks attend with that many heads (numpy re-derivation).
 The parameter trees of existing configs are pinned by tests/test_models.py (fixtures).
@@ -332,14 +333,33 @@ def test_group_clip_limits_each_group():
   jax.tree.map(np.testing.assert_array_equal, out, small)
 
 
-def _backbone_update(hier_grad_clip, head_scale):
+def _updates(head_scale, **optim_fields):
   cfg = get_base_config().optim
-  cfg.update(dict(lr=1e-2, warmup_steps=0, grad_clip=1.0, hier_grad_clip=hier_grad_clip))
+  cfg.update(dict(lr=1e-2, warmup_steps=0, grad_clip=1.0, **optim_fields))
   tx = optim.make_optimizer(cfg, 10)
   g = _grads(head_scale)
   params = jax.tree.map(jnp.zeros_like, g)
   updates, _ = tx.update(g, tx.init(params), params)
-  return np.asarray(updates['blocks_0']['kernel'])
+  return updates
+
+
+def _backbone_update(hier_grad_clip, head_scale):
+  return np.asarray(_updates(head_scale, hier_grad_clip=hier_grad_clip)['blocks_0']['kernel'])
+
+
+def test_hier_lr_scale_multiplies_the_hierarchy_group_update_only():
+  base = _updates(1.0, hier_grad_clip=1.0)
+  scaled = _updates(1.0, hier_grad_clip=1.0, hier_lr_scale=3.0)
+  for name in ('blocks_0', 'level_embed'):  # the backbone group: bit-identical
+    jax.tree.map(np.testing.assert_array_equal, scaled[name], base[name])
+  for name in ('hier_layer', 'hier_blocks_0'):  # AdamW's first update is -lr·sign(g): exact ×3
+    np.testing.assert_allclose(np.asarray(scaled[name]['kernel']),
+                               3.0 * np.asarray(base[name]['kernel']), rtol=1e-6)
+    np.testing.assert_allclose(np.abs(np.asarray(scaled[name]['kernel'])), 3e-2, rtol=1e-4)
+  bad = get_base_config()
+  bad.optim.hier_lr_scale = 0.0
+  with pytest.raises(ValueError, match='optim.hier_lr_scale'):
+    optim.validate_optim_config(bad.optim)
 
 
 def test_backbone_update_unchanged_by_a_huge_head_gradient():
