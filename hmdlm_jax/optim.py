@@ -5,8 +5,8 @@ Clipping: one global-norm clip over all parameters (`optim.grad_clip`), or, with
 `models.hierarchy.is_hierarchy_param`) to `hier_grad_clip` and the rest to `grad_clip`
 (`clip_by_group_global_norm`), so a large level-head gradient no longer shrinks the backbone's step.
 `optim.hier_lr_scale` multiplies the hierarchy-only parameters' learning rate (`scale_by_group`
-after AdamW): the level pathway shares no parameter with the token network on the Sudoku config, so
-it can learn faster without touching the backbone's step.
+after AdamW): on configs/sudoku_learned_hierarchy.py no level-loss gradient reaches the token
+network, so the pathway can learn faster without touching the backbone's step.
 
 Gradient accumulation is not an optax wrapper here: `train.py` splits the batch into micro-batches
 inside one jitted step (`lax.scan`) and hands the averaged gradient to this optimiser, so one
