@@ -3,12 +3,15 @@
 The Sudoku levels are a deterministic function of the givens (rounds of naked / hidden singles,
 `data.sudoku.hierarchy_levels`), so predicting the level of a masked cell is a multi-round
 constraint-propagation problem on the clues. This probe trains ONLY the level prediction of a
-configs/sudoku.py model (with `--set` overrides) by cross-entropy on the levels of the masked
-cells of freshly augmented training puzzles at t ~ U(t_min, 1), and reports the held-out level
-accuracy on generated test puzzles against the prior (the majority level among the same cells):
+Sudoku config's model (`--config`, default configs/sudoku.py, with `--set` overrides) by
+cross-entropy on the levels of the masked cells of freshly augmented training puzzles at t ~
+U(t_min, 1), and reports the held-out level accuracy on generated test puzzles against the prior
+(the majority level among the same cells):
 
   nice -n 10 python scripts/probe_levels.py --steps 600 --set model.given_state=True \
       --set model.hier_layers=2 --set model.hier_repeats=4 --out /tmp/probe.json
+  python scripts/probe_levels.py --config=configs/sudoku_learned_hierarchy.py --train hier \
+      --steps 2000 [--set optim.hier_lr_scale=3.0]
 
 `--train backbone` trains every parameter on the level loss (the backbone is the trunk);
 `--set loss.beta_rounds=W` (with model.hier_readout='rounds') adds W x the package's per-round
@@ -18,13 +21,17 @@ level >= K - r), so each repeat gets a direct signal for what its round should k
 `--train hier` trains only the hierarchy pathway ('hier_*' parameters, the backbone frozen at its
 initialisation, which is the identity for the DiT's adaLN-zero blocks: the pathway then reads the
 input embedding; use with model.hier_input_embed so it sees its own level/given table).
+Optimiser: AdamW at --lr (default: the config's optim.lr) with 100 warm-up steps and a cosine
+decay, global-norm clip 1; the 'hier_*' parameters' step is scaled by the config's
+optim.hier_lr_scale as in training (hmdlm_jax/optim.py `scale_by_group`).
 """
 
 from __future__ import annotations
 
 import argparse
-import ast
 import json
+import os
+import sys
 import time
 
 import jax
@@ -32,9 +39,13 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from configs import sudoku as sudoku_config
+sys.path.insert(0, os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)),
+                                                 '..')))
+
+# pylint: disable=wrong-import-position
 from hmdlm_jax import config as config_lib
 from hmdlm_jax import models
+from hmdlm_jax import optim
 from hmdlm_jax.data import sudoku
 from hmdlm_jax.data import sudoku_csv
 from hmdlm_jax.data import sudoku_generator
@@ -43,20 +54,12 @@ from hmdlm_jax.processes import base
 from hmdlm_jax.processes import hmdlm
 from hmdlm_jax.processes import parameterization
 from hmdlm_jax.processes import schedules
+from scripts.config_args import DEFAULT_CONFIG
+from scripts.config_args import load_config
+from scripts.config_args import override
+# pylint: enable=wrong-import-position
 
 EVAL_TIMES = (0.25, 0.5, 0.75, 1.0)
-
-
-def _override(config, items):
-  for item in items:
-    key, value = item.split('=', 1)
-    section, field = key.split('.')
-    try:
-      value = ast.literal_eval(value)
-    except (ValueError, SyntaxError):
-      pass
-    config[section][field] = value
-  return config
 
 
 def _batch(quiz: np.ndarray, solution: np.ndarray) -> dict[str, np.ndarray]:
@@ -69,7 +72,8 @@ def main() -> None:
   ap = argparse.ArgumentParser(description=__doc__.split('\n')[0])
   ap.add_argument('--steps', type=int, default=600)
   ap.add_argument('--batch', type=int, default=64)
-  ap.add_argument('--lr', type=float, default=1e-3)
+  ap.add_argument('--config', default=DEFAULT_CONFIG, help='a Sudoku configs/*.py file')
+  ap.add_argument('--lr', type=float, default=None, help="default: the config's optim.lr")
   ap.add_argument('--train', choices=('backbone', 'hier'), default='backbone')
   ap.add_argument('--test_puzzles', type=int, default=500)
   ap.add_argument('--seed', type=int, default=0)
@@ -78,7 +82,7 @@ def main() -> None:
   args = ap.parse_args()
 
   try:
-    config = config_lib.resolve(_override(sudoku_config.get_config(), args.set))
+    config = config_lib.resolve(override(load_config(args.config), args.set))
   except ValueError as e:  # one line naming the field, nothing written
     raise SystemExit(f'probe_levels.py: {e}') from None
   cfg_m = config_lib.ModelConfig.from_section(config.model)
@@ -99,10 +103,12 @@ def main() -> None:
   te_q, te_s = read(args.test_puzzles, 'test')
   test = _batch(te_q, te_s)
 
-  sched = optax.join_schedules([optax.linear_schedule(0.0, args.lr, 100),
-                                optax.cosine_decay_schedule(args.lr, max(args.steps - 100, 1))],
+  lr = float(config.optim.lr) if args.lr is None else args.lr
+  sched = optax.join_schedules([optax.linear_schedule(0.0, lr, 100),
+                                optax.cosine_decay_schedule(lr, max(args.steps - 100, 1))],
                                [100])
-  tx = optax.chain(optax.clip_by_global_norm(1.0), optax.adamw(sched, weight_decay=0.0))
+  tx = optax.chain(optax.clip_by_global_norm(1.0), optax.adamw(sched, weight_decay=0.0),
+                   optim.scale_by_group({'hier': float(config.optim.hier_lr_scale)}))
   trainable = lambda p: {k: v for k, v in p.items() if args.train == 'backbone' or
                          k.startswith('hier_')}
   opt_state = tx.init(trainable(params))
@@ -180,8 +186,9 @@ def main() -> None:
         rec.update(evaluate(params))
       log.append(rec)
       print(json.dumps(rec), flush=True)
-  result = {'overrides': args.set, 'train': args.train, 'steps': args.steps, 'batch': args.batch,
-            'lr': args.lr, 'beta_rounds': loss_cfg.beta_rounds, 'trained_params': num_params,
+  result = {'config': args.config, 'overrides': args.set, 'train': args.train,
+            'steps': args.steps, 'batch': args.batch, 'lr': lr,
+            'hier_lr_scale': float(config.optim.hier_lr_scale), 'beta_rounds': loss_cfg.beta_rounds, 'trained_params': num_params,
             'final': log[-1], 'log': log}
   if args.out:
     with open(args.out, 'w') as f:

@@ -17,7 +17,6 @@ it on a quiet machine: one machine drifts by 15-30% between rounds.
 from __future__ import annotations
 
 import argparse
-import importlib
 import os
 import statistics
 import time
@@ -31,20 +30,9 @@ from benchmarks import train_step as bench_step
 from hmdlm_jax import config as config_lib
 from hmdlm_jax import models
 from hmdlm_jax import processes
-from scripts.probe_levels import _override
-
-_REPO = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), '..'))
-DEFAULT_CONFIG = 'configs/sudoku.py'
-
-
-def load_config(path: str) -> Any:
-  """get_config() of a configs/*.py file given as its path (as `--config=` of hmdlm_jax.main)."""
-  directory, name = os.path.split(os.path.normpath(path))
-  if directory != 'configs' or not name.endswith('.py') or not os.path.isfile(
-      os.path.join(_REPO, path)):
-    raise SystemExit(f'--config={path!r}: give a file of the repository\'s configs/ folder, '
-                     f'e.g. --config={DEFAULT_CONFIG}')
-  return importlib.import_module(f'configs.{name[:-3]}').get_config()
+from scripts.config_args import DEFAULT_CONFIG
+from scripts.config_args import load_config
+from scripts.config_args import override
 
 
 def step_flops(config) -> int:
@@ -103,7 +91,7 @@ def main() -> None:
   if args.wall_rounds < 0 or args.wall_steps < 1:
     ap.error(f'--wall_rounds={args.wall_rounds} must be >= 0 and --wall_steps={args.wall_steps} '
              '>= 1')
-  mine = lambda extra=(): _override(load_config(args.config), args.set + list(extra))
+  mine = lambda extra=(): override(load_config(args.config), args.set + list(extra))
   base = step_flops(load_config(DEFAULT_CONFIG))
   for name, c in (('config', mine()), ('twin', mine(['model.num_levels=1']))):
     f = step_flops(c)

@@ -36,9 +36,9 @@ sys.path.insert(0, _REPO)
 
 from scripts import stats  # pylint: disable=wrong-import-position
 from scripts import step_cost  # pylint: disable=wrong-import-position
-from scripts.step_cost import DEFAULT_CONFIG  # pylint: disable=wrong-import-position
-from scripts.step_cost import load_config  # pylint: disable=wrong-import-position
-from scripts.probe_levels import _override  # pylint: disable=wrong-import-position
+from scripts.config_args import DEFAULT_CONFIG  # pylint: disable=wrong-import-position
+from scripts.config_args import load_config  # pylint: disable=wrong-import-position
+from scripts.config_args import override  # pylint: disable=wrong-import-position
 
 MODELS = ('hmdlm', 'twin')
 DECODINGS = ('greedy', 'stochastic')
@@ -46,8 +46,8 @@ DECODINGS = ('greedy', 'stochastic')
 
 def twin_steps(hmdlm_steps: int, overrides: list[str], config_path: str = DEFAULT_CONFIG) -> int:
   """The twin's step budget at (at most) the HMDLM run's matrix FLOPs."""
-  base = step_cost.step_flops(_override(load_config(config_path), overrides))
-  twin = step_cost.step_flops(_override(load_config(config_path),
+  base = step_cost.step_flops(override(load_config(config_path), overrides))
+  twin = step_cost.step_flops(override(load_config(config_path),
                                         overrides + ['model.num_levels=1']))
   return int(hmdlm_steps * base // twin)  # never more than the HMDLM run
 
@@ -112,7 +112,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
   p.add_argument('--set', action='append', default=[], help='FIELD=VALUE for both models')
   a = p.parse_args(argv)
   seeds = [int(s) for s in a.seeds.split(',')]
-  hmdlm_steps = int(_override(load_config(a.config), a.set).train.num_steps)
+  hmdlm_steps = int(override(load_config(a.config), a.set).train.num_steps)
   steps = {'hmdlm': None, 'twin': twin_steps(hmdlm_steps, a.set, a.config)}
   os.makedirs(a.workdir, exist_ok=True)
   runs: dict[str, dict[int, dict[str, Any]]] = {m: {} for m in MODELS}

@@ -78,7 +78,7 @@ def test_the_twin_of_a_pathway_setting_is_the_demos_twin():
              'model.hier_layers=1', 'model.hier_repeats=5', 'model.hier_readout=rounds',
              'loss.beta_rounds=1.0', 'model.hier_source=input']
   demo = lambda: twin_budget.load_config(twin_budget.DEFAULT_CONFIG)
-  cfg = lambda over: twin_budget._override(demo(), over)
+  cfg = lambda over: twin_budget.override(demo(), over)
   twin = config_lib.resolve(cfg(setting + ['model.num_levels=1']))
   assert twin.loss.beta_rounds == 0.0 and not twin.model.hier_round_tokens
   assert (twin_budget.step_cost.step_flops(cfg(setting + ['model.num_levels=1']))
@@ -91,7 +91,7 @@ def test_the_learned_hierarchy_config_and_its_twin_budget():
   configs/ is refused with one line."""
   path = 'configs/sudoku_learned_hierarchy.py'
   own = twin_budget.load_config(path)
-  demo_twin = twin_budget._override(twin_budget.load_config(twin_budget.DEFAULT_CONFIG),
+  demo_twin = twin_budget.override(twin_budget.load_config(twin_budget.DEFAULT_CONFIG),
                                     ['model.num_levels=1'])
   flops = twin_budget.step_cost.step_flops
   steps = twin_budget.twin_steps(own.train.num_steps, [], path)
@@ -110,7 +110,7 @@ def test_pathway_heads_keep_the_flops_and_equal_wall_budget():
   (scripts/step_cost.py --wall_rounds) is the median per-round ratio, rounded down; the timer
   runs each config's real step in every round."""
   path = 'configs/sudoku_learned_hierarchy.py'
-  cfg = lambda over: twin_budget._override(twin_budget.load_config(path), over)
+  cfg = lambda over: twin_budget.override(twin_budget.load_config(path), over)
   tiny = ['model.num_layers=1', 'model.hidden_size=32', 'model.num_heads=2', 'model.mlp_dim=32',
           'data.batch_size=2', 'model.hier_width=16']
   flops = twin_budget.step_cost.step_flops

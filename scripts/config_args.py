@@ -1,0 +1,40 @@
+"""The Sudoku scripts' config arguments: `--config=configs/X.py` and `--set section.field=value`.
+
+Shared by scripts/probe_levels.py, scripts/step_cost.py and scripts/twin_budget.py, so that one
+config file plus overrides names the same setting in all three (and in hmdlm_jax.main, whose
+`--config.section.field=value` they mirror).
+"""
+
+from __future__ import annotations
+
+import ast
+import importlib
+import os
+from typing import Any, Iterable
+
+_REPO = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), '..'))
+DEFAULT_CONFIG = 'configs/sudoku.py'
+
+
+def load_config(path: str) -> Any:
+  """get_config() of a configs/*.py file given as its path (as `--config=` of hmdlm_jax.main)."""
+  directory, name = os.path.split(os.path.normpath(path))
+  if directory != 'configs' or not name.endswith('.py') or not os.path.isfile(
+      os.path.join(_REPO, path)):
+    raise SystemExit(f'--config={path!r}: give a file of the repository\'s configs/ folder, '
+                     f'e.g. --config={DEFAULT_CONFIG}')
+  return importlib.import_module(f'configs.{name[:-3]}').get_config()
+
+
+def override(config: Any, items: Iterable[str]) -> Any:
+  """Apply `section.field=value` overrides in place (values parsed as Python literals where they
+  parse, else kept as strings) and return the config."""
+  for item in items:
+    key, value = item.split('=', 1)
+    section, field = key.split('.')
+    try:
+      value = ast.literal_eval(value)
+    except (ValueError, SyntaxError):
+      pass
+    config[section][field] = value
+  return config
