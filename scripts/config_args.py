@@ -28,10 +28,19 @@ def load_config(path: str) -> Any:
 
 def override(config: Any, items: Iterable[str]) -> Any:
   """Apply `section.field=value` overrides in place (values parsed as Python literals where they
-  parse, else kept as strings) and return the config."""
+  parse, else kept as strings) and return the config. A malformed item, or a field that
+  configs/base.py does not list (a typo would otherwise add a field nothing reads), exits with one
+  line naming it."""
   for item in items:
-    key, value = item.split('=', 1)
-    section, field = key.split('.')
+    key, _, value = item.partition('=')
+    parts = key.split('.')
+    if not _ or len(parts) != 2:
+      raise SystemExit(f'--set {item!r}: give section.field=value, e.g. --set '
+                       'optim.hier_lr_scale=3.0')
+    section, field = parts
+    if section not in config or field not in config[section]:
+      raise SystemExit(f'--set {item!r}: {key} is not a config field (every field is listed in '
+                       'configs/base.py)')
     try:
       value = ast.literal_eval(value)
     except (ValueError, SyntaxError):

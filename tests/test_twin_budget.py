@@ -102,6 +102,11 @@ def test_the_learned_hierarchy_config_and_its_twin_budget():
   for bad in ('sudoku_learned_hierarchy.py', 'configs/nope.py', '/tmp/configs/sudoku.py'):
     with pytest.raises(SystemExit, match=r'--config=.*configs/'):
       twin_budget.load_config(bad)
+  demo = twin_budget.load_config(twin_budget.DEFAULT_CONFIG)
+  assert twin_budget.override(demo, ['optim.hier_lr_scale=3.0']).optim.hier_lr_scale == 3.0
+  for bad in ('optim.hier_lr_scal=3', 'nope.lr=1', 'optim.lr', 'lr=1', 'a.b.c=1'):
+    with pytest.raises(SystemExit, match='--set'):  # a typo never becomes a silent new field
+      twin_budget.override(demo, [bad])
 
 
 def test_pathway_heads_keep_the_flops_and_equal_wall_budget():
