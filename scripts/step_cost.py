@@ -1,7 +1,7 @@
 r"""Cost of one training step of a Sudoku config with overrides: matmul FLOPs, and wall time.
 
   python -m scripts.step_cost [--config=configs/sudoku_learned_hierarchy.py] \
-      [--set model.hier_num_heads=1 ...] [--wall_rounds=5 --wall_steps=10]
+      [--set model.hier_num_heads=1 ...] [--wall_rounds=5 --wall_steps=10] [--loop]
 
 prints the matrix FLOPs of one training step (loss + gradient) of the config and of its MDLM twin
 (`model.num_levels=1`), and their ratios to the default demo's step. FLOPs turn a wall budget into
@@ -10,15 +10,24 @@ fair proxy only where the step's time is its matmuls: on a CPU the attention sof
 elementwise ops of narrow blocks are not (docs/hierarchy_results.md item 18), so --wall_rounds=N
 also times the real jitted training step (hmdlm_jax/train.py, a synthetic batch) of the config and
 of its twin in N interleaved rounds of --wall_steps steps each (default 5), on this machine, and
-prints the medians per round, the time ratio and the twin's step budget at equal wall time. Run
-it on a quiet machine: one machine drifts by 15-30% between rounds.
+prints the medians per round, the time ratio and the twin's step budget at equal wall time. With
+--loop the rounds time the training loop itself instead (`python -m hmdlm_jax.main` for
+--wall_steps steps, no evaluation; seconds per step between its first and last logged step, so
+compilation is left out): what a training run pays, host batches and logging included, which can
+exceed the bare step's ratio (item 18). Pass the twin's budget it prints to
+`scripts.twin_budget --twin_steps`. Run it on a quiet machine: one machine drifts by 15-30%
+between rounds.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import statistics
+import subprocess
+import sys
+import tempfile
 import time
 from typing import Any
 
@@ -73,6 +82,40 @@ def step_seconds(configs: dict[str, Any], rounds: int, steps: int = 5) -> dict[s
   return out
 
 
+def loop_seconds(config_path: str, variants: dict[str, list[str]], rounds: int, steps: int
+                 ) -> dict[str, list[float]]:
+  """Seconds per step of the training loop (`hmdlm_jax.main`, `steps` steps, no evaluation) for
+  each named list of --set overrides of `config_path`, interleaved in each of `rounds` rounds:
+  (time of the last logged step - time of the first) / the steps between them."""
+  for sets in variants.values():
+    log_every = int(override(load_config(config_path), sets).train.log_every)
+    if steps < 2 * log_every:
+      raise SystemExit(f'--wall_steps={steps}: the loop logs every train.log_every={log_every} '
+                       f'steps; give at least {2 * log_every} so that two logged steps follow '
+                       'compilation')
+  repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  out: dict[str, list[float]] = {name: [] for name in variants}
+  for _ in range(rounds):
+    for name, sets in variants.items():
+      with tempfile.TemporaryDirectory() as wd:
+        cmd = [sys.executable, '-m', 'hmdlm_jax.main', f'--config={config_path}',
+               f'--workdir={wd}', f'--config.train.num_steps={steps}',
+               '--config.train.final_eval=False'] + [f'--config.{kv}' for kv in sets]
+        subprocess.run(cmd, cwd=repo, check=True, stdout=subprocess.DEVNULL,
+                       stderr=subprocess.DEVNULL)
+        with open(os.path.join(wd, 'metrics.jsonl'), encoding='utf-8') as f:
+          out[name].append(logged_seconds_per_step([json.loads(line) for line in f]))
+  return out
+
+
+def logged_seconds_per_step(rows: list[dict[str, Any]]) -> float:
+  """Seconds per step between the first and the last logged training step of metrics.jsonl rows
+  (the first log follows compilation)."""
+  t = {r['step']: r['time'] for r in rows if r.get('split') == 'train'}
+  first, last = min(t), max(t)
+  return (t[last] - t[first]) / (last - first)
+
+
 def equal_wall_steps(steps: int, config_s: list[float], twin_s: list[float]
                      ) -> tuple[list[float], int]:
   """Per-round time ratios config / twin and the twin's step budget at the wall time of `steps`
@@ -87,6 +130,8 @@ def main() -> None:
   ap.add_argument('--set', action='append', default=[], help='FIELD=VALUE, e.g. model.hier_width=32')
   ap.add_argument('--wall_rounds', type=int, default=0, help='0 = FLOPs only')
   ap.add_argument('--wall_steps', type=int, default=5, help='timed steps per round and config')
+  ap.add_argument('--loop', action='store_true',
+                  help='time the training loop (hmdlm_jax.main) instead of the bare step')
   args = ap.parse_args()
   if args.wall_rounds < 0 or args.wall_steps < 1:
     ap.error(f'--wall_rounds={args.wall_rounds} must be >= 0 and --wall_steps={args.wall_steps} '
@@ -98,11 +143,17 @@ def main() -> None:
     print(f'{name}: {f / 1e9:.2f} GFLOP per step; {f / base:.3f} x the default demo '
           f'({base / 1e9:.2f} GFLOP)')
   if args.wall_rounds > 0:
-    secs = step_seconds({'config': mine(), 'twin': mine(['model.num_levels=1'])},
-                        args.wall_rounds, args.wall_steps)
+    if args.loop:
+      secs = loop_seconds(args.config, {'config': args.set,
+                                        'twin': args.set + ['model.num_levels=1']},
+                          args.wall_rounds, args.wall_steps)
+    else:
+      secs = step_seconds({'config': mine(), 'twin': mine(['model.num_levels=1'])},
+                          args.wall_rounds, args.wall_steps)
     steps = int(mine().train.num_steps)
     ratios, twin_steps = equal_wall_steps(steps, secs['config'], secs['twin'])
-    print(f'seconds per step, {args.wall_rounds} interleaved round(s) ({jax.device_count()} '
+    print(f'seconds per {"loop" if args.loop else "bare"} step, {args.wall_rounds} interleaved '
+          f'round(s) ({jax.device_count()} '
           f'{jax.default_backend()} device(s), {os.cpu_count()} CPUs): config '
           + ' '.join(f'{s:.3f}' for s in secs['config']) + '; twin '
           + ' '.join(f'{s:.3f}' for s in secs['twin']))

@@ -1,7 +1,8 @@
 r"""HMDLM against its MDLM twin at equal compute on Sudoku, over seeds (issue 11).
 
   python -m scripts.twin_budget --workdir=/tmp/twin_budget --seeds=0,1,2 [--num_puzzles=500] \
-      [--config=configs/sudoku_learned_hierarchy.py] [--set model.sudoku_candidates=True ...]
+      [--config=configs/sudoku_learned_hierarchy.py] [--set model.sudoku_candidates=True ...] \
+      [--twin_steps=N]
 
 Per seed s, two runs of the README demo command (`python -m hmdlm_jax.main
 --config=configs/sudoku.py`, or the Sudoku config given by --config; train + final evaluation),
@@ -10,7 +11,9 @@ in WORKDIR/{hmdlm,twin}_s<s>:
   twin    `--config.model.num_levels=1`, with train.num_steps scaled so that both runs do the
           same matrix FLOPs (scripts/step_cost.py: the twin's step is 0.750× the demo's, so
           1,600 steps against 1,200) — an equal wall budget that does not depend on how loaded
-          the machine is.
+          the machine is; or --twin_steps=N, e.g. the equal-wall budget that
+          `python -m scripts.step_cost --loop --wall_rounds=2 --wall_steps=100` measures on a
+          quiet machine (where FLOPs are not wall time).
 Both evaluate on the first --num_puzzles generated test puzzles (the same set for every run),
 greedy and stochastic (the demo's two decodings). A finished run is reused; an unfinished one
 resumes from its checkpoint.
@@ -110,10 +113,15 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
   p.add_argument('--num_puzzles', type=int, default=500)
   p.add_argument('--config', default=DEFAULT_CONFIG, help='a Sudoku configs/*.py file')
   p.add_argument('--set', action='append', default=[], help='FIELD=VALUE for both models')
+  p.add_argument('--twin_steps', type=int, default=0,
+                 help="the twin's train.num_steps (0 = equal matrix FLOPs)")
   a = p.parse_args(argv)
+  if a.twin_steps < 0:
+    p.error(f'--twin_steps={a.twin_steps} must be >= 0 (0 = equal matrix FLOPs)')
   seeds = [int(s) for s in a.seeds.split(',')]
   hmdlm_steps = int(override(load_config(a.config), a.set).train.num_steps)
-  steps = {'hmdlm': None, 'twin': twin_steps(hmdlm_steps, a.set, a.config)}
+  budget = 'given' if a.twin_steps else 'equal matrix FLOPs'
+  steps = {'hmdlm': None, 'twin': a.twin_steps or twin_steps(hmdlm_steps, a.set, a.config)}
   os.makedirs(a.workdir, exist_ok=True)
   runs: dict[str, dict[int, dict[str, Any]]] = {m: {} for m in MODELS}
   commands = {}
@@ -128,12 +136,17 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         with open(wd + '.log', 'a', encoding='utf-8') as log:
           subprocess.run(cmd, cwd=_REPO, stdout=log, stderr=subprocess.STDOUT, check=True)
       runs[m][s] = read_run(wd)
+      want = steps[m] or hmdlm_steps
+      if runs[m][s]['steps'] != want:  # a finished run of another budget is not reused
+        raise SystemExit(f'{wd}: a finished run of {runs[m][s]["steps"]} steps, this comparison '
+                         f'needs {want}; give another --workdir or move that run away')
       print(f'{m} seed {s}: {runs[m][s]}', flush=True)
   text = table(runs, seeds)
   print(text)
   result = {'date': datetime.datetime.now(datetime.timezone.utc).isoformat(),
             'machine': f'{platform.processor() or platform.machine()}, {os.cpu_count()} CPUs',
-            'config': a.config, 'twin_steps': steps['twin'], 'hmdlm_steps': hmdlm_steps,
+            'config': a.config, 'twin_steps': steps['twin'], 'twin_budget': budget,
+            'hmdlm_steps': hmdlm_steps,
             'overrides': a.set,
             'commands': commands,
             'runs': {m: {str(s): r for s, r in rs.items()} for m, rs in runs.items()},

@@ -128,3 +128,34 @@ def test_pathway_heads_keep_the_flops_and_equal_wall_budget():
   secs = twin_budget.step_cost.step_seconds(
       {'a': cfg(tiny), 'b': cfg(tiny + ['model.num_levels=1'])}, rounds=2, steps=1)
   assert set(secs) == {'a', 'b'} and all(len(v) == 2 and min(v) > 0 for v in secs.values())
+
+
+def test_the_loop_timer_reads_seconds_per_step_after_compilation():
+  """scripts/step_cost.py --loop: seconds per step between the first and the last logged training
+  step (the first log comes after compilation; eval rows are ignored); it refuses a step count
+  that logs fewer than two training steps; one round of a tiny config runs the real loop."""
+  rows = [{'step': 25, 'split': 'train', 'time': 100.0}, {'step': 50, 'split': 'train', 'time': 106.0},
+          {'step': 50, 'split': 'eval', 'time': 200.0}, {'step': 100, 'split': 'train', 'time': 121.0}]
+  assert twin_budget.step_cost.logged_seconds_per_step(rows) == pytest.approx(21.0 / 75)
+  tiny = ['model.num_layers=1', 'model.hidden_size=32', 'model.num_heads=2', 'model.mlp_dim=32',
+          'data.batch_size=2', 'train.log_every=2', 'data.num_test_puzzles=4']
+  with pytest.raises(SystemExit, match='--wall_steps=3.*train.log_every=2'):
+    twin_budget.step_cost.loop_seconds(twin_budget.DEFAULT_CONFIG, {'a': tiny}, rounds=1, steps=3)
+  secs = twin_budget.step_cost.loop_seconds(twin_budget.DEFAULT_CONFIG, {'a': tiny}, rounds=1,
+                                            steps=4)
+  assert list(secs) == ['a'] and len(secs['a']) == 1 and 0 < secs['a'][0] < 5
+
+
+def test_a_given_twin_budget_is_used_and_a_run_of_another_budget_is_refused(tmp_path):
+  """--twin_steps sets the twin's budget (recorded as 'given'); a finished run in the workdir
+  whose step count is not the one this comparison needs stops the script with one line."""
+  _write_run(str(tmp_path / 'hmdlm_s0'), 1200, (0.6, 0.8), (0.5, 0.7), 100.0)
+  _write_run(str(tmp_path / 'twin_s0'), 2000, (0.5, 0.8), (0.4, 0.7), 100.0)
+  r = twin_budget.main([f'--workdir={tmp_path}', '--seeds=0', '--twin_steps=2000'])
+  assert (r['twin_steps'], r['twin_budget'], r['hmdlm_steps']) == (2000, 'given', 1200)
+  assert json.load(open(tmp_path / 'results.json'))['twin_budget'] == 'given'
+  flops_steps = twin_budget.twin_steps(1200, [])
+  with pytest.raises(SystemExit, match=f'twin_s0: a finished run of 2000 steps.*needs {flops_steps}'):
+    twin_budget.main([f'--workdir={tmp_path}', '--seeds=0'])
+  with pytest.raises(SystemExit):
+    twin_budget.main([f'--workdir={tmp_path}', '--seeds=0', '--twin_steps=-1'])
