@@ -1,4 +1,4 @@
-"""Sudoku HMDLM whose level head learns the hierarchy (issue 11; docs/hierarchy_results.md, items 12-19).
+"""Sudoku HMDLM whose level head learns the hierarchy (issue 11; docs/hierarchy_results.md, items 12-20).
 
   python -m hmdlm_jax.main --config=configs/sudoku_learned_hierarchy.py --workdir=DIR
 
@@ -12,18 +12,19 @@ FLOPs per step (1.28x the demo's: `python -m scripts.step_cost`; 95.2 G at the f
 `--config.model.hier_width=0`, items 12-14); about 25 minutes of training alone on 2 CPU cores
 (2026-12-03), plus about 10 of evaluation on 500 test puzzles.
 
-Measured (500 generated test puzzles, docs/hierarchy_results.md item 19, seeds 0 / 1): with the
+Measured (500 generated test puzzles, docs/hierarchy_results.md items 19-20, seeds 0-2): with the
 pathway's learning rate 3x the token network's (`optim.hier_lr_scale`) the jointly trained head
 reaches level accuracy 0.891 against a prior of 0.614 (0.825 at 1x, item 16); ordering the
-reveals by it (w = 1) beats ignoring it by +5.2 ± 0.6 solve / +3.4 cell points, and greedy
+reveals by it beats ignoring it by +3.8 ± 1.4 solve / +2.8 cell points (w = 1) and greedy
 decoding at w = 0.1 (`sample.hierarchy_weight`: the head's reveal probability enters the
-confidence score with a small weight) solves the most, 73.8 ± 1.0%. At equal matrix FLOPs its
-MDLM twin (3,407 steps) solves about as many (+1.3 ± 1.3 greedy); the width-32 pathway
-(`--config.model.hier_width=32`) leads its equal-FLOPs twin (2,426 steps) by +6.2 ± 0.2 greedy and
-+6.0 ± 1.6 stochastic. The final evaluation reports all three decodings and, as a reference, the
-labeller's order. `--config.model.hier_num_heads=1` (one attention head in the pathway) keeps the
-level accuracy and makes the step about 10% faster, but decoded about one point lower at 1x
-(3 seeds, within noise; item 18), so the pathway keeps four heads here.
+confidence score with a small weight) solves the most, 74.1 ± 0.7% (+5.0 ± 1.1 over ignoring the
+head). The width-32 pathway (`--config.model.hier_width=32`) leads its MDLM twin at equal matrix
+FLOPs (2,426 steps) by +6.2 ± 0.2 greedy and +6.0 ± 1.6 stochastic, but not at equal wall time on
+a 2-core CPU, where the training loop's step is 1.9-2.1x the twin's (4,154 twin steps: +1.8 ± 1.0
+greedy, -0.7 ± 0.3 stochastic; item 20). The final evaluation reports all three decodings and,
+as a reference, the labeller's order. `--config.model.hier_num_heads=1` (one attention head in
+the pathway) keeps the level accuracy and makes the step 10-20% faster, but decoded about one
+point lower at 1x (3 seeds, within noise; item 18), so the pathway keeps four heads here.
 """
 
 from __future__ import annotations

@@ -98,9 +98,10 @@ def loop_seconds(config_path: str, variants: dict[str, list[str]], rounds: int, 
   for _ in range(rounds):
     for name, sets in variants.items():
       with tempfile.TemporaryDirectory() as wd:
-        cmd = [sys.executable, '-m', 'hmdlm_jax.main', f'--config={config_path}',
-               f'--workdir={wd}', f'--config.train.num_steps={steps}',
-               '--config.train.final_eval=False'] + [f'--config.{kv}' for kv in sets]
+        cmd = ([sys.executable, '-m', 'hmdlm_jax.main', f'--config={config_path}',
+                f'--workdir={wd}'] + [f'--config.{kv}' for kv in sets]
+               # last, so that they win over a --set train.num_steps (the budget being timed)
+               + [f'--config.train.num_steps={steps}', '--config.train.final_eval=False'])
         subprocess.run(cmd, cwd=repo, check=True, stdout=subprocess.DEVNULL,
                        stderr=subprocess.DEVNULL)
         with open(os.path.join(wd, 'metrics.jsonl'), encoding='utf-8') as f:
