@@ -13,8 +13,8 @@ of its twin in N interleaved rounds of --wall_steps steps each (default 5), on t
 prints the medians per round, the time ratio and the twin's step budget at equal wall time. With
 --loop the rounds time the training loop itself instead (`python -m hmdlm_jax.main` for
 --wall_steps steps, no evaluation; seconds per step between its first and last logged step, so
-compilation is left out): what a training run pays, host batches and logging included, which can
-exceed the bare step's ratio (item 18). Pass the twin's budget it prints to
+compilation is left out): what a training run pays, host batches and logging included (on the
+2-core CPU of item 20 the two ratios agreed within the machine's drift). Pass the twin's budget it prints to
 `scripts.twin_budget --twin_steps`. Run it on a quiet machine: one machine drifts by 15-30%
 between rounds.
 """
@@ -102,8 +102,11 @@ def loop_seconds(config_path: str, variants: dict[str, list[str]], rounds: int, 
                 f'--workdir={wd}'] + [f'--config.{kv}' for kv in sets]
                # last, so that they win over a --set train.num_steps (the budget being timed)
                + [f'--config.train.num_steps={steps}', '--config.train.final_eval=False'])
-        subprocess.run(cmd, cwd=repo, check=True, stdout=subprocess.DEVNULL,
-                       stderr=subprocess.DEVNULL)
+        r = subprocess.run(cmd, cwd=repo, check=False, stdout=subprocess.DEVNULL,
+                           stderr=subprocess.PIPE, text=True)
+        if r.returncode:  # e.g. a bad --set value: the entry point's own one-line error
+          last = (r.stderr.strip().splitlines() or ['(no output)'])[-1]
+          raise SystemExit(f'--loop: the training run {name!r} failed: {last}')
         with open(os.path.join(wd, 'metrics.jsonl'), encoding='utf-8') as f:
           out[name].append(logged_seconds_per_step([json.loads(line) for line in f]))
   return out

@@ -134,8 +134,10 @@ def test_the_loop_timer_reads_seconds_per_step_after_compilation():
   """scripts/step_cost.py --loop: seconds per step between the first and the last logged training
   step (the first log comes after compilation; eval rows are ignored); it refuses a step count
   that logs fewer than two training steps; one round of a tiny config runs the real loop."""
-  rows = [{'step': 25, 'split': 'train', 'time': 100.0}, {'step': 50, 'split': 'train', 'time': 106.0},
-          {'step': 50, 'split': 'eval', 'time': 200.0}, {'step': 100, 'split': 'train', 'time': 121.0}]
+  rows = [{'step': 25, 'split': 'train', 'time': 100.0},
+          {'step': 50, 'split': 'train', 'time': 106.0},
+          {'step': 50, 'split': 'eval', 'time': 200.0},
+          {'step': 100, 'split': 'train', 'time': 121.0}]
   assert twin_budget.step_cost.logged_seconds_per_step(rows) == pytest.approx(21.0 / 75)
   tiny = ['model.num_layers=1', 'model.hidden_size=32', 'model.num_heads=2', 'model.mlp_dim=32',
           'data.batch_size=2', 'train.log_every=2', 'data.num_test_puzzles=4']
@@ -144,6 +146,9 @@ def test_the_loop_timer_reads_seconds_per_step_after_compilation():
   secs = twin_budget.step_cost.loop_seconds(twin_budget.DEFAULT_CONFIG, {'a': tiny}, rounds=1,
                                             steps=4)
   assert list(secs) == ['a'] and len(secs['a']) == 1 and 0 < secs['a'][0] < 5
+  with pytest.raises(SystemExit, match="--loop: the training run 'a' failed: .*hier_lr_scale"):
+    twin_budget.step_cost.loop_seconds(twin_budget.DEFAULT_CONFIG,
+                                       {'a': tiny + ['optim.hier_lr_scale=0.0']}, rounds=1, steps=4)
 
 
 def test_a_given_twin_budget_is_used_and_a_run_of_another_budget_is_refused(tmp_path):
@@ -155,7 +160,8 @@ def test_a_given_twin_budget_is_used_and_a_run_of_another_budget_is_refused(tmp_
   assert (r['twin_steps'], r['twin_budget'], r['hmdlm_steps']) == (2000, 'given', 1200)
   assert json.load(open(tmp_path / 'results.json'))['twin_budget'] == 'given'
   flops_steps = twin_budget.twin_steps(1200, [])
-  with pytest.raises(SystemExit, match=f'twin_s0: a finished run of 2000 steps.*needs {flops_steps}'):
+  with pytest.raises(SystemExit,
+                     match=f'twin_s0: a finished run of 2000 steps.*needs {flops_steps}'):
     twin_budget.main([f'--workdir={tmp_path}', '--seeds=0'])
   with pytest.raises(SystemExit):
     twin_budget.main([f'--workdir={tmp_path}', '--seeds=0', '--twin_steps=-1'])
