@@ -1,4 +1,4 @@
-"""Sudoku HMDLM whose level head learns the hierarchy (issue 11; docs/hierarchy_results.md, items 12-20).
+"""Sudoku HMDLM whose level head learns the hierarchy (issue 11; docs/hierarchy_results.md 12-20).
 
   python -m hmdlm_jax.main --config=configs/sudoku_learned_hierarchy.py --workdir=DIR
 

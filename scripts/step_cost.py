@@ -14,9 +14,9 @@ prints the medians per round, the time ratio and the twin's step budget at equal
 --loop the rounds time the training loop itself instead (`python -m hmdlm_jax.main` for
 --wall_steps steps, no evaluation; seconds per step between its first and last logged step, so
 compilation is left out): what a training run pays, host batches and logging included (on the
-2-core CPU of item 20 the two ratios agreed within the machine's drift). Pass the twin's budget it prints to
-`scripts.twin_budget --twin_steps`. Run it on a quiet machine: one machine drifts by 15-30%
-between rounds.
+2-core CPU of item 20 the two ratios agreed within the machine's drift). Pass the twin's budget
+it prints to `scripts.twin_budget --twin_steps`. Run it on a quiet machine: one machine drifts by
+15-30% between rounds.
 """
 
 from __future__ import annotations

@@ -122,6 +122,14 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
   hmdlm_steps = int(override(load_config(a.config), a.set).train.num_steps)
   budget = 'given' if a.twin_steps else 'equal matrix FLOPs'
   steps = {'hmdlm': None, 'twin': a.twin_steps or twin_steps(hmdlm_steps, a.set, a.config)}
+  for s in seeds:  # before anything trains: a finished run of another budget is not reused
+    for m in MODELS:
+      wd = os.path.join(a.workdir, f'{m}_s{s}')
+      done = read_run(wd)
+      want = steps[m] or hmdlm_steps
+      if done is not None and done['steps'] != want:
+        raise SystemExit(f'{wd}: a finished run of {done["steps"]} steps, this comparison needs '
+                         f'{want}; give another --workdir or move that run away')
   os.makedirs(a.workdir, exist_ok=True)
   runs: dict[str, dict[int, dict[str, Any]]] = {m: {} for m in MODELS}
   commands = {}
@@ -136,10 +144,6 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         with open(wd + '.log', 'a', encoding='utf-8') as log:
           subprocess.run(cmd, cwd=_REPO, stdout=log, stderr=subprocess.STDOUT, check=True)
       runs[m][s] = read_run(wd)
-      want = steps[m] or hmdlm_steps
-      if runs[m][s]['steps'] != want:  # a finished run of another budget is not reused
-        raise SystemExit(f'{wd}: a finished run of {runs[m][s]["steps"]} steps, this comparison '
-                         f'needs {want}; give another --workdir or move that run away')
       print(f'{m} seed {s}: {runs[m][s]}', flush=True)
   text = table(runs, seeds)
   print(text)

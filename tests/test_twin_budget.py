@@ -153,15 +153,22 @@ def test_the_loop_timer_reads_seconds_per_step_after_compilation():
 
 def test_a_given_twin_budget_is_used_and_a_run_of_another_budget_is_refused(tmp_path):
   """--twin_steps sets the twin's budget (recorded as 'given'); a finished run in the workdir
-  whose step count is not the one this comparison needs stops the script with one line."""
+  whose step count is not the one this comparison needs stops the script with one line, before
+  any run trains and without touching what is there."""
   _write_run(str(tmp_path / 'hmdlm_s0'), 1200, (0.6, 0.8), (0.5, 0.7), 100.0)
   _write_run(str(tmp_path / 'twin_s0'), 2000, (0.5, 0.8), (0.4, 0.7), 100.0)
   r = twin_budget.main([f'--workdir={tmp_path}', '--seeds=0', '--twin_steps=2000'])
   assert (r['twin_steps'], r['twin_budget'], r['hmdlm_steps']) == (2000, 'given', 1200)
   assert json.load(open(tmp_path / 'results.json'))['twin_budget'] == 'given'
   flops_steps = twin_budget.twin_steps(1200, [])
-  with pytest.raises(SystemExit,
-                     match=f'twin_s0: a finished run of 2000 steps.*needs {flops_steps}'):
-    twin_budget.main([f'--workdir={tmp_path}', '--seeds=0'])
+  results = (tmp_path / 'results.json').read_text()
+  never = lambda *args, **kwargs: pytest.fail(f'trained before refusing: {args}')
+  with pytest.MonkeyPatch.context() as mp:  # hmdlm_s1 is unfinished: refused before it trains
+    mp.setattr(twin_budget.subprocess, 'run', never)
+    with pytest.raises(SystemExit,
+                       match=f'twin_s0: a finished run of 2000 steps.*needs {flops_steps}'):
+      twin_budget.main([f'--workdir={tmp_path}', '--seeds=1,0'])
+  assert (tmp_path / 'results.json').read_text() == results  # nothing written is changed
+  assert not (tmp_path / 'hmdlm_s1').exists()
   with pytest.raises(SystemExit):
     twin_budget.main([f'--workdir={tmp_path}', '--seeds=0', '--twin_steps=-1'])
