@@ -22,10 +22,11 @@ ignoring the head; w = 1: 75.0 ± 1.1%, paired +1.0 ± 1.9, within noise). The w
 (`--config.model.hier_width=32`, at 3x) leads its MDLM twin at equal matrix FLOPs (2,426 steps) by
 +6.2 ± 0.2 greedy and +6.0 ± 1.6 stochastic, but not at equal wall time on a 2-core CPU, where the
 training loop's step is 1.9-2.1x the twin's (4,154 twin steps: +1.8 ± 1.0 greedy, -0.7 ± 0.3
-stochastic, item 20; at 5x +2.3 ± 0.7 / -1.1 ± 0.7, item 21). The final evaluation reports all three decodings and,
-as a reference, the labeller's order. `--config.model.hier_num_heads=1` (one attention head in
-the pathway) keeps the level accuracy and makes the step 10-20% faster, but decoded about one
-point lower at 1x (3 seeds, within noise; item 18), so the pathway keeps four heads here.
+stochastic, item 20; at 5x +2.3 ± 0.7 / -1.1 ± 0.7, item 21). The final evaluation reports all
+three decodings and, as a reference, the labeller's order. `--config.model.hier_num_heads=1` (one
+attention head in the pathway) keeps the level accuracy and makes the step 10-20% faster, but
+decoded about one point lower at 1x (3 seeds, within noise; item 18), so the pathway keeps four
+heads here.
 """
 
 from __future__ import annotations
