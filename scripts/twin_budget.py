@@ -122,29 +122,26 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
   hmdlm_steps = int(override(load_config(a.config), a.set).train.num_steps)
   budget = 'given' if a.twin_steps else 'equal matrix FLOPs'
   steps = {'hmdlm': None, 'twin': a.twin_steps or twin_steps(hmdlm_steps, a.set, a.config)}
-  for s in seeds:  # before anything trains: a finished run of another budget is not reused
-    for m in MODELS:
-      wd = os.path.join(a.workdir, f'{m}_s{s}')
-      done = read_run(wd)
-      want = steps[m] or hmdlm_steps
-      if done is not None and done['steps'] != want:
-        raise SystemExit(f'{wd}: a finished run of {done["steps"]} steps, this comparison needs '
-                         f'{want}; give another --workdir or move that run away')
+  workdirs = {(m, s): os.path.join(a.workdir, f'{m}_s{s}') for s in seeds for m in MODELS}
+  finished = {key: read_run(wd) for key, wd in workdirs.items()}
+  for (m, s), done in finished.items():  # before anything trains: another budget is not reused
+    want = steps[m] or hmdlm_steps
+    if done is not None and done['steps'] != want:
+      raise SystemExit(f'{workdirs[m, s]}: a finished run of {done["steps"]} steps, this '
+                       f'comparison needs {want}; give another --workdir or move that run away')
   os.makedirs(a.workdir, exist_ok=True)
   runs: dict[str, dict[int, dict[str, Any]]] = {m: {} for m in MODELS}
   commands = {}
-  for s in seeds:
-    for m in MODELS:
-      wd = os.path.join(a.workdir, f'{m}_s{s}')
-      cmd = command(wd, s, a.num_puzzles, a.set, steps[m], a.config)
-      commands[f'{m}_s{s}'] = ' '.join(cmd[1:])
-      if read_run(wd) is None:
-        print(f'[{datetime.datetime.now():%H:%M:%S}] {m} seed {s}: {" ".join(cmd[1:])}',
-              flush=True)
-        with open(wd + '.log', 'a', encoding='utf-8') as log:
-          subprocess.run(cmd, cwd=_REPO, stdout=log, stderr=subprocess.STDOUT, check=True)
-      runs[m][s] = read_run(wd)
-      print(f'{m} seed {s}: {runs[m][s]}', flush=True)
+  for (m, s), wd in workdirs.items():
+    cmd = command(wd, s, a.num_puzzles, a.set, steps[m], a.config)
+    commands[f'{m}_s{s}'] = ' '.join(cmd[1:])
+    if finished[m, s] is None:
+      print(f'[{datetime.datetime.now():%H:%M:%S}] {m} seed {s}: {" ".join(cmd[1:])}',
+            flush=True)
+      with open(wd + '.log', 'a', encoding='utf-8') as log:
+        subprocess.run(cmd, cwd=_REPO, stdout=log, stderr=subprocess.STDOUT, check=True)
+    runs[m][s] = finished[m, s] or read_run(wd)
+    print(f'{m} seed {s}: {runs[m][s]}', flush=True)
   text = table(runs, seeds)
   print(text)
   result = {'date': datetime.datetime.now(datetime.timezone.utc).isoformat(),
