@@ -98,6 +98,7 @@ def get_base_config() -> ml_collections.ConfigDict:
   m.hier_readout = 'head'
   m.hier_width = 0  # width of the trunk's blocks (0 = hidden_size); narrower = cheaper pass 1
   m.hier_num_heads = 0  # attention heads of the trunk's blocks (0 = num_heads); fewer = cheaper
+  m.hier_attention = 'full'  # 'full' | 'sudoku_units': the trunk's blocks attend over row/col/box
   # What the pathway reads: 'features' (the backbone's final hidden state, the paper) | 'input'
   # (the embedded input before the backbone's blocks: a level network of its own beside it) |
   # 'givens' (that embedded input with every non-given cell shown as MASK; needs given_state) |

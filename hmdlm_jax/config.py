@@ -95,6 +95,7 @@ class ModelConfig:
   hier_readout: str = 'head'
   hier_width: int = 0
   hier_num_heads: int = 0
+  hier_attention: str = 'full'
   cluster_head: int = 0  # outputs of HDLM's auxiliary cluster head (derived; 0 = none)
   sudoku_candidates: bool = False
   candidates_pathway_only: bool = False

@@ -173,6 +173,7 @@ class HierarchicalBackbone(nn.Module):
   hier_readout: str = 'head'  # 'head' (the backbone's level head) | 'rounds' (_round_readout)
   hier_width: int = 0  # width of the trunk's blocks (0 = hidden_size); projections in and out
   hier_num_heads: int = 0  # attention heads of the trunk's blocks (0 = num_heads)
+  hier_attention: str = 'full'  # 'full' | 'sudoku_units' (the blocks attend over Sudoku units)
   cluster_head: int = 0  # n outputs of HDLM's auxiliary cluster head (0 = no such head)
   sudoku_candidates: bool = False  # add the grid's candidate features (sudoku_candidates.py)
   candidates_pathway_only: bool = False  # ... to the hierarchy pathway only, not the trunk
