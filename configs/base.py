@@ -269,6 +269,9 @@ def get_base_config() -> ml_collections.ConfigDict:
   # one evaluation pass and one decoding per mode to every Sudoku evaluation.
   e.hierarchy_diagnostics = False
   e.hierarchy_decodings = ('head_ignored', 'head_order', 'labeller_order')
+  # How each of those modes decodes (first sampling seed): a non-empty subset of eval.decodings'
+  # kinds ('greedy', 'stochastic'); the modes' w and level context, the rest from `sample`.
+  e.hierarchy_sampling = ('greedy',)
   e.num_samples = 0  # text: unconditional samples for generative metrics (0 = none)
   e.gen_ppl_model = 'gpt2-large'  # AR scorer of generative perplexity (local cache only)
   e.mauve_featurizer = 'gpt2-large'

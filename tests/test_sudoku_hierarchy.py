@@ -62,17 +62,30 @@ def test_labeller_levels_replace_the_head_in_decoding():
   _, _, batches = _data()
   proc = make_process(SUDOKU_SCHEDULE, CFG)
   cfg, labeller = sudoku_hierarchy.mode_config(CFG, 'labeller_order')
-  assert labeller and cfg.hierarchy_weight == 1.0 and cfg.level_context == 'none' and cfg.greedy
-  kw = dict(seeds=(0,), decodings=('greedy',), progress=False)
+  assert labeller and cfg.hierarchy_weight == 1.0 and cfg.level_context == 'none'
+  kw = dict(seeds=(0,), decodings=('greedy', 'stochastic'), progress=False)
   with_labeller = sudoku_task.evaluate_sudoku(uniform_model(6), jax.random.PRNGKey(0), proc, cfg,
                                               batches, labeller_levels=True, **kw)
   with_head = sudoku_task.evaluate_sudoku(uniform_model(6), jax.random.PRNGKey(0), proc, cfg,
                                           batches, **kw)
-  assert with_labeller['greedy']['mean']['level_disagreement'] == 0.0
-  assert with_head['greedy']['mean']['level_disagreement'] > 0.3
+  for kind in ('greedy', 'stochastic'):  # both decodings take the labeller's levels
+    assert with_labeller[kind]['mean']['level_disagreement'] == 0.0
+    assert with_head[kind]['mean']['level_disagreement'] > 0.3
   diag = {'level_accuracy': {}, 'decodings': {'labeller_order': with_labeller,
                                               'head_ignored': with_head}}
   lines = sudoku_hierarchy.summary_lines(diag)
-  assert 'reference' in lines[0] and 'reference' not in lines[1]
+  assert len(lines) == 4 and all('reference' in x for x in lines[:2])
+  assert not any('reference' in x for x in lines[2:])
+  assert 'greedy' in lines[0] and 'stochastic' in lines[1]
+  assert f"solve {100 * with_labeller['stochastic']['mean']['solve_rate']:.1f}%" in lines[1]
   with pytest.raises(ValueError, match='eval.hierarchy_decodings'):
     sudoku_hierarchy.check_modes(('head_ignored', 'oracle'))
+
+
+@pytest.mark.parametrize('value', [(), ('greedy', 'beam')])
+def test_hierarchy_sampling_is_checked(value):
+  from configs import sudoku_learned_hierarchy  # pylint: disable=g-import-not-at-top
+  config = config_lib.resolve(sudoku_learned_hierarchy.get_config())
+  config.eval.hierarchy_sampling = value
+  with pytest.raises(ValueError, match=r'eval\.hierarchy_sampling=.*subset'):
+    sudoku_task.SudokuTask().validate(config)

@@ -300,6 +300,10 @@ class SudokuTask(base.Task):
       raise ValueError(f'eval.hierarchy_diagnostics={config.eval.hierarchy_diagnostics!r} must be '
                        'True or False.')
     sudoku_hierarchy.check_modes(tuple(config.eval.hierarchy_decodings))
+    sampling = tuple(config.eval.hierarchy_sampling)
+    if not sampling or any(x not in DECODINGS for x in sampling):
+      raise ValueError(f'eval.hierarchy_sampling={sampling!r} must be a non-empty subset of '
+                       f"{DECODINGS}; write it --config.eval.hierarchy_sampling=\"('stochastic',)\".")
     for field in ('num_train_puzzles', 'num_test_puzzles', 'gen_attempts', 'gen_processes'):
       if not isinstance(d[field], int) or d[field] < 1:
         raise ValueError(f'data.{field}={d[field]!r} must be an integer >= 1.')
@@ -336,8 +340,8 @@ class SudokuTask(base.Task):
       mode_cfg, labeller = sudoku_hierarchy.mode_config(cfg, mode)
       out['decodings'][mode] = evaluate_sudoku(
           ctx.apply_fn, key, ctx.process, mode_cfg, self.test_batches(config), seeds=(seed,),
-          decodings=('greedy',), max_examples=max_examples, progress=ctx.progress,
-          labeller_levels=labeller)
+          decodings=tuple(config.eval.hierarchy_sampling), max_examples=max_examples,
+          progress=ctx.progress, labeller_levels=labeller)
     return out
 
   def prepare_sample(self, config: ml_collections.ConfigDict, puzzles: Sequence[str] | None,

@@ -6,7 +6,8 @@ For a model with K > 1 levels (nothing is computed for its MDLM twin):
   t ~ U(t_min, 1) (the training distribution; `'random'`) and at fixed t (1 = every blank masked,
   the start of decoding), against the labeller's levels; per gold level (recall), and the prior:
   the accuracy of always answering the majority level of the same cells.
-* The same checkpoint decoded several ways (greedy, the first sampling seed), `DECODING_MODES`:
+* The same checkpoint decoded several ways (the first sampling seed; greedy unless
+  `eval.hierarchy_sampling` adds or names 'stochastic'), `DECODING_MODES`:
   - 'head_ignored': hierarchy_weight w = 0, level_context 'none' (reveals ordered by token
     confidence; the head only sets how many cells a step reveals and which may go);
   - 'head_order': w = 1, 'none': the learned head orders the reveals;
@@ -51,9 +52,10 @@ def check_modes(modes: Sequence[str]) -> tuple[str, ...]:
 
 
 def mode_config(cfg: SampleConfig, mode: str) -> tuple[SampleConfig, bool]:
-  """The sampler settings of a decoding mode (greedy) and whether it uses the labeller's levels."""
+  """The sampler settings of a decoding mode and whether it uses the labeller's levels
+  (`greedy` is left to the caller: evaluate_sudoku sets it per decoding)."""
   w, ctx, labeller = DECODING_MODES[mode]
-  return dataclasses.replace(cfg, greedy=True, ordering='confidence', hierarchy_weight=w,
+  return dataclasses.replace(cfg, ordering='confidence', hierarchy_weight=w,
                              hierarchy_sure=0.0, level_context=ctx), labeller
 
 
@@ -128,10 +130,13 @@ def summary_lines(diag: dict[str, Any]) -> list[str]:
     lines.append(f'  level accuracy {name:8s} {100 * r["accuracy"]:.1f}% (prior '
                  f'{100 * r["prior"]:.1f}%; per level 0..K-1: recall {per}, precision {prec})')
   for mode, r in diag.get('decodings', {}).items():
-    m = r['greedy']['mean']
     tag = ' [reference: labeller levels from the givens, not the learned head]' \
         if DECODING_MODES[mode][2] else ''
-    lines.append(f'  decoding {mode:17s} solve {100 * m["solve_rate"]:.1f}%  cell acc '
-                 f'{100 * m["cell_accuracy"]:.1f}%  level-0 cells '
-                 f'{100 * (m.get("cell_accuracy_level_0") or 0):.1f}%{tag}')
+    for kind in ('greedy', 'stochastic'):
+      if kind not in r:
+        continue
+      m = r[kind]['mean']
+      lines.append(f'  decoding {mode:17s} {kind:10s} solve {100 * m["solve_rate"]:.1f}%  cell '
+                   f'acc {100 * m["cell_accuracy"]:.1f}%  level-0 cells '
+                   f'{100 * (m.get("cell_accuracy_level_0") or 0):.1f}%{tag}')
   return lines
