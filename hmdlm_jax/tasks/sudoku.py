@@ -303,7 +303,8 @@ class SudokuTask(base.Task):
     sampling = tuple(config.eval.hierarchy_sampling)
     if not sampling or any(x not in DECODINGS for x in sampling):
       raise ValueError(f'eval.hierarchy_sampling={sampling!r} must be a non-empty subset of '
-                       f"{DECODINGS}; write it --config.eval.hierarchy_sampling=\"('stochastic',)\".")
+                       f'{DECODINGS}; write it '
+                       f"--config.eval.hierarchy_sampling=\"('stochastic',)\".")
     for field in ('num_train_puzzles', 'num_test_puzzles', 'gen_attempts', 'gen_processes'):
       if not isinstance(d[field], int) or d[field] < 1:
         raise ValueError(f'data.{field}={d[field]!r} must be an integer >= 1.')
