@@ -292,19 +292,15 @@ class SudokuTask(base.Task):
     if k != 1 and k < sudoku.NUM_LEVELS:
       raise ValueError(f'model.num_levels={k}, but the Sudoku labeller gives levels 0..'
                        f'{sudoku.NUM_LEVELS - 1}: use {sudoku.NUM_LEVELS} (HMDLM) or 1 (MDLM).')
-    decodings = tuple(config.eval.decodings)
-    if not decodings or any(x not in DECODINGS for x in decodings):
-      raise ValueError(f'eval.decodings={decodings!r} must be a non-empty subset of {DECODINGS}; '
-                       "write it --config.eval.decodings=\"('greedy',)\".")
+    for field, example in (('decodings', 'greedy'), ('hierarchy_sampling', 'stochastic')):
+      kinds = tuple(config.eval[field])
+      if not kinds or any(x not in DECODINGS for x in kinds):
+        raise ValueError(f'eval.{field}={kinds!r} must be a non-empty subset of {DECODINGS}; '
+                         f"write it --config.eval.{field}=\"('{example}',)\".")
     if not isinstance(config.eval.hierarchy_diagnostics, bool):
       raise ValueError(f'eval.hierarchy_diagnostics={config.eval.hierarchy_diagnostics!r} must be '
                        'True or False.')
     sudoku_hierarchy.check_modes(tuple(config.eval.hierarchy_decodings))
-    sampling = tuple(config.eval.hierarchy_sampling)
-    if not sampling or any(x not in DECODINGS for x in sampling):
-      raise ValueError(f'eval.hierarchy_sampling={sampling!r} must be a non-empty subset of '
-                       f'{DECODINGS}; write it '
-                       f"--config.eval.hierarchy_sampling=\"('stochastic',)\".")
     for field in ('num_train_puzzles', 'num_test_puzzles', 'gen_attempts', 'gen_processes'):
       if not isinstance(d[field], int) or d[field] < 1:
         raise ValueError(f'data.{field}={d[field]!r} must be an integer >= 1.')
