@@ -82,10 +82,11 @@ def test_labeller_levels_replace_the_head_in_decoding():
     sudoku_hierarchy.check_modes(('head_ignored', 'oracle'))
 
 
+@pytest.mark.parametrize('field', ['decodings', 'hierarchy_sampling'])
 @pytest.mark.parametrize('value', [(), ('greedy', 'beam')])
-def test_hierarchy_sampling_is_checked(value):
+def test_decoding_kinds_are_checked(field, value):
   from configs import sudoku_learned_hierarchy  # pylint: disable=g-import-not-at-top
   config = config_lib.resolve(sudoku_learned_hierarchy.get_config())
-  config.eval.hierarchy_sampling = value
-  with pytest.raises(ValueError, match=r'eval\.hierarchy_sampling=.*subset'):
+  config.eval[field] = value
+  with pytest.raises(ValueError, match=rf'eval\.{field}=.*subset'):
     sudoku_task.SudokuTask().validate(config)
