@@ -54,7 +54,7 @@ def test_level_accuracy_exact_for_known_heads():
   assert const['precision'][0] == pytest.approx(counts[0] / len(levels))
   assert const['precision'][1:] == [None] * 5
   np.testing.assert_array_equal(np.asarray(const['confusion'])[:, 0], counts)
-  line = sudoku_hierarchy.summary_lines({'level_accuracy': {'t=1.0': const}})[0]
+  line = sudoku_hierarchy.summary_lines({'level_accuracy': {'t=1.0': const}}, ())[0]
   assert f'precision {100 * counts[0] / len(levels):.0f} - - - - -' in line
 
 
@@ -73,7 +73,7 @@ def test_labeller_levels_replace_the_head_in_decoding():
     assert with_head[kind]['mean']['level_disagreement'] > 0.3
   diag = {'level_accuracy': {}, 'decodings': {'labeller_order': with_labeller,
                                               'head_ignored': with_head}}
-  lines = sudoku_hierarchy.summary_lines(diag)
+  lines = sudoku_hierarchy.summary_lines(diag, sudoku_task.DECODINGS)
   assert len(lines) == 4 and all('reference' in x for x in lines[:2])
   assert not any('reference' in x for x in lines[2:])
   assert 'greedy' in lines[0] and 'stochastic' in lines[1]

@@ -419,7 +419,7 @@ class SudokuTask(base.Task):
                    f'{m["nfe"]:.1f}')
       lines.append(f'  {"":10s} per level: {levels}')
     if 'hierarchy' in results:
-      lines.extend(sudoku_hierarchy.summary_lines(results['hierarchy']))
+      lines.extend(sudoku_hierarchy.summary_lines(results['hierarchy'], DECODINGS))
     return lines
 
   def pictures(self, config: ml_collections.ConfigDict, workdir: str,

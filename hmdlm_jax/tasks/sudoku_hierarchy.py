@@ -119,8 +119,9 @@ def level_accuracy(apply_fn: compiled.ApplyFn, process: process_base.Process,
   return out
 
 
-def summary_lines(diag: dict[str, Any]) -> list[str]:
-  """Printable lines of `hierarchy` results (level accuracy, decodings)."""
+def summary_lines(diag: dict[str, Any], kinds: Sequence[str]) -> list[str]:
+  """Printable lines of `hierarchy` results: level accuracy, then each decoding mode once per
+  decoding kind of `kinds` it holds (tasks/sudoku.py passes its DECODINGS, the one list)."""
   lines = []
   for name, r in diag.get('level_accuracy', {}).items():
     if r['accuracy'] is None:
@@ -132,7 +133,7 @@ def summary_lines(diag: dict[str, Any]) -> list[str]:
   for mode, r in diag.get('decodings', {}).items():
     tag = ' [reference: labeller levels from the givens, not the learned head]' \
         if DECODING_MODES[mode][2] else ''
-    for kind in ('greedy', 'stochastic'):
+    for kind in kinds:
       if kind not in r:
         continue
       m = r[kind]['mean']
