@@ -265,8 +265,9 @@ def get_base_config() -> ml_collections.ConfigDict:
   # Sudoku, K > 1 (tasks/sudoku_hierarchy.py): level accuracy of the head against the prior, and
   # the same checkpoint decoded (greedy, first seed) in each of these modes: 'head_ignored',
   # 'head_order', 'head_context', and the reference modes 'labeller_order', 'labeller_context'
-  # (levels computed by the labeller from the givens instead of the head). Off by default: it adds
-  # one evaluation pass and one decoding per mode to every Sudoku evaluation.
+  # (levels computed by the labeller from the givens instead of the head) and the diagnostic
+  # 'labeller_order_at_<k>', k = 0..5 (the labeller's levels on level-k cells only). Off by
+  # default: it adds one evaluation pass and one decoding per mode to every Sudoku evaluation.
   e.hierarchy_diagnostics = False
   e.hierarchy_decodings = ('head_ignored', 'head_order', 'labeller_order')
   # How each of those modes decodes (first sampling seed): a non-empty subset of eval.decodings'

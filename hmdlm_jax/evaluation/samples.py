@@ -20,13 +20,15 @@ from hmdlm_jax.evaluation import compiled
 from hmdlm_jax.processes import base as process_base
 
 
-def with_fixed_levels(apply_fn: compiled.ApplyFn, levels: jax.Array,
-                      num_levels: int) -> compiled.ApplyFn:
+def with_fixed_levels(apply_fn: compiled.ApplyFn, levels: jax.Array, num_levels: int,
+                      where: jax.Array | None = None) -> compiled.ApplyFn:
   """apply_fn whose hierarchy head returns the given levels [B, L] (log one-hot logits).
 
   A reference decoding, not the learned head: e.g. Sudoku levels computed by the labeller from the
   givens alone (docs/method.md §10). Non-level logits are -1e4 (finite: the prior correction then
-  never leaves a row without mass).
+  never leaves a row without mass). With `where` (bool [B, L]) only those positions take the given
+  levels and the head's own logits stay elsewhere (a per-cell mix: every use of the logits
+  normalises over the K levels of one position).
   """
   levels = jnp.asarray(levels)
 
@@ -34,7 +36,10 @@ def with_fixed_levels(apply_fn: compiled.ApplyFn, levels: jax.Array,
     out = dict(apply_fn(tokens, lv, t, heads=heads, token_levels=token_levels))
     if 'hier' in heads:
       onehot = levels[..., None] == jnp.arange(num_levels)
-      out['hier'] = jnp.where(onehot, 0.0, -1e4).astype(jnp.float32)
+      fixed = jnp.where(onehot, 0.0, -1e4).astype(jnp.float32)
+      if where is not None:
+        fixed = jnp.where(jnp.asarray(where)[..., None], fixed, out['hier'].astype(jnp.float32))
+      out['hier'] = fixed
     return out
 
   return wrapped
@@ -46,15 +51,16 @@ def sampler(apply_fn: compiled.ApplyFn, process: process_base.Process, cfg: Samp
   """Jitted `(key[, given_tokens, given_levels, given_mask]) -> SampleOutput` for [B, L] rows.
 
   The process validates the settings first (`check_sampling`). With `fixed_levels` the program
-  takes one more argument, levels int32 [B, L], which replace the hierarchy head's output
-  (`with_fixed_levels`).
+  takes levels int32 [B, L], which replace the hierarchy head's output, and optionally `where` bool
+  [B, L], the positions they replace it at (default: all; `with_fixed_levels`).
   """
   process.check_sampling(cfg)
 
   def make(a: compiled.ApplyFn) -> Callable[..., process_base.SampleOutput]:
-    def run(key, given_tokens=None, given_levels=None, given_mask=None, levels=None):
+    def run(key, given_tokens=None, given_levels=None, given_mask=None, levels=None,
+            where=None):
       if fixed_levels:
-        a_run = with_fixed_levels(a, levels, cfg.num_levels)
+        a_run = with_fixed_levels(a, levels, cfg.num_levels, where)
       else:
         a_run = a
       return process.sample(a_run, key, cfg, batch_size=batch_size, seq_len=seq_len,

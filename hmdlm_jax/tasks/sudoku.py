@@ -127,11 +127,18 @@ def _add_counts(acc: dict[str, np.ndarray] | None,
   return dict(c) if acc is None else {k: acc[k] + c[k] for k in acc}
 
 
+def _labeller_args(batch: Mapping[str, np.ndarray], labeller_at: Sequence[int]
+                   ) -> tuple[np.ndarray, np.ndarray]:
+  """The sampler's fixed levels int32 [B, 81] and where they replace the head, bool [B, 81]."""
+  levels = np.asarray(batch['levels'], np.int32)
+  return levels, np.isin(levels, np.asarray(labeller_at, np.int32))
+
+
 def evaluate_sudoku(apply_fn: compiled.ApplyFn, key: jax.Array, process: process_base.Process,
                     sample_cfg: SampleConfig, batches: Iterable[batches_lib.Batch], *,
                     seeds: Sequence[int] = (0,), decodings: Sequence[str] = DECODINGS,
                     max_examples: int | None = None, progress: bool = True,
-                    labeller_levels: bool = False) -> dict[str, Any]:
+                    labeller_at: Sequence[int] = ()) -> dict[str, Any]:
   """Solves every puzzle of `batches` once per (decoding, seed) and scores the grids.
 
   Args:
@@ -146,8 +153,9 @@ def evaluate_sudoku(apply_fn: compiled.ApplyFn, key: jax.Array, process: process
     decodings: subset of ('greedy', 'stochastic').
     max_examples: evaluate only the first this many puzzles.
     progress: tqdm bar over batches.
-    labeller_levels: the hierarchy head is replaced by the batch's labeller levels, which the
-      labeller computes from the givens alone (a reference decoding, docs/method.md §10; K > 1).
+    labeller_at: the hierarchy head is replaced by the batch's labeller levels, which the
+      labeller computes from the givens alone (a reference decoding, docs/method.md §10; K > 1),
+      on the cells whose labeller level is one of these (all levels: every cell).
 
   Returns:
     {'num_puzzles', 'seeds', '<decoding>': {'per_seed': {seed: metrics}, 'mean': ..., 'std': ...,
@@ -176,7 +184,7 @@ def evaluate_sudoku(apply_fn: compiled.ApplyFn, key: jax.Array, process: process
   for decoding in decodings:
     cfg = dataclasses.replace(sample_cfg, greedy=decoding == 'greedy')
     run = samples.sampler(apply_fn, process, cfg, batch_size=batch_size,
-                          seq_len=sudoku.NUM_CELLS, fixed_levels=labeller_levels)
+                          seq_len=sudoku.NUM_CELLS, fixed_levels=bool(labeller_at))
     start = time.perf_counter()
     per_seed = {}
     for seed in seeds:
@@ -184,7 +192,7 @@ def evaluate_sudoku(apply_fn: compiled.ApplyFn, key: jax.Array, process: process
       seed_key = jax.random.fold_in(key, int(seed))
       # Dispatch every batch first (asynchronous), then fetch: host scoring overlaps decoding.
       outs = [run(jax.random.fold_in(seed_key, j), *samples.given_inputs(batch, process, cfg),
-                  *((np.asarray(batch['levels'], np.int32),) if labeller_levels else ()))
+                  *(_labeller_args(batch, labeller_at) if labeller_at else ()))
               for j, (batch, _) in enumerate(data)]
       it = batches_lib.progress(zip(data, outs), desc=f'sudoku {decoding} seed {seed}',
                                 enabled=progress, total=len(data))
@@ -338,7 +346,7 @@ class SudokuTask(base.Task):
       out['decodings'][mode] = evaluate_sudoku(
           ctx.apply_fn, key, ctx.process, mode_cfg, self.test_batches(config), seeds=(seed,),
           decodings=tuple(config.eval.hierarchy_sampling), max_examples=max_examples,
-          progress=ctx.progress, labeller_levels=labeller)
+          progress=ctx.progress, labeller_at=labeller)
     return out
 
   def prepare_sample(self, config: ml_collections.ConfigDict, puzzles: Sequence[str] | None,

@@ -15,7 +15,10 @@ For a model with K > 1 levels (nothing is computed for its MDLM twin):
   - 'labeller_order' / 'labeller_context': the same with the head REPLACED by the labeller's
     levels. The labeller needs only the givens (rounds of singles from the clues, data/sudoku.py
     `hierarchy_levels`), so this is a legitimate decoding that anyone can run on a new puzzle, but
-    it is a reference, not the learned head: reported under its own name, never as the model's.
+    it is a reference, not the learned head: reported under its own name, never as the model's;
+  - 'labeller_order_at_<k>' (k = 0..5): 'head_order' with the head replaced by the labeller on
+    the cells whose labeller level is k only: a diagnostic of which level's head errors cost the
+    order what 'labeller_order' gains over 'head_order'.
 """
 
 from __future__ import annotations
@@ -28,17 +31,21 @@ import jax.numpy as jnp
 import numpy as np
 
 from hmdlm_jax.config import SampleConfig
+from hmdlm_jax.data import sudoku
 from hmdlm_jax.evaluation import batches as batches_lib
 from hmdlm_jax.evaluation import compiled
 from hmdlm_jax.processes import base as process_base
 
-# name -> (hierarchy_weight, level_context, levels from the labeller instead of the head)
-DECODING_MODES: dict[str, tuple[float, str, bool]] = {
-    'head_ignored': (0.0, 'none', False),
-    'head_order': (1.0, 'none', False),
-    'head_context': (1.0, 'candidates', False),
-    'labeller_order': (1.0, 'none', True),
-    'labeller_context': (1.0, 'candidates', True),
+_ALL = tuple(range(sudoku.NUM_LEVELS))
+# name -> (hierarchy_weight, level_context, the labeller levels whose cells take the labeller's
+# level instead of the head's: () = the head everywhere)
+DECODING_MODES: dict[str, tuple[float, str, tuple[int, ...]]] = {
+    'head_ignored': (0.0, 'none', ()),
+    'head_order': (1.0, 'none', ()),
+    'head_context': (1.0, 'candidates', ()),
+    'labeller_order': (1.0, 'none', _ALL),
+    'labeller_context': (1.0, 'candidates', _ALL),
+    **{f'labeller_order_at_{k}': (1.0, 'none', (k,)) for k in _ALL},
 }
 LEVEL_TIMES: tuple[float | str, ...] = ('random', 1.0, 0.75, 0.5)
 
@@ -51,9 +58,9 @@ def check_modes(modes: Sequence[str]) -> tuple[str, ...]:
   return tuple(modes)
 
 
-def mode_config(cfg: SampleConfig, mode: str) -> tuple[SampleConfig, bool]:
-  """The sampler settings of a decoding mode and whether it uses the labeller's levels
-  (`greedy` is left to the caller: evaluate_sudoku sets it per decoding)."""
+def mode_config(cfg: SampleConfig, mode: str) -> tuple[SampleConfig, tuple[int, ...]]:
+  """The sampler settings of a decoding mode and the labeller levels whose cells take the
+  labeller's level (`greedy` is left to the caller: evaluate_sudoku sets it per decoding)."""
   w, ctx, labeller = DECODING_MODES[mode]
   return dataclasses.replace(cfg, ordering='confidence', hierarchy_weight=w,
                              hierarchy_sure=0.0, level_context=ctx), labeller
@@ -131,8 +138,10 @@ def summary_lines(diag: dict[str, Any], kinds: Sequence[str]) -> list[str]:
     lines.append(f'  level accuracy {name:8s} {100 * r["accuracy"]:.1f}% (prior '
                  f'{100 * r["prior"]:.1f}%; per level 0..K-1: recall {per}, precision {prec})')
   for mode, r in diag.get('decodings', {}).items():
-    tag = ' [reference: labeller levels from the givens, not the learned head]' \
-        if DECODING_MODES[mode][2] else ''
+    at = DECODING_MODES[mode][2]
+    tag = ('' if not at else
+           ' [reference: labeller levels from the givens, not the learned head]' if at == _ALL
+           else f' [diagnostic: labeller levels on level-{at[0]} cells, the head elsewhere]')
     for kind in kinds:
       if kind not in r:
         continue
