@@ -240,6 +240,7 @@ def get_base_config() -> ml_collections.ConfigDict:
   sm.level_context = 'candidates'  # 'candidates' | 'none': levels pass 2 sees (confidence ordering)
   sm.hierarchy_weight = 1.0  # confidence score = w · log π + log max f (1: the ancestral move)
   sm.hierarchy_sure = 0.0  # > 0: positions whose head is this sure of revealing now go first
+  sm.level0_guard = 0.0  # > 0: a position whose head gives level 0 this much waits as level 0
   sm.num_samples = 16
   sm.seeds = (0,)
   sm.pictures = True  # --mode=sample writes reveal-order pictures into DIR/pictures

@@ -264,6 +264,8 @@ class SampleConfig:
       position) | 'none' (pass 2 sees h_m there; one call computes both heads).
     hierarchy_weight: confidence ordering only: w >= 0 in score = w · log π + log max f.
     hierarchy_sure: confidence ordering only: τ in [0, 1]; π >= τ · max_k λ_k goes first; 0 = off.
+    level0_guard: confidence ordering only: ρ in [0, 1]; a masked position whose g_0 >= ρ is
+      treated as level 0 (g := one-hot 0); 0 = off.
     given_state: given positions enter the network as h_g = K+1 (model.given_state).
   """
   num_steps: int
@@ -279,6 +281,7 @@ class SampleConfig:
   level_context: str = 'candidates'
   hierarchy_weight: float = 1.0
   hierarchy_sure: float = 0.0
+  level0_guard: float = 0.0
   given_state: bool = False
 
   def __post_init__(self) -> None:
@@ -299,6 +302,7 @@ class SampleConfig:
                        f'{self.level_context!r}.')
     _check_number('sample.hierarchy_weight', self.hierarchy_weight, lo=0.0)
     _check_number('sample.hierarchy_sure', self.hierarchy_sure, lo=0.0, hi=1.0, hi_open=False)
+    _check_number('sample.level0_guard', self.level0_guard, lo=0.0, hi=1.0, hi_open=False)
     if self.variant not in VARIANTS:
       raise ValueError(f'model.variant must be one of {VARIANTS}, got {self.variant!r}.')
 
@@ -323,6 +327,7 @@ class SampleConfig:
                                                                    False)),
                level_context=sm.level_context, hierarchy_weight=float(sm.hierarchy_weight),
                hierarchy_sure=float(sm.hierarchy_sure),
+               level0_guard=float(sm.level0_guard),
                given_state=bool(m.get('given_state', False)))
 
 
