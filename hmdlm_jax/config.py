@@ -303,6 +303,9 @@ class SampleConfig:
     _check_number('sample.hierarchy_weight', self.hierarchy_weight, lo=0.0)
     _check_number('sample.hierarchy_sure', self.hierarchy_sure, lo=0.0, hi=1.0, hi_open=False)
     _check_number('sample.level0_guard', self.level0_guard, lo=0.0, hi=1.0, hi_open=False)
+    if self.level0_guard > 0 and self.ordering != 'confidence':
+      raise ValueError(f'sample.level0_guard={self.level0_guard} acts on confidence ordering only; '
+                       "set sample.ordering='confidence' or sample.level0_guard=0.")
     if self.variant not in VARIANTS:
       raise ValueError(f'model.variant must be one of {VARIANTS}, got {self.variant!r}.')
 

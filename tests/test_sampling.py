@@ -414,6 +414,7 @@ def test_sample_config_from_config():
     ('sample', 'ordering', 'Confidence'), ('sample', 'level_context', 'gold'),
     ('sample', 'hierarchy_weight', -1.0), ('sample', 'hierarchy_sure', 1.5),
     ('sample', 'level0_guard', -0.1), ('sample', 'level0_guard', 2.0),
+    ('sample', 'level0_guard', 0.1),  # the base config's ordering is 'ancestral'
     ('model', 'variant', 'three_pass'), ('model', 'num_levels', 0),
     ('model', 'mask_id', 10 ** 9)])
 def test_sample_config_rejects_bad_values(section, field, value):

@@ -124,7 +124,7 @@ def _guard_level0(log_g: jax.Array, rho: float) -> jax.Array:
   waits as one (docs/hierarchy_results.md, item 25: promoting a level-0 cell is the costly error).
   -1e4, not -inf, elsewhere, as `with_fixed_levels` writes fixed levels."""
   onehot = jnp.where(jnp.arange(log_g.shape[-1]) == 0, 0.0, -1e4).astype(log_g.dtype)
-  return jnp.where((log_g[..., :1] >= jnp.log(rho)), onehot, log_g)
+  return jnp.where(log_g[..., :1] >= jnp.log(rho), onehot, log_g)
 
 
 def _step_level_weights(log_g: jax.Array, lam: jax.Array, active: jax.Array,
