@@ -324,12 +324,10 @@ def test_confidence_ordering_matches_reference(num_levels, weight, sure, guard):
   out = run(cfg)
   reveal, levels, best, counts = _reference_confidence(hier, tok, schedule, steps, vocab - 1,
                                                        given, glev, weight, sure, guard)
-  if sure:  # the gate changes the order for K > 1 and nothing for K == 1
+  if sure or guard:  # the gate and the level-0 guard change the order for K > 1, not for K == 1
     plain = run(dataclasses.replace(cfg, hierarchy_sure=0.0, level0_guard=0.0))
     assert np.array_equal(plain.reveal_step, out.reveal_step) == (num_levels == 1)
-  if guard:  # so does the level-0 guard; guarded positions take level 0
-    plain = run(dataclasses.replace(cfg, level0_guard=0.0, hierarchy_sure=0.0))
-    assert np.array_equal(plain.reveal_step, out.reveal_step) == (num_levels == 1)
+  if guard:  # guarded positions take level 0
     g0 = np.exp(hier[..., 0] - np.logaddexp.reduce(hier, axis=-1))
     assert np.all(np.asarray(out.levels)[(g0 >= guard) & ~given] == 0)
   for n in range(1, steps + 1):  # the planned count per step

@@ -318,7 +318,7 @@ def reverse_step(apply_fn: ApplyFn, schedule: Schedule, cfg: SampleConfig, key: 
     nan_calls = nan_calls + nan1.astype(jnp.int32)
     log_g = parameterization.level_log_probs(hier_logits, t_b, schedule,
                                              prior_corrected=cfg.prior_corrected)
-    if cfg.ordering == 'confidence' and cfg.level0_guard > 0:
+    if cfg.level0_guard > 0:  # SampleConfig allows it with confidence ordering only
       log_g = _guard_level0(log_g, cfg.level0_guard)
   else:
     hier_logits = hier_cache
