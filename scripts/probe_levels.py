@@ -15,8 +15,8 @@ U(t_min, 1), and reports the held-out level accuracy on generated test puzzles a
 
 `--train backbone` trains every parameter on the level loss (the backbone is the trunk);
 `--set loss.beta_rounds=W` (with model.hier_readout='rounds') adds W x the package's per-round
-token loss (`processes.hmdlm.round_token_loss`: the 'hier_round_tokens' head of repeat r trained
-on the solution digit of every masked blank cell that rounds 1..r of the labeller determine,
+token loss (`processes.level_objectives.round_token_loss`: the 'hier_round_tokens' head of repeat
+r trained on the solution digit of every masked blank cell that rounds 1..r of the labeller determine,
 level >= K - r), so each repeat gets a direct signal for what its round should know;
 `--train hier` trains only the hierarchy pathway ('hier_*' parameters, the backbone frozen at its
 initialisation, which is the identity for the DiT's adaLN-zero blocks: the pathway then reads the
@@ -52,6 +52,7 @@ from hmdlm_jax.data import sudoku_generator
 from hmdlm_jax.models import hierarchy
 from hmdlm_jax.processes import base
 from hmdlm_jax.processes import hmdlm
+from hmdlm_jax.processes import level_objectives
 from hmdlm_jax.processes import parameterization
 from hmdlm_jax.processes import schedules
 from scripts.config_args import DEFAULT_CONFIG
@@ -135,9 +136,9 @@ def main() -> None:
     def loss_fn(net):
       logp, sel, round_logits = level_logp({**p, **net}, batch, base.sample_times(k_t, args.batch),
                                            k_m, hierarchy.pass1_heads(loss_cfg.beta_rounds))
-      loss = hmdlm.level_cross_entropy(logp, batch['levels'], sel)
+      loss = level_objectives.level_cross_entropy(logp, batch['levels'], sel)
       if rounds:
-        loss = loss + loss_cfg.beta_rounds * hmdlm.round_token_loss(
+        loss = loss + loss_cfg.beta_rounds * level_objectives.round_token_loss(
             round_logits, batch['tokens'], batch['levels'], sel)
       return loss
 

@@ -387,9 +387,9 @@ class HierarchicalBackbone(nn.Module):
   def _round_tokens(self, normed: list[Array]) -> Array:
     """Token logits [B, L, R, V] of each round, one zero-init Linear shared by the rounds.
 
-    Trained by the per-round token loss (processes/hmdlm.py `round_token_loss`): round r learns
-    the tokens of the positions whose level the first r rounds decide, so each repeat is told
-    what its round of propagation should know (docs/method.md §5.1).
+    Trained by the per-round token loss (processes/level_objectives.py `round_token_loss`): round
+    r learns the tokens of the positions whose level the first r rounds decide, so each repeat is
+    told what its round of propagation should know (docs/method.md §5.1).
     """
     head = layers.Dense((self.vocab_size,), ('embed', 'vocab'), kernel_init=layers.zeros_init,
                         bias_init=layers.zeros_init, dtype=self.compute_dtype,

@@ -22,8 +22,10 @@ Hierarchy objective (`loss.hier_objective`, docs/method.md §5.1): 'bound' train
 β_hier L_hier + β_cons L_cons; 'cross_entropy' with β_hier × the mean −log g^i[h0^i] over the masked
 loss positions of the batch (same minimiser g = the posterior of the level; no λ' weight, so no
 1/(t − δ_k) tail). L_hier and L_cons are reported either way and the bound never changes.
-`loss.beta_rounds` > 0 adds β_rounds × L_rounds, the per-round token loss (`round_token_loss`),
-read from pass 1's 'hier_round_tokens' head; a training signal only, never part of the bound.
+`loss.beta_rounds` > 0 adds β_rounds × L_rounds, the per-round token loss
+(`level_objectives.round_token_loss`), read from pass 1's 'hier_round_tokens' head; a training
+signal only, never part of the bound. `loss.hier_batch_stride` = k > 1 runs pass 1 of the training
+loss on every k-th example only (two_pass; `level_objectives.strided_rows`).
 """
 
 from __future__ import annotations
@@ -43,6 +45,7 @@ from hmdlm_jax.models import hierarchy
 from hmdlm_jax.models import token_head
 from hmdlm_jax.processes import base
 from hmdlm_jax.processes import hmdlm_sampler
+from hmdlm_jax.processes import level_objectives
 from hmdlm_jax.processes import parameterization
 from hmdlm_jax.processes import schedules
 from hmdlm_jax.processes.schedules import Schedule
@@ -142,39 +145,6 @@ def _network(apply_fn: ApplyFn, given: jax.Array, cfg: LossConfig) -> ApplyFn:
   return apply_fn
 
 
-def level_cross_entropy(level_logp: jax.Array, levels: jax.Array, sel: jax.Array) -> jax.Array:
-  """Mean −log g^i[h0^i] over the selected positions of the batch: [] (0 if none is selected).
-
-  level_logp [B, L, K] log g; levels [B, L] gold h0; sel [B, L] bool (masked loss positions).
-  """
-  chex.assert_rank((level_logp, levels, sel), (3, 2, 2))
-  nll = -jnp.take_along_axis(level_logp, levels[..., None], axis=-1)[..., 0]
-  n = jnp.maximum(sel.sum(), 1).astype(jnp.float32)
-  return jnp.where(sel, nll, 0.0).sum().astype(jnp.float32) / n
-
-
-def round_token_loss(round_logits: jax.Array, tokens: jax.Array, levels: jax.Array,
-                     sel: jax.Array) -> jax.Array:
-  """L_rounds: the mean over rounds r = 1..R of the mean token NLL of round r's head over the
-  selected positions whose level rounds 1..r decide (h0 >= K - r, K = R + 1): [] (docs/method.md
-  §5.1). A round with no such position adds 0.
-
-  round_logits [B, L, R, V] raw ('hier_round_tokens'); tokens, levels [B, L] x0, h0;
-  sel [B, L] bool (masked loss positions).
-  """
-  chex.assert_rank((round_logits, tokens, levels, sel), (4, 2, 2, 2))
-  chex.assert_equal_shape_prefix((round_logits, tokens, levels, sel), 2)
-  num_rounds = round_logits.shape[2]
-  logp = jax.nn.log_softmax(round_logits.astype(jnp.float32), axis=-1)
-  nll = -jnp.take_along_axis(logp, tokens[:, :, None, None], axis=-1)[..., 0]  # [B, L, R]
-  # Round r (index r-1) decides levels K-1 .. K-r, i.e. h0 >= K - r = R + 1 - r.
-  first_level = num_rounds - jnp.arange(num_rounds)  # [R]: R, R-1, .., 1
-  w = sel[..., None] & (levels[..., None] >= first_level)  # [B, L, R]
-  per_round = (jnp.where(w, nll, 0.0).sum((0, 1))
-               / jnp.maximum(w.sum((0, 1)), 1).astype(jnp.float32))
-  return per_round.mean()
-
-
 def _pass1(apply_fn: ApplyFn, xt: jax.Array, ht: jax.Array, t: jax.Array, schedule: Schedule,
            cfg: LossConfig) -> jax.Array:
   """log g [B, L, K] from pass 1 on (x_t, h_t); K = 1: zeros [B, L, 1], no network call."""
@@ -203,14 +173,17 @@ def diffusion_loss(apply_fn: ApplyFn, batch: Mapping[str, Any], key: jax.Array,
     (loss scalar float32, metrics dict of float32 scalars): 'loss', 'lm', 'hier', 'cons',
     'nelbo' (= lm + hier + cons), 'token_nll' (unweighted -log f per masked loss token),
     'level_ce' (mean -log g[h0] per masked loss token; only with hier_objective='cross_entropy'),
-    'round_tokens' (L_rounds, `round_token_loss`; only with beta_rounds > 0),
-    'level_acc' (argmax g == h0 on masked
-    loss tokens), 'mask_rate', 'num_loss_tokens', 'finite'.
+    'round_tokens' (L_rounds; only with beta_rounds > 0),
+    'level_acc' (argmax g == h0 on masked loss tokens), 'mask_rate', 'num_loss_tokens',
+    'finite'. With loss.hier_batch_stride = k > 1 the level terms (hier, cons, level_ce,
+    round_tokens, level_acc) come from pass 1 on every k-th example (`level_objectives.
+    strided_rows`), unbiased for their whole-batch values; lm and token_nll from the whole batch.
     NaN/Inf propagate into 'loss' on purpose (never averaged away).
   """
   _check(schedule, cfg)
   tokens, levels, given, loss_mask = base.unpack(batch)
-  apply_fn = _network(apply_fn, given, cfg)
+  network = apply_fn
+  apply_fn = _network(network, given, cfg)
   k_t, k_mask, k_rev = jax.random.split(key, 3)
   t = base.sample_times(k_t, tokens.shape[0], t_min=cfg.t_min, antithetic=cfg.antithetic)
   xt, ht, masked = corrupt(k_mask, tokens, levels, given, t, schedule, mask_id=cfg.mask_id)
@@ -225,40 +198,53 @@ def diffusion_loss(apply_fn: ApplyFn, batch: Mapping[str, Any], key: jax.Array,
   # The per-round token head is read beside the level head (pass 1), only for its loss.
   level_heads = hierarchy.pass1_heads(cfg.beta_rounds)
   round_logits = None
+  # The level terms read pass 1's rows: the whole batch, or every k-th example with
+  # loss.hier_batch_stride = k > 1 (two_pass only; the token terms keep the whole batch).
+  strided = cfg.hier_batch_stride > 1
+  rows = (level_objectives.strided_rows(jax.random.fold_in(key, 1), cfg.hier_batch_stride)
+          if strided else lambda a: a)
   if cfg.num_levels == 1:
     level_logp = jnp.zeros(tokens.shape + (1,), jnp.float32)
     token_out = token_call(xt, ht, t, heads=(token_head_name,))[token_head_name]
   else:
     if cfg.variant == 'two_pass':
-      out = apply_fn(xt, ht, t, heads=level_heads)  # pass 1 on (x_t, h_t)
+      pass1 = _network(network, rows(given), cfg) if strided else apply_fn
+      out = pass1(rows(xt), rows(ht), rows(t), heads=level_heads)  # pass 1 on (x_t, h_t)
       hs = reveal_levels(k_rev, levels, ht, masked, t, schedule, step=1.0 / cfg.train_steps_T)
       token_out = token_call(xt, hs, t, heads=(token_head_name,))[token_head_name]
     else:
       out = token_call(xt, ht, t, heads=level_heads + (token_head_name,),
                        token_levels=jnp.where(masked, levels, ht))
       token_out = out[token_head_name]
-    level_logp = parameterization.level_log_probs(out['hier'], t, schedule,
+    level_logp = parameterization.level_log_probs(out['hier'], rows(t), schedule,
                                                   prior_corrected=cfg.prior_corrected)
     round_logits = out.get('hier_round_tokens')
   tok_nll = (token_out if query is not None
              else parameterization.token_nll(token_out, tokens, mask_id=cfg.mask_id))
-  terms = loss_terms(tok_nll, level_logp, levels, masked, loss_mask, hazard)
-  lm, hier, cons = (base.token_weighted_mean(terms[k], loss_mask) for k in ('lm', 'hier', 'cons'))
-  level_ce = level_cross_entropy(level_logp, levels, sel)
+  # L_LM does not read g: when pass 1 saw fewer rows, zeros stand in for g on the whole batch.
+  full_logp = jnp.zeros(tokens.shape + (cfg.num_levels,), jnp.float32) if strided else level_logp
+  terms = loss_terms(tok_nll, full_logp, levels, masked, loss_mask, hazard)
+  lvl = (loss_terms(rows(tok_nll), level_logp, rows(levels), rows(masked), rows(loss_mask),
+                    rows(hazard)) if strided else terms)
+  lm = base.token_weighted_mean(terms['lm'], loss_mask)
+  hier, cons = (base.token_weighted_mean(lvl[k], rows(loss_mask)) for k in ('hier', 'cons'))
+  levels1, sel1 = rows(levels), rows(sel)
+  level_ce = level_objectives.level_cross_entropy(level_logp, levels1, sel1)
   if cfg.hier_objective == 'cross_entropy':
     loss = lm + cfg.beta_hier * level_ce
   else:
     loss = lm + cfg.beta_hier * hier + cfg.beta_cons * cons
   if round_logits is not None:
-    l_rounds = round_token_loss(round_logits, tokens, levels, sel)
+    l_rounds = level_objectives.round_token_loss(round_logits, rows(tokens), levels1, sel1)
     loss = loss + cfg.beta_rounds * l_rounds
   n_sel = jnp.maximum(sel.sum(), 1).astype(jnp.float32)
   n_loss = loss_mask.sum().astype(jnp.float32)
-  level_ok = jnp.argmax(level_logp, axis=-1) == levels
+  level_ok = jnp.argmax(level_logp, axis=-1) == levels1
   metrics = dict(
       loss=loss, lm=lm, hier=hier, cons=cons, nelbo=lm + hier + cons,
       token_nll=jnp.where(sel, tok_nll, 0.0).sum().astype(jnp.float32) / n_sel,
-      level_acc=(level_ok & sel).sum().astype(jnp.float32) / n_sel,
+      level_acc=((level_ok & sel1).sum().astype(jnp.float32)
+                 / jnp.maximum(sel1.sum(), 1).astype(jnp.float32)),
       mask_rate=sel.sum().astype(jnp.float32) / jnp.maximum(n_loss, 1.0),
       num_loss_tokens=n_loss,
   )
