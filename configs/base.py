@@ -147,7 +147,7 @@ def get_base_config() -> ml_collections.ConfigDict:
   # 1..r decide (level >= K - r), so each round learns what it should know (docs/method.md §5.1).
   l.beta_rounds = 0.0
   # k > 1: pass 1 of the training loss (the level head's terms) reads every k-th example of the
-  # batch only (a random offset per step; two_pass): the pathway's training cost falls k-fold,
+  # batch only (a random offset per step; two_pass): the pathway's FLOPs fall about k-fold,
   # the token network still trains on the whole batch. Must divide the batch of one step.
   l.hier_batch_stride = 1
   # Where the loss evaluates the token head (hmdlm_jax/models/token_head.py): 'selected' = only at

@@ -192,7 +192,7 @@ class LossConfig:
       docs/method.md §5.1).
     hier_batch_stride: k >= 1; k > 1 trains pass 1 (the level head's terms) on every k-th example
       of the batch only, at a random offset per step (two_pass, K > 1; the token terms keep the
-      whole batch; processes/level_objectives.py). The pathway's training cost falls k-fold.
+      whole batch; processes/level_objectives.py). The pathway's FLOPs fall about k-fold.
     token_rows: where the training loss evaluates the token head: 'all' positions (dense logits,
       then the masked ones are read) or only the 'selected' ones (masked loss positions;
       models/token_head.py: same values, about half the head's cost, one device only); 'auto'

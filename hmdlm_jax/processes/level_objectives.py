@@ -6,7 +6,7 @@ Neither term is part of the bound, which `hmdlm.diffusion_loss` reports whatever
 * `round_token_loss`: L_rounds, each round of the pathway learns the digits it decides
   (`loss.beta_rounds` > 0).
 `loss.hier_batch_stride` = k > 1 trains pass 1 on every k-th example of the batch only
-(`strided_rows`): the pathway's training cost falls k-fold while the token network's loss keeps the
+(`strided_rows`): the pathway's FLOPs fall about k-fold while the token network's loss keeps the
 whole batch (docs/method.md §5.1).
 """
 
