@@ -114,22 +114,42 @@ def loss_terms(tok_nll: jax.Array, level_logp: jax.Array, levels: jax.Array, mas
   Returns:
     dict 'lm', 'hier', 'cons' of [B]: sums over masked loss positions / max(#loss positions, 1).
   """
-  chex.assert_rank((tok_nll, levels, masked, loss_mask), 2)
-  chex.assert_equal_shape((tok_nll, levels, masked, loss_mask))
-  chex.assert_rank((level_logp, hazard), (3, 2))
   chex.assert_equal_shape_prefix((tok_nll, level_logp), 2)
-  chex.assert_axis_dimension(level_logp, 2, hazard.shape[-1])
+  return dict(lm_term(tok_nll, levels, masked, loss_mask, hazard),
+              **level_terms(level_logp, levels, masked, loss_mask, hazard))
+
+
+def _loss_positions(levels: jax.Array, masked: jax.Array, loss_mask: jax.Array,
+                    hazard: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
+  """(sel [B, L] masked loss positions, n [B] max(#loss positions, 1), λ'_{h0^i}(t) [B, L])."""
+  chex.assert_rank((levels, masked, loss_mask, hazard), (2, 2, 2, 2))
+  chex.assert_equal_shape((levels, masked, loss_mask))
   sel = masked.astype(bool) & loss_mask.astype(bool)
-  n = jnp.maximum(loss_mask.astype(bool).sum(-1), 1).astype(hazard.dtype)  # [B]
-  lam0 = jnp.take_along_axis(hazard, levels, axis=1)  # [B, L]: λ'_{h0^i}(t)
-  zero = jnp.zeros_like(lam0)
+  n = jnp.maximum(loss_mask.astype(bool).sum(-1), 1).astype(hazard.dtype)
+  return sel, n, _per_position(hazard, levels)
+
+
+def lm_term(tok_nll: jax.Array, levels: jax.Array, masked: jax.Array, loss_mask: jax.Array,
+            hazard: jax.Array) -> dict[str, jax.Array]:
+  """L_LM of `loss_terms` alone (eq. 73): dict 'lm' of [B]; it never reads g."""
+  sel, n, lam0 = _loss_positions(levels, masked, loss_mask, hazard)
+  chex.assert_equal_shape((tok_nll, levels))
   # Select before multiplying so a non-finite value at an unused position cannot leak (0 * inf).
-  lm = lam0 * jnp.where(sel, tok_nll, zero)
+  return dict(lm=(lam0 * jnp.where(sel, tok_nll, 0.0)).sum(-1) / n)
+
+
+def level_terms(level_logp: jax.Array, levels: jax.Array, masked: jax.Array, loss_mask: jax.Array,
+                hazard: jax.Array) -> dict[str, jax.Array]:
+  """L_hier and L_cons of `loss_terms` alone (eq. 74-75): dict 'hier', 'cons' of [B]."""
+  sel, n, lam0 = _loss_positions(levels, masked, loss_mask, hazard)
+  chex.assert_rank(level_logp, 3)
+  chex.assert_equal_shape_prefix((levels, level_logp), 2)
+  chex.assert_axis_dimension(level_logp, 2, hazard.shape[-1])
   hier_nll = -jnp.take_along_axis(level_logp, levels[..., None], axis=-1)[..., 0]
-  hier = lam0 * jnp.where(sel, hier_nll, zero)
+  hier = lam0 * jnp.where(sel, hier_nll, 0.0)
   g = jnp.exp(level_logp)
-  cons = jnp.where(sel, (g * hazard[:, None, :]).sum(-1) - lam0, zero)
-  return dict(lm=lm.sum(-1) / n, hier=hier.sum(-1) / n, cons=cons.sum(-1) / n)
+  cons = jnp.where(sel, (g * hazard[:, None, :]).sum(-1) - lam0, 0.0)
+  return dict(hier=hier.sum(-1) / n, cons=cons.sum(-1) / n)
 
 
 def _check(schedule: Schedule, cfg: LossConfig) -> None:
@@ -221,12 +241,10 @@ def diffusion_loss(apply_fn: ApplyFn, batch: Mapping[str, Any], key: jax.Array,
     round_logits = out.get('hier_round_tokens')
   tok_nll = (token_out if query is not None
              else parameterization.token_nll(token_out, tokens, mask_id=cfg.mask_id))
-  # L_LM does not read g: when pass 1 saw fewer rows, zeros stand in for g on the whole batch.
-  full_logp = jnp.zeros(tokens.shape + (cfg.num_levels,), jnp.float32) if strided else level_logp
-  terms = loss_terms(tok_nll, full_logp, levels, masked, loss_mask, hazard)
-  lvl = (loss_terms(rows(tok_nll), level_logp, rows(levels), rows(masked), rows(loss_mask),
-                    rows(hazard)) if strided else terms)
-  lm = base.token_weighted_mean(terms['lm'], loss_mask)
+  # L_LM on the whole batch; L_hier, L_cons on the rows pass 1 saw.
+  lm = base.token_weighted_mean(lm_term(tok_nll, levels, masked, loss_mask, hazard)['lm'],
+                                loss_mask)
+  lvl = level_terms(level_logp, rows(levels), rows(masked), rows(loss_mask), rows(hazard))
   hier, cons = (base.token_weighted_mean(lvl[k], rows(loss_mask)) for k in ('hier', 'cons'))
   levels1, sel1 = rows(levels), rows(sel)
   level_ce = level_objectives.level_cross_entropy(level_logp, levels1, sel1)
