@@ -16,7 +16,9 @@ prints the medians per round, the time ratio and the twin's step budget at equal
 compilation is left out): what a training run pays, host batches and logging included (on the
 2-core CPU of item 20 the two ratios agreed within the machine's drift). Pass the twin's budget
 it prints to `scripts.twin_budget --twin_steps`. Run it on a quiet machine: one machine drifts by
-15-30% between rounds.
+15-30% between rounds. Both timings run under the allocator the entry point uses
+(`HMDLM_ALLOCATOR`, default auto; hmdlm_jax/runtime.py): the default glibc malloc adds page-fault
+time to every step of both models and so pulls their ratio towards 1 (item 29).
 """
 
 from __future__ import annotations
@@ -31,7 +33,14 @@ import tempfile
 import time
 from typing import Any
 
-import jax
+from hmdlm_jax import runtime
+
+# As hmdlm_jax/main.py: the allocator acts at process start only, so re-execute once, before JAX.
+if __name__ == '__main__' and os.environ.get('HMDLM_ALLOCATOR', 'auto') != 'none':
+  runtime.reexec_with_allocator(os.environ.get('HMDLM_ALLOCATOR', 'auto'))
+  runtime.configure_allocator()
+
+import jax  # pylint: disable=wrong-import-position
 import jax.numpy as jnp
 
 from benchmarks import flops
@@ -158,7 +167,8 @@ def main() -> None:
     ratios, twin_steps = equal_wall_steps(steps, secs['config'], secs['twin'])
     print(f'seconds per {"loop" if args.loop else "bare"} step, {args.wall_rounds} interleaved '
           f'round(s) ({jax.device_count()} '
-          f'{jax.default_backend()} device(s), {os.cpu_count()} CPUs): config '
+          f'{jax.default_backend()} device(s), {os.cpu_count()} CPUs, allocator '
+          f'{os.environ.get(runtime.MARKER) or "default"}): config '
           + ' '.join(f'{s:.3f}' for s in secs['config']) + '; twin '
           + ' '.join(f'{s:.3f}' for s in secs['twin']))
     print('config / twin per step: ' + ' '.join(f'{r:.2f}' for r in ratios)
