@@ -114,7 +114,6 @@ def loss_terms(tok_nll: jax.Array, level_logp: jax.Array, levels: jax.Array, mas
   Returns:
     dict 'lm', 'hier', 'cons' of [B]: sums over masked loss positions / max(#loss positions, 1).
   """
-  chex.assert_equal_shape_prefix((tok_nll, level_logp), 2)
   return dict(lm_term(tok_nll, levels, masked, loss_mask, hazard),
               **level_terms(level_logp, levels, masked, loss_mask, hazard))
 
@@ -122,8 +121,8 @@ def loss_terms(tok_nll: jax.Array, level_logp: jax.Array, levels: jax.Array, mas
 def _loss_positions(levels: jax.Array, masked: jax.Array, loss_mask: jax.Array,
                     hazard: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
   """(sel [B, L] masked loss positions, n [B] max(#loss positions, 1), λ'_{h0^i}(t) [B, L])."""
-  chex.assert_rank((levels, masked, loss_mask, hazard), (2, 2, 2, 2))
-  chex.assert_equal_shape((levels, masked, loss_mask))
+  chex.assert_rank(hazard, 2)
+  chex.assert_equal_shape((levels, masked, loss_mask))  # [B, L] each
   sel = masked.astype(bool) & loss_mask.astype(bool)
   n = jnp.maximum(loss_mask.astype(bool).sum(-1), 1).astype(hazard.dtype)
   return sel, n, _per_position(hazard, levels)
@@ -142,13 +141,10 @@ def level_terms(level_logp: jax.Array, levels: jax.Array, masked: jax.Array, los
                 hazard: jax.Array) -> dict[str, jax.Array]:
   """L_hier and L_cons of `loss_terms` alone (eq. 74-75): dict 'hier', 'cons' of [B]."""
   sel, n, lam0 = _loss_positions(levels, masked, loss_mask, hazard)
-  chex.assert_rank(level_logp, 3)
-  chex.assert_equal_shape_prefix((levels, level_logp), 2)
-  chex.assert_axis_dimension(level_logp, 2, hazard.shape[-1])
+  chex.assert_shape(level_logp, levels.shape + hazard.shape[-1:])
   hier_nll = -jnp.take_along_axis(level_logp, levels[..., None], axis=-1)[..., 0]
   hier = lam0 * jnp.where(sel, hier_nll, 0.0)
-  g = jnp.exp(level_logp)
-  cons = jnp.where(sel, (g * hazard[:, None, :]).sum(-1) - lam0, 0.0)
+  cons = jnp.where(sel, (jnp.exp(level_logp) * hazard[:, None, :]).sum(-1) - lam0, 0.0)
   return dict(hier=hier.sum(-1) / n, cons=cons.sum(-1) / n)
 
 
