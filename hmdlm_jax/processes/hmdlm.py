@@ -216,15 +216,13 @@ def diffusion_loss(apply_fn: ApplyFn, batch: Mapping[str, Any], key: jax.Array,
   round_logits = None
   # The level terms read pass 1's rows: the whole batch, or every k-th example with
   # loss.hier_batch_stride = k > 1 (two_pass only; the token terms keep the whole batch).
-  strided = cfg.hier_batch_stride > 1
-  rows = (level_objectives.strided_rows(jax.random.fold_in(key, 1), cfg.hier_batch_stride)
-          if strided else lambda a: a)
+  rows = level_objectives.strided_rows(jax.random.fold_in(key, 1), cfg.hier_batch_stride)
   if cfg.num_levels == 1:
     level_logp = jnp.zeros(tokens.shape + (1,), jnp.float32)
     token_out = token_call(xt, ht, t, heads=(token_head_name,))[token_head_name]
   else:
     if cfg.variant == 'two_pass':
-      pass1 = _network(network, rows(given), cfg) if strided else apply_fn
+      pass1 = _network(network, rows(given), cfg)  # given cells of pass 1's rows
       out = pass1(rows(xt), rows(ht), rows(t), heads=level_heads)  # pass 1 on (x_t, h_t)
       hs = reveal_levels(k_rev, levels, ht, masked, t, schedule, step=1.0 / cfg.train_steps_T)
       token_out = token_call(xt, hs, t, heads=(token_head_name,))[token_head_name]
@@ -240,9 +238,9 @@ def diffusion_loss(apply_fn: ApplyFn, batch: Mapping[str, Any], key: jax.Array,
   # L_LM on the whole batch; L_hier, L_cons on the rows pass 1 saw.
   lm = base.token_weighted_mean(lm_term(tok_nll, levels, masked, loss_mask, hazard)['lm'],
                                 loss_mask)
-  lvl = level_terms(level_logp, rows(levels), rows(masked), rows(loss_mask), rows(hazard))
-  hier, cons = (base.token_weighted_mean(lvl[k], rows(loss_mask)) for k in ('hier', 'cons'))
-  levels1, sel1 = rows(levels), rows(sel)
+  levels1, sel1, loss_mask1 = rows(levels), rows(sel), rows(loss_mask)
+  lvl = level_terms(level_logp, levels1, rows(masked), loss_mask1, rows(hazard))
+  hier, cons = (base.token_weighted_mean(lvl[k], loss_mask1) for k in ('hier', 'cons'))
   level_ce = level_objectives.level_cross_entropy(level_logp, levels1, sel1)
   if cfg.hier_objective == 'cross_entropy':
     loss = lm + cfg.beta_hier * level_ce

@@ -59,7 +59,10 @@ def strided_rows(key: jax.Array, stride: int) -> Callable[[jax.Array], jax.Array
   With the loss's stratified times (example i holds t in stratum i of B) the kept examples span
   every k-th stratum, and the random offset makes any batch mean over them unbiased for the
   batch mean over all. A reshape [B/k, k, ...] keeps a batch-sharded axis on its devices.
+  Stride 1 is the identity (no draw, no ops).
   """
+  if stride == 1:
+    return lambda a: a
   offset = jax.random.randint(key, (), 0, stride)
 
   def take(a: jax.Array) -> jax.Array:
