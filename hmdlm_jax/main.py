@@ -33,10 +33,8 @@ from hmdlm_jax import runtime
 # The allocator that keeps XLA:CPU's buffers resident (hmdlm_jax/runtime.py: page faults and kernel
 # time per step) acts at process start only, so the command re-executes itself once, before JAX
 # is imported. HMDLM_ALLOCATOR=none|glibc|tcmalloc|auto (default auto) chooses.
-ALLOCATOR = os.environ.get('HMDLM_ALLOCATOR', 'auto')
-if __name__ == '__main__' and ALLOCATOR != 'none':
-  runtime.reexec_with_allocator(ALLOCATOR)
-  runtime.configure_allocator()
+if __name__ == '__main__':
+  runtime.set_up_entry_point()
 
 from absl import app  # pylint: disable=wrong-import-position
 from absl import flags

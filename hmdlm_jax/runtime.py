@@ -145,6 +145,16 @@ def reexec_with_allocator(kind: str = 'auto', argv: Sequence[str] | None = None)
   os.execv(sys.executable, cmd)
 
 
+def set_up_entry_point() -> None:
+  """What a command's `if __name__ == '__main__':` calls before importing JAX: the allocator that
+  `HMDLM_ALLOCATOR` names (none|glibc|tcmalloc|auto, default auto), by `reexec_with_allocator`
+  (may not return) and then `configure_allocator`; 'none' leaves the process as it is."""
+  kind = os.environ.get('HMDLM_ALLOCATOR', 'auto')
+  if kind != 'none':
+    reexec_with_allocator(kind)
+    configure_allocator()
+
+
 def shell_exports(kind: str = 'auto') -> str:
   """`export NAME=VALUE` lines of `allocator_env(kind)` plus the marker (for launch scripts)."""
   env = allocator_env(kind)

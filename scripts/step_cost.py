@@ -36,9 +36,8 @@ from typing import Any
 from hmdlm_jax import runtime
 
 # As hmdlm_jax/main.py: the allocator acts at process start only, so re-execute once, before JAX.
-if __name__ == '__main__' and os.environ.get('HMDLM_ALLOCATOR', 'auto') != 'none':
-  runtime.reexec_with_allocator(os.environ.get('HMDLM_ALLOCATOR', 'auto'))
-  runtime.configure_allocator()
+if __name__ == '__main__':
+  runtime.set_up_entry_point()
 
 import jax  # pylint: disable=wrong-import-position
 import jax.numpy as jnp

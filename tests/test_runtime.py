@@ -69,3 +69,21 @@ def test_reexec_applies_the_environment_once():
     assert out == f'glibc {runtime.GLIBC_TUNABLES}'
   else:
     assert out.startswith('None')
+
+
+def test_set_up_entry_point_follows_hmdlm_allocator():
+  """The entry points' set-up: HMDLM_ALLOCATOR=glibc re-executes with the tunables, none does
+  nothing (no marker, no tunables)."""
+  code = ('from hmdlm_jax import runtime; import os; runtime.set_up_entry_point();'
+          'print(os.environ.get("HMDLM_JAX_ALLOCATOR"), os.environ.get("GLIBC_TUNABLES", ""))')
+  base = {k: v for k, v in os.environ.items()
+          if k not in ('LD_PRELOAD', 'GLIBC_TUNABLES', runtime.MARKER, 'HMDLM_ALLOCATOR')}
+  out = {kind: subprocess.run([sys.executable, '-c', code], cwd=REPO,
+                              env=dict(base, HMDLM_ALLOCATOR=kind), capture_output=True,
+                              text=True, timeout=60, check=True).stdout.strip()
+         for kind in ('glibc', 'none')}
+  assert out['none'] == 'None'
+  if runtime._is_glibc_linux():  # pylint: disable=protected-access
+    assert out['glibc'] == f'glibc {runtime.GLIBC_TUNABLES}'
+  else:
+    assert out['glibc'] == 'None'
