@@ -29,6 +29,7 @@ import pytest
 from hmdlm_jax import config as config_lib
 from hmdlm_jax.processes import base
 from hmdlm_jax.processes import hmdlm
+from hmdlm_jax.processes import hmdlm_terms
 from hmdlm_jax.processes import parameterization
 from hmdlm_jax.processes.schedules import Schedule
 from tests import oracle
@@ -105,7 +106,7 @@ def exact_algorithm1(toy: oracle.Toy, schedule: Schedule, apply_fn, train_steps:
       logf = parameterization.token_log_probs(apply_fn(xt, hs, t, heads=('token',))['token'], xt,
                                               mask_id=toy.mask_id)
       nll = -jnp.take_along_axis(logf, b['tokens'][..., None], -1)[..., 0]
-      terms = hmdlm.loss_terms(nll, g, b['levels'], masked, b['loss_mask'], schedule.hazard(t))
+      terms = hmdlm_terms.loss_terms(nll, g, b['levels'], masked, b['loss_mask'], schedule.hazard(t))
       val = terms['lm'] + terms['hier'] + terms['cons']
       return jnp.where(probs > 0, probs * jnp.where(probs > 0, val, 0.0), 0.0)
 

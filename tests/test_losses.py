@@ -13,6 +13,7 @@ from configs.base import get_base_config
 from hmdlm_jax import config as config_lib
 from hmdlm_jax.processes import base
 from hmdlm_jax.processes import hmdlm
+from hmdlm_jax.processes import hmdlm_terms
 from hmdlm_jax.processes import parameterization
 from hmdlm_jax.processes.schedules import Schedule
 
@@ -100,7 +101,7 @@ def test_terms_match_numpy(offsets, prior_corrected):
   logg = parameterization.level_log_probs(jnp.asarray(hier_logits), jnp.asarray(t), sched,
                                           prior_corrected=prior_corrected)
   nll = -jnp.take_along_axis(logf, batch['tokens'][..., None], -1)[..., 0]
-  got = hmdlm.loss_terms(nll, logg, batch['levels'], masked, batch['loss_mask'],
+  got = hmdlm_terms.loss_terms(nll, logg, batch['levels'], masked, batch['loss_mask'],
                           sched.hazard(t))
 
   # numpy: SUBS (MASK logit -inf) and the prior-corrected level head, in float64.
@@ -194,12 +195,12 @@ def test_normalised_by_loss_positions_not_masked_count():
   nll = np.array([[1.0, 3.0, 5.0, 5.0, 5.0, 5.0, 100.0, np.inf]], np.float32)
   logg = np.log(np.full((1, 8, k), 0.5, np.float32))
   hazard = np.array([[2.0, 4.0]], np.float32)
-  got = hmdlm.loss_terms(nll, logg, lv, masked, loss_mask, hazard)
+  got = hmdlm_terms.loss_terms(nll, logg, lv, masked, loss_mask, hazard)
   np.testing.assert_allclose(float(got['lm'][0]), 2.0 * (1 + 3) / 6, rtol=1e-6)
   np.testing.assert_allclose(float(got['hier'][0]), 2.0 * 2 * np.log(2) / 6, rtol=1e-6)
   np.testing.assert_allclose(float(got['cons'][0]), 2 * (3.0 - 2.0) / 6, rtol=1e-6)
   # No loss positions at all: zeros, not NaN.
-  got = hmdlm.loss_terms(nll, logg, lv, masked, np.zeros_like(loss_mask), hazard)
+  got = hmdlm_terms.loss_terms(nll, logg, lv, masked, np.zeros_like(loss_mask), hazard)
   assert all(float(v[0]) == 0.0 for v in got.values())
 
 

@@ -1,12 +1,8 @@
-"""HMDLM: per-level schedules, joint token+level corruption, the three loss terms and the bound.
+"""HMDLM: per-level schedules, joint token+level corruption, the loss and the bound.
 
 MDLM is the K = 1 case of the same code (docs/method.md §12): g ≡ 1, L_hier = L_cons = 0 and
-pass 1 is skipped. Per masked loss position i, with λ'_k(t) the hazard of level k (schedules.py):
-  L_LM   = λ'_{h0^i}(t) · (-log f^i[x0^i])                  (eq. 73, pass 2)
-  L_hier = λ'_{h0^i}(t) · (-log g^i[h0^i])                  (eq. 74, pass 1)
-  L_cons = Σ_k g^i_k λ'_k(t) − λ'_{h0^i}(t)                  (eq. 75, pass 1)
-summed over positions that are masked AND in `loss_mask`, divided by the number of loss positions
-(never by the number that happen to be masked, which would bias the bound; docs/method.md §5).
+pass 1 is skipped. The three per-position terms L_LM (pass 2), L_hier and L_cons (pass 1) of
+eq. 73-75 are in `hmdlm_terms`, normalised per loss position (docs/method.md §5).
 The batch reduction is MDLM's token-weighted mean Σ_b Σ_i terms / Σ_b N_b.
 
 Pass-2 context (docs/method.md §5, §8): training follows Algorithm 1 (gold level shown on the
@@ -45,17 +41,13 @@ from hmdlm_jax.models import hierarchy
 from hmdlm_jax.models import token_head
 from hmdlm_jax.processes import base
 from hmdlm_jax.processes import hmdlm_sampler
+from hmdlm_jax.processes import hmdlm_terms
 from hmdlm_jax.processes import level_objectives
 from hmdlm_jax.processes import parameterization
 from hmdlm_jax.processes import schedules
 from hmdlm_jax.processes.schedules import Schedule
 
 ApplyFn = base.ApplyFn
-
-
-def _per_position(table: jax.Array, levels: jax.Array) -> jax.Array:
-  """table [B, K] indexed by levels [B, L] -> [B, L]."""
-  return jnp.take_along_axis(table, levels, axis=1)
 
 
 def corrupt(key: jax.Array, tokens: jax.Array, levels: jax.Array, given: jax.Array,
@@ -78,7 +70,7 @@ def corrupt(key: jax.Array, tokens: jax.Array, levels: jax.Array, given: jax.Arr
   chex.assert_rank(t, 1)
   chex.assert_equal_shape_prefix((tokens, t), 1)
   chex.assert_type((tokens, levels), int)
-  p_mask = _per_position(schedule.one_minus_alpha(t), levels)  # [B, L]: 1 - α_{h0}(t)
+  p_mask = hmdlm_terms.per_position(schedule.one_minus_alpha(t), levels)  # [B, L]: 1 - α_{h0}(t)
   u = jax.random.uniform(key, tokens.shape, p_mask.dtype)
   masked = (u < p_mask) & ~given.astype(bool)  # ONE Bernoulli for token and level (eq. 5)
   xt = jnp.where(masked, jnp.asarray(mask_id, tokens.dtype), tokens)
@@ -96,56 +88,9 @@ def reveal_levels(key: jax.Array, levels: jax.Array, ht: jax.Array, masked: jax.
   chex.assert_equal_shape((levels, ht, masked))
   chex.assert_rank(t, 1)
   s = jnp.maximum(t - step, 0.0)
-  lam = _per_position(schedule.reveal_prob(s, t), levels)  # [B, L]: λ_{h0}(s, t)
+  lam = hmdlm_terms.per_position(schedule.reveal_prob(s, t), levels)  # [B, L]: λ_{h0}(s, t)
   in_r = masked & (jax.random.uniform(key, levels.shape, lam.dtype) < lam)
   return jnp.where(in_r, levels, ht)
-
-
-def loss_terms(tok_nll: jax.Array, level_logp: jax.Array, levels: jax.Array, masked: jax.Array,
-               loss_mask: jax.Array, hazard: jax.Array) -> dict[str, jax.Array]:
-  """The three per-example loss terms (eq. 73-75), normalised per loss position.
-
-  Args:
-    tok_nll: [B, L] -log f^i[x0^i].
-    level_logp: [B, L, K] log g (zeros [B, L, 1] for K = 1).
-    levels: [B, L] gold levels h0.
-    masked, loss_mask: [B, L] bool.
-    hazard: [B, K] λ'_k(t).
-  Returns:
-    dict 'lm', 'hier', 'cons' of [B]: sums over masked loss positions / max(#loss positions, 1).
-  """
-  return dict(lm_term(tok_nll, levels, masked, loss_mask, hazard),
-              **level_terms(level_logp, levels, masked, loss_mask, hazard))
-
-
-def _loss_positions(levels: jax.Array, masked: jax.Array, loss_mask: jax.Array,
-                    hazard: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
-  """(sel [B, L] masked loss positions, n [B] max(#loss positions, 1), λ'_{h0^i}(t) [B, L])."""
-  chex.assert_rank(hazard, 2)
-  chex.assert_equal_shape((levels, masked, loss_mask))  # [B, L] each
-  sel = masked.astype(bool) & loss_mask.astype(bool)
-  n = jnp.maximum(loss_mask.astype(bool).sum(-1), 1).astype(hazard.dtype)
-  return sel, n, _per_position(hazard, levels)
-
-
-def lm_term(tok_nll: jax.Array, levels: jax.Array, masked: jax.Array, loss_mask: jax.Array,
-            hazard: jax.Array) -> dict[str, jax.Array]:
-  """L_LM of `loss_terms` alone (eq. 73): dict 'lm' of [B]; it never reads g."""
-  sel, n, lam0 = _loss_positions(levels, masked, loss_mask, hazard)
-  chex.assert_equal_shape((tok_nll, levels))
-  # Select before multiplying so a non-finite value at an unused position cannot leak (0 * inf).
-  return dict(lm=(lam0 * jnp.where(sel, tok_nll, 0.0)).sum(-1) / n)
-
-
-def level_terms(level_logp: jax.Array, levels: jax.Array, masked: jax.Array, loss_mask: jax.Array,
-                hazard: jax.Array) -> dict[str, jax.Array]:
-  """L_hier and L_cons of `loss_terms` alone (eq. 74-75): dict 'hier', 'cons' of [B]."""
-  sel, n, lam0 = _loss_positions(levels, masked, loss_mask, hazard)
-  chex.assert_shape(level_logp, levels.shape + hazard.shape[-1:])
-  hier_nll = -jnp.take_along_axis(level_logp, levels[..., None], axis=-1)[..., 0]
-  hier = lam0 * jnp.where(sel, hier_nll, 0.0)
-  cons = jnp.where(sel, (jnp.exp(level_logp) * hazard[:, None, :]).sum(-1) - lam0, 0.0)
-  return dict(hier=hier.sum(-1) / n, cons=cons.sum(-1) / n)
 
 
 def _check(schedule: Schedule, cfg: LossConfig) -> None:
@@ -236,10 +181,10 @@ def diffusion_loss(apply_fn: ApplyFn, batch: Mapping[str, Any], key: jax.Array,
   tok_nll = (token_out if query is not None
              else parameterization.token_nll(token_out, tokens, mask_id=cfg.mask_id))
   # L_LM on the whole batch; L_hier, L_cons on the rows pass 1 saw.
-  lm = base.token_weighted_mean(lm_term(tok_nll, levels, masked, loss_mask, hazard)['lm'],
-                                loss_mask)
+  lm = hmdlm_terms.lm_term(tok_nll, levels, masked, loss_mask, hazard)['lm']
+  lm = base.token_weighted_mean(lm, loss_mask)
   levels1, sel1, loss_mask1 = rows(levels), rows(sel), rows(loss_mask)
-  lvl = level_terms(level_logp, levels1, rows(masked), loss_mask1, rows(hazard))
+  lvl = hmdlm_terms.level_terms(level_logp, levels1, rows(masked), loss_mask1, rows(hazard))
   hier, cons = (base.token_weighted_mean(lvl[k], loss_mask1) for k in ('hier', 'cons'))
   level_ce = level_objectives.level_cross_entropy(level_logp, levels1, sel1)
   if cfg.hier_objective == 'cross_entropy':
@@ -309,7 +254,7 @@ def bound_from_state(apply_fn: ApplyFn, batch: Mapping[str, Any], xt: jax.Array,
     weight = jnp.where(pick, sel.sum(-1, keepdims=True), 0).astype(hazard.dtype)
   nll = parameterization.token_nll(token_logits, tokens, mask_id=cfg.mask_id)
   tok_nll = jnp.where(weight > 0, nll, 0.0) * weight
-  terms = loss_terms(tok_nll, level_logp, levels, masked, loss_mask, hazard)
+  terms = hmdlm_terms.loss_terms(tok_nll, level_logp, levels, masked, loss_mask, hazard)
   terms['total'] = terms['lm'] + terms['hier'] + terms['cons']
   terms['num_tokens'] = loss_mask.sum(-1).astype(terms['total'].dtype)
   return terms
@@ -344,7 +289,7 @@ def level_blind_from_state(apply_fn: ApplyFn, batch: Mapping[str, Any], xt: jax.
   n = jnp.maximum(loss_mask.sum(-1), 1).astype(hazard.dtype)
   out = {'appendix_e': (r * nll).sum(-1) / n}
   if cfg.num_levels > 1:
-    out['lm_hidden_level'] = (_per_position(hazard, levels) * nll).sum(-1) / n
+    out['lm_hidden_level'] = (hmdlm_terms.per_position(hazard, levels) * nll).sum(-1) / n
   return out
 
 
