@@ -13,9 +13,11 @@ of its twin in N interleaved rounds of --wall_steps steps each (default 5), on t
 prints the medians per round, the time ratio and the twin's step budget at equal wall time. With
 --loop the rounds time the training loop itself instead (`python -m hmdlm_jax.main` for
 --wall_steps steps, no evaluation; seconds per step between its first and last logged step, so
-compilation is left out): what a training run pays, host batches and logging included (on the
-2-core CPU of item 20 the two ratios agreed within the machine's drift). Pass the twin's budget
-it prints to `scripts.twin_budget --twin_steps`. Run it on a quiet machine: one machine drifts by
+compilation is left out): what a training run pays, host batches and logging included, each
+model in a process of its own. Take budgets from --loop: the bare timing holds both models in
+this one process, which slows the twin's step and understates the ratio (1.21 against 1.33 at
+loss.hier_batch_stride=4; docs/hierarchy_results.md items 29-30). Pass the twin's budget it
+prints to `scripts.twin_budget --twin_steps`. Run it on a quiet machine: one machine drifts by
 15-30% between rounds. Both timings run under the allocator the entry point uses
 (`HMDLM_ALLOCATOR`, default auto; hmdlm_jax/runtime.py): the default glibc malloc adds page-fault
 time to every step of both models and so pulls their ratio towards 1 (item 29).
