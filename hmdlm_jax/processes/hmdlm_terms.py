@@ -35,6 +35,7 @@ def loss_terms(tok_nll: jax.Array, level_logp: jax.Array, levels: jax.Array, mas
   Returns:
     dict 'lm', 'hier', 'cons' of [B]: sums over masked loss positions / max(#loss positions, 1).
   """
+  chex.assert_equal_shape_prefix((tok_nll, level_logp), 2)
   return dict(lm_term(tok_nll, levels, masked, loss_mask, hazard),
               **level_terms(level_logp, levels, masked, loss_mask, hazard))
 
@@ -42,8 +43,8 @@ def loss_terms(tok_nll: jax.Array, level_logp: jax.Array, levels: jax.Array, mas
 def _loss_positions(levels: jax.Array, masked: jax.Array, loss_mask: jax.Array,
                     hazard: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
   """(sel [B, L] masked loss positions, n [B] max(#loss positions, 1), λ'_{h0^i}(t) [B, L])."""
-  chex.assert_rank(hazard, 2)
-  chex.assert_equal_shape((levels, masked, loss_mask))  # [B, L] each
+  chex.assert_rank((levels, masked, loss_mask, hazard), (2, 2, 2, 2))
+  chex.assert_equal_shape((levels, masked, loss_mask))
   sel = masked.astype(bool) & loss_mask.astype(bool)
   n = jnp.maximum(loss_mask.astype(bool).sum(-1), 1).astype(hazard.dtype)
   return sel, n, per_position(hazard, levels)
