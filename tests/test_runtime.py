@@ -75,7 +75,7 @@ def test_set_up_entry_point_follows_hmdlm_allocator():
   """The entry points' set-up: HMDLM_ALLOCATOR=glibc re-executes with the tunables, none does
   nothing (no marker, no tunables)."""
   code = ('from hmdlm_jax import runtime; import os; runtime.set_up_entry_point();'
-          'print(os.environ.get("HMDLM_JAX_ALLOCATOR"), os.environ.get("GLIBC_TUNABLES", ""))')
+          f'print(os.environ.get({runtime.MARKER!r}), os.environ.get("GLIBC_TUNABLES", ""))')
   base = {k: v for k, v in os.environ.items()
           if k not in ('LD_PRELOAD', 'GLIBC_TUNABLES', runtime.MARKER, 'HMDLM_ALLOCATOR')}
   out = {kind: subprocess.run([sys.executable, '-c', code], cwd=REPO,
