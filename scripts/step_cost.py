@@ -10,17 +10,17 @@ fair proxy only where the step's time is its matmuls: on a CPU the attention sof
 elementwise ops of narrow blocks are not (docs/hierarchy_results.md item 18), so --wall_rounds=N
 also times the real jitted training step (hmdlm_jax/train.py, a synthetic batch) of the config and
 of its twin in N interleaved rounds of --wall_steps steps each (default 5), on this machine, and
-prints the medians per round, the time ratio and the twin's step budget at equal wall time. With
+prints the medians per round, the time ratio and the twin's step budget at equal wall time. Each
+model runs in a child process of its own in every round: two models in one process slow each
+other (the twin's step read 0.35 s beside the config against 0.31-0.33 s alone, and the ratio
+1.21 against 1.33 at loss.hier_batch_stride=4; docs/hierarchy_results.md items 29-30). With
 --loop the rounds time the training loop itself instead (`python -m hmdlm_jax.main` for
 --wall_steps steps, no evaluation; seconds per step between its first and last logged step, so
-compilation is left out): what a training run pays, host batches and logging included, each
-model in a process of its own. Take budgets from --loop: the bare timing holds both models in
-this one process, which slows the twin's step and understates the ratio (1.21 against 1.33 at
-loss.hier_batch_stride=4; docs/hierarchy_results.md items 29-30). Pass the twin's budget it
-prints to `scripts.twin_budget --twin_steps`. Run it on a quiet machine: one machine drifts by
-15-30% between rounds. Both timings run under the allocator the entry point uses
-(`HMDLM_ALLOCATOR`, default auto; hmdlm_jax/runtime.py): the default glibc malloc adds page-fault
-time to every step of both models and so pulls their ratio towards 1 (item 29).
+compilation is left out): what a training run pays, host batches and logging included. Pass the
+twin's budget it prints to `scripts.twin_budget --twin_steps`. Run it on a quiet machine: one
+machine drifts by 15-30% between rounds. Both timings run under the allocator the entry point
+uses (`HMDLM_ALLOCATOR`, default auto; hmdlm_jax/runtime.py): the default glibc malloc adds
+page-fault time to every step of both models and so pulls their ratio towards 1 (item 29).
 """
 
 from __future__ import annotations
@@ -70,55 +70,58 @@ def step_flops(config) -> int:
   return flops.jaxpr_matmul_flops(jax.value_and_grad(loss), params)
 
 
-def step_seconds(configs: dict[str, Any], rounds: int, steps: int = 5) -> dict[str, list[float]]:
-  """Median seconds of `steps` real training steps per round, for each named config, the configs
-  interleaved in each of `rounds` rounds (after one compiling step each)."""
-  runners = {}
-  for name, c in configs.items():
-    step, state, batch = bench_step.real_step(c)
-    runners[name] = [step, jax.block_until_ready(step(state, batch)[0]), batch]
-  out: dict[str, list[float]] = {name: [] for name in configs}
-  for _ in range(rounds):
-    for name, r in runners.items():
-      step, state, batch = r
-      times = []
-      for _ in range(steps):
-        t0 = time.perf_counter()
-        state, metrics = step(state, batch)
-        jax.block_until_ready((state, metrics))
-        times.append(time.perf_counter() - t0)
-      r[1] = state
-      out[name].append(statistics.median(times))
-  return out
+def bare_seconds(config, steps: int) -> float:
+  """Median seconds of `steps` real training steps of `config` (a synthetic batch, blocked on
+  each step), after one compiling step, in this process."""
+  step, state, batch = bench_step.real_step(config)
+  state = jax.block_until_ready(step(state, batch)[0])
+  times = []
+  for _ in range(steps):
+    t0 = time.perf_counter()
+    state, metrics = step(state, batch)
+    jax.block_until_ready((state, metrics))
+    times.append(time.perf_counter() - t0)
+  return statistics.median(times)
 
 
-def loop_seconds(config_path: str, variants: dict[str, list[str]], rounds: int, steps: int
-                 ) -> dict[str, list[float]]:
-  """Seconds per step of the training loop (`hmdlm_jax.main`, `steps` steps, no evaluation) for
-  each named list of --set overrides of `config_path`, interleaved in each of `rounds` rounds:
-  (time of the last logged step - time of the first) / the steps between them."""
-  for sets in variants.values():
-    log_every = int(override(load_config(config_path), sets).train.log_every)
-    if steps < 2 * log_every:
-      raise SystemExit(f'--wall_steps={steps}: the loop logs every train.log_every={log_every} '
-                       f'steps; give at least {2 * log_every} so that two logged steps follow '
-                       'compilation')
+def step_seconds(config_path: str, variants: dict[str, list[str]], rounds: int, steps: int,
+                 loop: bool = False) -> dict[str, list[float]]:
+  """Seconds per step for each named list of --set overrides of `config_path`, interleaved in
+  each of `rounds` rounds, every (round, variant) in a child process of its own: the bare step
+  (`bare_seconds`, the median of `steps`) or, with `loop`, the training loop (`hmdlm_jax.main`
+  for `steps` steps, no evaluation: (time of the last logged step - time of the first) / the
+  steps between them)."""
+  if loop:
+    for sets in variants.values():
+      log_every = int(override(load_config(config_path), sets).train.log_every)
+      if steps < 2 * log_every:
+        raise SystemExit(f'--wall_steps={steps}: the loop logs every train.log_every={log_every} '
+                         f'steps; give at least {2 * log_every} so that two logged steps follow '
+                         'compilation')
   repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
   out: dict[str, list[float]] = {name: [] for name in variants}
   for _ in range(rounds):
     for name, sets in variants.items():
       with tempfile.TemporaryDirectory() as wd:
-        cmd = ([sys.executable, '-m', 'hmdlm_jax.main', f'--config={config_path}',
-                f'--workdir={wd}'] + [f'--config.{kv}' for kv in sets]
-               # last, so that they win over a --set train.num_steps (the budget being timed)
-               + [f'--config.train.num_steps={steps}', '--config.train.final_eval=False'])
+        if loop:
+          cmd = ([sys.executable, '-m', 'hmdlm_jax.main', f'--config={config_path}',
+                  f'--workdir={wd}'] + [f'--config.{kv}' for kv in sets]
+                 # last, so that they win over a --set train.num_steps (the budget being timed)
+                 + [f'--config.train.num_steps={steps}', '--config.train.final_eval=False'])
+        else:
+          cmd = ([sys.executable, '-m', 'scripts.step_cost', f'--config={config_path}',
+                  f'--wall_steps={steps}', f'--bare_child={wd}/seconds.json']
+                 + [f'--set={kv}' for kv in sets])
         r = subprocess.run(cmd, cwd=repo, check=False, stdout=subprocess.DEVNULL,
                            stderr=subprocess.PIPE, text=True)
-        if r.returncode:  # e.g. a bad --set value: the entry point's own one-line error
+        if r.returncode:  # e.g. a bad --set value: the child's own one-line error
           last = (r.stderr.strip().splitlines() or ['(no output)'])[-1]
-          raise SystemExit(f'--loop: the training run {name!r} failed: {last}')
-        with open(os.path.join(wd, 'metrics.jsonl'), encoding='utf-8') as f:
-          out[name].append(logged_seconds_per_step([json.loads(line) for line in f]))
+          raise SystemExit(f'--wall_rounds: the {"training run" if loop else "timed step"} '
+                           f'{name!r} failed: {last}')
+        with open(os.path.join(wd, 'metrics.jsonl' if loop else 'seconds.json'),
+                  encoding='utf-8') as f:
+          out[name].append(logged_seconds_per_step([json.loads(line) for line in f]) if loop
+                           else float(json.load(f)))
   return out
 
 
@@ -146,24 +149,25 @@ def main() -> None:
   ap.add_argument('--wall_steps', type=int, default=5, help='timed steps per round and config')
   ap.add_argument('--loop', action='store_true',
                   help='time the training loop (hmdlm_jax.main) instead of the bare step')
+  ap.add_argument('--bare_child', default='', help=argparse.SUPPRESS)  # step_seconds' child
   args = ap.parse_args()
   if args.wall_rounds < 0 or args.wall_steps < 1:
     ap.error(f'--wall_rounds={args.wall_rounds} must be >= 0 and --wall_steps={args.wall_steps} '
              '>= 1')
   mine = lambda extra=(): override(load_config(args.config), args.set + list(extra))
+  if args.bare_child:  # one (round, model) of step_seconds: write the median seconds and stop
+    with open(args.bare_child, 'w', encoding='utf-8') as f:
+      json.dump(bare_seconds(mine(), args.wall_steps), f)
+    return
   base = step_flops(load_config(DEFAULT_CONFIG))
   for name, c in (('config', mine()), ('twin', mine(['model.num_levels=1']))):
     f = step_flops(c)
     print(f'{name}: {f / 1e9:.2f} GFLOP per step; {f / base:.3f} x the default demo '
           f'({base / 1e9:.2f} GFLOP)')
   if args.wall_rounds > 0:
-    if args.loop:
-      secs = loop_seconds(args.config, {'config': args.set,
-                                        'twin': args.set + ['model.num_levels=1']},
-                          args.wall_rounds, args.wall_steps)
-    else:
-      secs = step_seconds({'config': mine(), 'twin': mine(['model.num_levels=1'])},
-                          args.wall_rounds, args.wall_steps)
+    secs = step_seconds(args.config, {'config': args.set,
+                                      'twin': args.set + ['model.num_levels=1']},
+                        args.wall_rounds, args.wall_steps, loop=args.loop)
     steps = int(mine().train.num_steps)
     ratios, twin_steps = equal_wall_steps(steps, secs['config'], secs['twin'])
     print(f'seconds per {"loop" if args.loop else "bare"} step, {args.wall_rounds} interleaved '

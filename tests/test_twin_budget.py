@@ -113,7 +113,8 @@ def test_pathway_heads_keep_the_flops_and_equal_wall_budget():
   """`model.hier_num_heads` changes no matmul FLOPs (same projections, the attention's scores and
   values split over fewer heads), so the FLOPs budget cannot see it: the wall budget's arithmetic
   (scripts/step_cost.py --wall_rounds) is the median per-round ratio, rounded down; the timer
-  runs each config's real step in every round."""
+  runs each config's real step in every round, each in a child process of its own; a child's
+  failure stops it with the child's own error line."""
   path = 'configs/sudoku_learned_hierarchy.py'
   cfg = lambda over: twin_budget.override(twin_budget.load_config(path), over)
   tiny = ['model.num_layers=1', 'model.hidden_size=32', 'model.num_heads=2', 'model.mlp_dim=32',
@@ -125,9 +126,12 @@ def test_pathway_heads_keep_the_flops_and_equal_wall_budget():
   assert steps == 5000
   with pytest.raises(ValueError):
     twin_budget.step_cost.equal_wall_steps(2000, [0.6], [0.3, 0.3])
-  secs = twin_budget.step_cost.step_seconds(
-      {'a': cfg(tiny), 'b': cfg(tiny + ['model.num_levels=1'])}, rounds=2, steps=1)
-  assert set(secs) == {'a', 'b'} and all(len(v) == 2 and min(v) > 0 for v in secs.values())
+  secs = twin_budget.step_cost.step_seconds(path, {'a': tiny, 'b': tiny + ['model.num_levels=1']},
+                                            rounds=1, steps=2)
+  assert list(secs) == ['a', 'b'] and all(len(v) == 1 and 0 < v[0] < 5 for v in secs.values())
+  with pytest.raises(SystemExit, match="--wall_rounds: the timed step 'a' failed: .*hier_lr_scale"):
+    twin_budget.step_cost.step_seconds(path, {'a': tiny + ['optim.hier_lr_scale=0.0']}, rounds=1,
+                                       steps=1)
 
 
 def test_the_loop_timer_reads_seconds_per_step_after_compilation():
@@ -142,13 +146,15 @@ def test_the_loop_timer_reads_seconds_per_step_after_compilation():
   tiny = ['model.num_layers=1', 'model.hidden_size=32', 'model.num_heads=2', 'model.mlp_dim=32',
           'data.batch_size=2', 'train.log_every=2', 'data.num_test_puzzles=4']
   with pytest.raises(SystemExit, match='--wall_steps=3.*train.log_every=2'):
-    twin_budget.step_cost.loop_seconds(twin_budget.DEFAULT_CONFIG, {'a': tiny}, rounds=1, steps=3)
-  secs = twin_budget.step_cost.loop_seconds(twin_budget.DEFAULT_CONFIG, {'a': tiny}, rounds=1,
-                                            steps=4)
+    twin_budget.step_cost.step_seconds(twin_budget.DEFAULT_CONFIG, {'a': tiny}, rounds=1, steps=3,
+                                       loop=True)
+  secs = twin_budget.step_cost.step_seconds(twin_budget.DEFAULT_CONFIG, {'a': tiny}, rounds=1,
+                                            steps=4, loop=True)
   assert list(secs) == ['a'] and len(secs['a']) == 1 and 0 < secs['a'][0] < 5
-  with pytest.raises(SystemExit, match="--loop: the training run 'a' failed: .*hier_lr_scale"):
-    twin_budget.step_cost.loop_seconds(twin_budget.DEFAULT_CONFIG,
-                                       {'a': tiny + ['optim.hier_lr_scale=0.0']}, rounds=1, steps=4)
+  with pytest.raises(SystemExit, match="--wall_rounds: the training run 'a' failed: .*hier_lr"):
+    twin_budget.step_cost.step_seconds(twin_budget.DEFAULT_CONFIG,
+                                       {'a': tiny + ['optim.hier_lr_scale=0.0']}, rounds=1, steps=4,
+                                       loop=True)
 
 
 def test_a_given_twin_budget_is_used_and_a_run_of_another_budget_is_refused(tmp_path):
