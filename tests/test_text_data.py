@@ -201,6 +201,9 @@ def test_hash_split_is_deterministic_and_partitions():
 def test_text_readers(tmp_path):
   (tmp_path / 'a.jsonl').write_text('{"text": "one"}\n\n{"text": "two"}\n', encoding='utf-8')
   assert text.read_text_file(tmp_path / 'a.jsonl') == ['one', 'two']
+  # JSON lines end at '\n' only: a raw U+2028 / U+0085 inside a string is text, not a line break.
+  (tmp_path / 'ls.jsonl').write_text('{"text": "a\u2028b\x85c"}\n', encoding='utf-8')
+  assert text.read_text_file(tmp_path / 'ls.jsonl') == ['a\u2028b\x85c']
   folder = tmp_path / 'docs'
   folder.mkdir()
   (folder / 'b.txt').write_text('para one\nstill one\n\npara two\n', encoding='utf-8')
@@ -459,6 +462,13 @@ def test_wikihow_malformed_rows(tmp_path):
                                     encoding='utf-8')
   with pytest.raises(ValueError, match=r"n.jsonl:1: field\(s\) \['headline'\] are not strings"):
     wikihow.read_articles(str(tmp_path / 'n.jsonl'))
+  (tmp_path / 'j.jsonl').write_text('{"title": "t", "headline": "h", "text": "x"}\n\n{oops\n',
+                                    encoding='utf-8')
+  with pytest.raises(ValueError, match=r'j.jsonl:3: not valid JSON'):
+    wikihow.read_articles(str(tmp_path / 'j.jsonl'))
+  (tmp_path / 'u.jsonl').write_bytes(b'{"title": "t\xff", "headline": "h", "text": "x"}\n')
+  with pytest.raises(ValueError, match=r"u.jsonl is not UTF-8 text \(byte b'\\xff' at offset 12"):
+    wikihow.read_articles(str(tmp_path / 'u.jsonl'))
   with pytest.raises(ValueError, match='unknown WikiHow file type'):
     wikihow.read_articles(str(SENTENCES))
 

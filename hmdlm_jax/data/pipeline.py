@@ -20,6 +20,8 @@ Split semantics (every kind follows them):
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+import json
 from typing import Any
 
 import grain
@@ -27,15 +29,28 @@ import ml_collections
 import numpy as np
 
 
-def read_utf8_lines(path: Any, *, prefix: str, hint: str) -> list[str]:
-  """The lines of a local UTF-8 file; a non-UTF-8 file raises one ValueError
+def read_utf8(path: Any, *, prefix: str, hint: str) -> str:
+  """The text of a local UTF-8 file; a non-UTF-8 file raises one ValueError
   '<prefix>not UTF-8 text (byte b'..' at offset N); <hint>' naming the first bad byte."""
   try:
     with open(path, encoding='utf-8') as f:
-      return f.read().splitlines()
+      return f.read()
   except UnicodeDecodeError as e:
     raise ValueError(f'{prefix}not UTF-8 text (byte {e.object[e.start:e.start + 1]!r} at offset '
                      f'{e.start:,}); {hint}') from None
+
+
+def json_lines(text: str, path: Any) -> Iterator[tuple[int, Any]]:
+  """(line number, parsed value) of each non-blank line of the JSON-lines `text` of file `path`;
+  a line that is not JSON raises one ValueError '<path>:<n>: not valid JSON (...)'. Lines end at
+  '\n' only: a JSON string may hold a raw U+2028 or U+0085, which str.splitlines would cut."""
+  for n, line in enumerate(text.split('\n'), start=1):
+    if not line.strip():
+      continue
+    try:
+      yield n, json.loads(line)
+    except json.JSONDecodeError as e:
+      raise ValueError(f'{path}:{n}: not valid JSON ({e.msg}).') from e
 
 
 def local_batch_size(global_batch: int, process_count: int, field: str) -> int:

@@ -93,8 +93,8 @@ def read_puzzles(path: str, *, need_solution: bool = False
     lines with a solution and some without, a solution with a blank or that is not a valid grid,
     or a quiz digit that disagrees with its solution.
   """
-  lines = pipeline.read_utf8_lines(path, prefix=f'{path}: ', hint=(
-      'a puzzle file holds one 81-character puzzle per line, or quiz,solution lines'))
+  lines = pipeline.read_utf8(path, prefix=f'{path}: ', hint=(
+      'a puzzle file holds one 81-character puzzle per line, or quiz,solution lines')).splitlines()
   quizzes, solutions, linenos = [], [], []
   for lineno, line in enumerate(lines, start=1):
     s = line.strip()

@@ -38,7 +38,6 @@ deterministically by a hash of each example's text (stable under reordering and 
 from __future__ import annotations
 
 import hashlib
-import json
 import pathlib
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -369,21 +368,16 @@ def read_text_file(path: str | pathlib.Path, unit: str = 'line', *,
   path = pathlib.Path(path)
   if unit not in TEXT_UNITS:
     raise ValueError(f'config.data.text_unit={unit!r}; allowed: {list(TEXT_UNITS)}.')
-  lines = pipeline.read_utf8_lines(path, prefix=f'config.{field}: {path} is ', hint=(
+  raw = pipeline.read_utf8(path, prefix=f'config.{field}: {path} is ', hint=(
       'give UTF-8 plain text, .jsonl or .json files (convert with iconv -t utf-8).'))
   if path.suffix in ('.jsonl', '.json'):
     out = []
-    for n, line in enumerate(lines, start=1):
-      if not line.strip():
-        continue
-      try:
-        obj = json.loads(line)
-      except json.JSONDecodeError as e:
-        raise ValueError(f'{path}:{n}: not valid JSON ({e.msg}).') from e
+    for n, obj in pipeline.json_lines(raw, path):
       if not isinstance(obj, dict) or not isinstance(obj.get('text'), str):
         raise ValueError(f'{path}:{n}: expected an object with a string field "text".')
       out.append(obj['text'])
     return out
+  lines = raw.splitlines()
   if unit == 'paragraph':
     return _paragraphs(lines)
   return [line.strip() for line in lines if line.strip()]

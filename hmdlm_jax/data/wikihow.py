@@ -28,7 +28,6 @@ The split with only one path: by a hash of the title (`data.test_fraction`), sta
 from __future__ import annotations
 
 import csv
-import json
 import logging
 import pathlib
 import re
@@ -37,6 +36,7 @@ from typing import Any
 
 import grain
 
+from hmdlm_jax.data import pipeline
 from hmdlm_jax.data import text as text_lib
 from hmdlm_jax.data import tokenizers as tokenizers_lib
 
@@ -108,16 +108,11 @@ def _append(out: list[dict[str, str]], art: dict[str, str] | None) -> bool:
 
 def read_jsonl(path: pathlib.Path) -> tuple[list[dict[str, str]], int]:
   out, skipped = [], 0
-  with open(path, encoding='utf-8') as f:
-    for n, line in enumerate(f, start=1):
-      if not line.strip():
-        continue
-      try:
-        row = json.loads(line)
-      except json.JSONDecodeError as e:
-        raise ValueError(f'{path}:{n}: not valid JSON ({e.msg}).') from e
-      _check_fields(row, f'{path}:{n}')
-      skipped += not _append(out, make_article(row['title'], row['headline'], row['text']))
+  with open(path, encoding='utf-8') as f:  # a UnicodeDecodeError is named by read_articles
+    raw = f.read()
+  for n, row in pipeline.json_lines(raw, path):
+    _check_fields(row, f'{path}:{n}')
+    skipped += not _append(out, make_article(row['title'], row['headline'], row['text']))
   return out, skipped
 
 
