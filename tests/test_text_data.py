@@ -469,6 +469,12 @@ def test_wikihow_malformed_rows(tmp_path):
   (tmp_path / 'u.jsonl').write_bytes(b'{"title": "t\xff", "headline": "h", "text": "x"}\n')
   with pytest.raises(ValueError, match=r"u.jsonl is not UTF-8 text \(byte b'\\xff' at offset 12"):
     wikihow.read_articles(str(tmp_path / 'u.jsonl'))
+  # The csv reader decodes in buffers; the error still names the bad byte's offset in the file.
+  head = 'title,headline,text\n' + 'a,b,c\n' * 5000
+  (tmp_path / 'u.csv').write_bytes(head.encode() + b'x\xff,b,c\n')
+  with pytest.raises(ValueError, match=rf"u.csv is not UTF-8 text \(byte b'\\xff' at offset "
+                     rf"{len(head) + 1:,}\); convert it with iconv -t utf-8.$"):
+    wikihow.read_articles(str(tmp_path / 'u.csv'))
   with pytest.raises(ValueError, match='unknown WikiHow file type'):
     wikihow.read_articles(str(SENTENCES))
 

@@ -30,14 +30,26 @@ import numpy as np
 
 
 def read_utf8(path: Any, *, prefix: str, hint: str) -> str:
-  """The text of a local UTF-8 file; a non-UTF-8 file raises one ValueError
-  '<prefix>not UTF-8 text (byte b'..' at offset N); <hint>' naming the first bad byte."""
+  """The text of a local UTF-8 file; a non-UTF-8 file raises `not_utf8`'s ValueError."""
   try:
     with open(path, encoding='utf-8') as f:
       return f.read()
+  except UnicodeDecodeError:
+    raise not_utf8(path, prefix=prefix, hint=hint) from None
+
+
+def not_utf8(path: Any, *, prefix: str, hint: str) -> ValueError:
+  """The one error for a file that is not UTF-8: '<prefix>not UTF-8 text (byte b'..' at offset
+  N); <hint>', N the first bad byte's offset in the file. Read from the bytes again because a
+  streaming reader's UnicodeDecodeError (csv over a text file) counts from its buffer's start."""
+  with open(path, 'rb') as f:
+    data = f.read()
+  try:
+    data.decode('utf-8')
   except UnicodeDecodeError as e:
-    raise ValueError(f'{prefix}not UTF-8 text (byte {e.object[e.start:e.start + 1]!r} at offset '
-                     f'{e.start:,}); {hint}') from None
+    return ValueError(f'{prefix}not UTF-8 text (byte {data[e.start:e.start + 1]!r} at offset '
+                      f'{e.start:,}); {hint}')
+  return ValueError(f'{prefix}not UTF-8 text when read, UTF-8 now (changed meanwhile?); {hint}')
 
 
 def json_lines(text: str, path: Any) -> Iterator[tuple[int, Any]]:

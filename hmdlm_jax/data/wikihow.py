@@ -153,10 +153,9 @@ def read_articles(path: str, field: str = 'data.train_path') -> list[dict[str, s
   for f in files:
     try:
       arts, skipped = READERS[f.suffix](f)
-    except UnicodeDecodeError as e:
-      raise ValueError(f'config.{field}: {f} is not UTF-8 text (byte '
-                       f'{e.object[e.start:e.start + 1]!r} at offset {e.start:,}); convert it '
-                       'with iconv -t utf-8.') from None
+    except UnicodeDecodeError:
+      raise pipeline.not_utf8(f, prefix=f'config.{field}: {f} is ',
+                              hint='convert it with iconv -t utf-8.') from None
     if skipped:
       logging.warning('%s: skipped %d rows with an empty title, summary or body.', f, skipped)
     out.extend(arts)
