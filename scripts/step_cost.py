@@ -118,10 +118,12 @@ def step_seconds(config_path: str, variants: dict[str, list[str]], rounds: int, 
           last = (r.stderr.strip().splitlines() or ['(no output)'])[-1]
           raise SystemExit(f'--wall_rounds: the {"training run" if loop else "timed step"} '
                            f'{name!r} failed: {last}')
-        with open(os.path.join(wd, 'metrics.jsonl' if loop else 'seconds.json'),
-                  encoding='utf-8') as f:
-          out[name].append(logged_seconds_per_step([json.loads(line) for line in f]) if loop
-                           else float(json.load(f)))
+        if loop:
+          with open(os.path.join(wd, 'metrics.jsonl'), encoding='utf-8') as f:
+            out[name].append(logged_seconds_per_step([json.loads(line) for line in f]))
+        else:
+          with open(os.path.join(wd, 'seconds.json'), encoding='utf-8') as f:
+            out[name].append(float(json.load(f)))
   return out
 
 
