@@ -55,9 +55,9 @@ from hmdlm_jax.processes import hmdlm
 from hmdlm_jax.processes import level_objectives
 from hmdlm_jax.processes import parameterization
 from hmdlm_jax.processes import schedules
-from scripts.config_args import DEFAULT_CONFIG
-from scripts.config_args import load_config
-from scripts.config_args import override
+from benchmarks.config_args import DEFAULT_CONFIG
+from benchmarks.config_args import load_config
+from benchmarks.config_args import override
 # pylint: enable=wrong-import-position
 
 EVAL_TIMES = (0.25, 0.5, 0.75, 1.0)

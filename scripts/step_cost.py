@@ -49,9 +49,9 @@ from benchmarks import train_step as bench_step
 from hmdlm_jax import config as config_lib
 from hmdlm_jax import models
 from hmdlm_jax import processes
-from scripts.config_args import DEFAULT_CONFIG
-from scripts.config_args import load_config
-from scripts.config_args import override
+from benchmarks.config_args import DEFAULT_CONFIG
+from benchmarks.config_args import load_config
+from benchmarks.config_args import override
 
 
 def step_flops(config) -> int:

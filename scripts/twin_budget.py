@@ -39,9 +39,9 @@ sys.path.insert(0, _REPO)
 
 from scripts import stats  # pylint: disable=wrong-import-position
 from scripts import step_cost  # pylint: disable=wrong-import-position
-from scripts.config_args import DEFAULT_CONFIG  # pylint: disable=wrong-import-position
-from scripts.config_args import load_config  # pylint: disable=wrong-import-position
-from scripts.config_args import override  # pylint: disable=wrong-import-position
+from benchmarks.config_args import DEFAULT_CONFIG  # pylint: disable=wrong-import-position
+from benchmarks.config_args import load_config  # pylint: disable=wrong-import-position
+from benchmarks.config_args import override  # pylint: disable=wrong-import-position
 
 MODELS = ('hmdlm', 'twin')
 DECODINGS = ('greedy', 'stochastic')

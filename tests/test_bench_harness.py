@@ -1,4 +1,5 @@
-"""benchmarks/side_by_side.py, bare_step.py, aot.py: the parts that need no long run (issue 14)."""
+"""benchmarks/side_by_side.py, bare_step.py, aot.py, profile.py: the parts that need no long run
+(issue 14)."""
 
 import os
 import sys
@@ -12,6 +13,7 @@ sys.path.insert(0, REPO)
 
 from benchmarks import aot  # pylint: disable=g-import-not-at-top
 from benchmarks import bare_step
+from benchmarks import profile
 from benchmarks import side_by_side
 
 HLO = """
@@ -85,6 +87,34 @@ def test_summary_ratios_are_per_round():
   assert s['ours_mdlm']['ratio_to_best_reference'] == pytest.approx(1.75)
   assert s['md4']['ratio_to_baseline'] == pytest.approx(0.5)
   assert s['ours_mdlm']['sys_share'] == pytest.approx(0.1 / 1.1)
+
+
+def test_profile_sums_ops_by_module():
+  rows = [{'source': 'transpose(jvp(DiT))/DiT.trunk/blocks_3/mlp_0/dot_general',
+           'ms_per_step': 2.0},
+          {'source': 'transpose(jvp(DiT))/DiT.trunk/blocks_0/attn_qkv/dot_general',
+           'ms_per_step': 1.5},
+          {'source': 'jvp(DiT)/DiT.trunk/blocks_1/reduce_max', 'ms_per_step': 1.0},
+          {'source': 'jvp(DiT)/DiT._hier_trunk/hier_blocks_1/reduce_max', 'ms_per_step': 0.25},
+          {'source': 'jvp(jit(_uniform))/while', 'ms_per_step': 0.5},
+          {'source': "state.params['blocks_2']['attn_out']['kernel']", 'ms_per_step': 0.125},
+          {'source': '', 'ms_per_step': 0.125}]
+  assert profile.by_module(rows) == [
+      {'module': 'backward DiT/DiT.trunk', 'ms_per_step': 3.5, 'ops': 2},
+      {'module': 'forward DiT/DiT.trunk', 'ms_per_step': 1.0, 'ops': 1},
+      {'module': 'forward other', 'ms_per_step': 0.75, 'ops': 3},
+      {'module': 'forward DiT/DiT._hier_trunk', 'ms_per_step': 0.25, 'ops': 1}]
+  assert profile.module_of('GPT2/blocks_11/attn/dot_general') == 'forward GPT2/blocks_N'
+
+
+def test_profile_set_needs_a_config(capsys):
+  with pytest.raises(SystemExit):
+    profile.main(['--set', 'model.hier_width=32'])
+  assert '--set overrides a --config experiment' in capsys.readouterr().err
+  with pytest.raises(SystemExit, match='configs/'):
+    profile.experiment_config('sudoku.py', [])
+  with pytest.raises(SystemExit, match='model.hier_widht'):
+    profile.experiment_config('configs/sudoku.py', ['model.hier_widht=32'])
 
 
 @pytest.mark.parametrize('shape', sorted(side_by_side.SHAPES))

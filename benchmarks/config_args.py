@@ -1,8 +1,9 @@
-"""The Sudoku scripts' config arguments: `--config=configs/X.py` and `--set section.field=value`.
+"""The tools' config arguments: `--config=configs/X.py` and `--set section.field=value`.
 
-Shared by scripts/probe_levels.py, scripts/step_cost.py and scripts/twin_budget.py, so that one
-config file plus overrides names the same setting in all three (and in hmdlm_jax.main, whose
-`--config.section.field=value` they mirror).
+Shared by scripts/probe_levels.py, scripts/step_cost.py, scripts/twin_budget.py and
+benchmarks/profile.py, so that one config file plus overrides names the same setting in all of
+them (and in hmdlm_jax.main, whose `--config.section.field=value` they mirror). It lives in
+benchmarks/ because scripts/ import benchmarks/, never the other way.
 """
 
 from __future__ import annotations
