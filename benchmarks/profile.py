@@ -11,7 +11,9 @@ joins it with the compiled HLO (the op's shape and the `op_name` metadata: which
 which module it came from). Durations are summed over threads, so with several threads the column
 total exceeds the wall time; the share column is relative to that total. A second table sums
 the ops by the module that made them (forward / backward, the first two levels of the Flax module
-path, layer indices merged: `blocks_3` -> `blocks_N`), so a part of the network is one row. The
+path, layer indices merged: `blocks_3` -> `blocks_N`), so a part of the network is one row; its
+"ops" are distinct traced names (an op in a loop body counts once; the few executor events that
+`_SKIP` keeps, e.g. `PjitFunction`, land in "forward other"). The
 process starts under the allocator settings of `hmdlm_jax.main` (hmdlm_jax/runtime.py), which
 change the step's time (by 17% for the Sudoku twin on the 2-core Intel VM).
 """
