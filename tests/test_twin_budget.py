@@ -128,7 +128,8 @@ def test_pathway_heads_keep_the_flops_and_equal_wall_budget():
     twin_budget.step_cost.equal_wall_steps(2000, [0.6], [0.3, 0.3])
   secs = twin_budget.step_cost.step_seconds(path, {'a': tiny, 'b': tiny + ['model.num_levels=1']},
                                             rounds=2, steps=1)
-  assert list(secs) == ['a', 'b'] and all(len(v) == 2 and min(v) > 0 for v in secs.values())
+  assert list(secs) == ['a', 'b'] and all(len(v) == 2 and all(0 < x < 5 for x in v)
+                                          for v in secs.values())
   with pytest.raises(SystemExit, match="--wall_rounds: the timed step 'a' failed: .*hier_lr_scale"):
     twin_budget.step_cost.step_seconds(path, {'a': tiny + ['optim.hier_lr_scale=0.0']}, rounds=1,
                                        steps=1)
