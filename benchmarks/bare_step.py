@@ -19,11 +19,12 @@ import), so that it stays a fixed yardstick while the package changes:
 
   clip        optax.clip_by_global_norm(1.0) before AdamW
   ema         EMA of the parameters (decay 0.9999) kept in the state
-  nan_guard   the project's guard: loss / grad-norm / update-norm finiteness, and
-              where(ok, new, old) over params, EMA (if any) and optimiser state
-  guard_cond  the same guard as ONE lax.cond around the whole update (optimizer, EMA): the
-              skipped branch returns the old state, nothing is selected element-wise, and the
-              finiteness test reads the loss and the gradient norm only
+  nan_guard   the project's guard until 2026-12-05: loss / grad-norm / update-norm
+              finiteness, and where(ok, new, old) over params, EMA (if any) and optimiser state
+  guard_cond  the project's guard since 2026-12-05: ONE lax.cond around the whole update
+              (optimizer, EMA): the skipped branch returns the old state, nothing is selected
+              element-wise, and the finiteness test reads the loss and the gradient norm only
+              (with nan_guard also set, guard_cond is the one used)
   donate      state donated to the jitted step (in-place updates)
   dropout     dropout 0.1 on the two residual branches of every block (MDLM's placement)
   fused_nll   NLL = logsumexp(logits + MASK bias) - gold logit (the project's token_nll)
@@ -99,7 +100,7 @@ class Features:
     kw: dict[str, Any] = {}
     for tok in (t.strip() for t in spec.split(',') if t.strip()):
       if tok == 'all':
-        kw.update(clip=True, ema=True, nan_guard=True, donate=True, dropout=0.1,
+        kw.update(clip=True, ema=True, guard_cond=True, donate=True, dropout=0.1,
                   fused_nll=True, layout='4d', fill_lookup=True, grad_boundary=True)
         continue
       key, _, val = tok.partition('=')

@@ -53,7 +53,7 @@ def test_features_parse():
   f = bare_step.Features.parse('clip,dropout,attn=bhqd')
   assert f.clip and f.dropout == 0.1 and f.attn == 'bhqd' and not f.ema
   a = bare_step.Features.parse('all')
-  assert a.clip and a.ema and a.nan_guard and a.donate and a.fused_nll and a.layout == '4d'
+  assert a.clip and a.ema and a.guard_cond and a.donate and a.fused_nll and a.layout == '4d'
   with pytest.raises(ValueError):
     bare_step.Features.parse('nonsense')
 
@@ -72,6 +72,22 @@ def test_bare_step_fused_nll_and_layouts_agree():
   assert np.isfinite(ref) and ref > 0
   for spec, v in losses.items():
     assert v == pytest.approx(ref, rel=1e-5), spec
+
+
+@pytest.mark.slow
+def test_bare_step_guards_agree():
+  """The guard as where(ok, new, old) and as one lax.cond give the same state after good steps."""
+  d = bare_step.Dims(num_layers=1, hidden=32, heads=2, mlp=64, cond=16, vocab=50, batch=2,
+                     length=8, mask_id=3)
+  states = {}
+  for spec in ('clip,ema', 'clip,ema,nan_guard', 'clip,ema,guard_cond'):
+    state, step, batch = bare_step.make(d, bare_step.Features.parse(spec))
+    for i in range(2):
+      state, _ = step(state, batch, jax.random.PRNGKey(i))
+    states[spec] = state
+  for spec in ('clip,ema,nan_guard', 'clip,ema,guard_cond'):
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7),
+                 states[spec], states['clip,ema'])
 
 
 def test_summary_ratios_are_per_round():
