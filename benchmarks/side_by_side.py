@@ -9,6 +9,8 @@ r"""Side by side: the project's training step and reference steps, timed in one 
   python -m benchmarks.side_by_side --shape=tiny --runners=ours_mdlm,bare \
       --allocator=default,glibc,tcmalloc                              # allocator study (item 3)
   python -m benchmarks.side_by_side --shape=small --runners=ours_mdlm,ours_mdlm@tcmalloc,bare
+  python -m benchmarks.side_by_side --shape=small --runners=ours_mdlm,before/ours_mdlm \
+      --before_tree=/tmp/old                      # a change's before/after (old checkout)
 
 Runners (`--runners`, comma-separated; a runner may carry options after ':' joined by '+'):
   ours_mdlm, ours_hmdlm   the project's real step (`hmdlm_jax.train.make_train_step`: diffusion
@@ -19,6 +21,7 @@ Runners (`--runners`, comma-separated; a runner may carry options after ':' join
   md4                     google-deepmind/md4's own `train.train_step` under its own `jax.pmap`,
                           its transformer at the same width/depth (needs --reference_tree=md4:PATH
                           and md4's Python dependencies: clu, tensorflow-probability)
+  before/NAME             NAME run from --before_tree (this project at another commit)
   mdlm_eager, mdlm_compile  kuleshov-group/mdlm's DiT + its `Diffusion._loss` (SUBS, log-linear),
                           AdamW, PyTorch eager / torch.compile of the loss (needs
                           --reference_tree=mdlm:PATH and torch; its hydra/lightning imports are
@@ -218,9 +221,10 @@ def run_child(runner: str, shape: str, warmup: int, steps: int, trees: dict[str,
 
 
 ALLOCATORS = ('default', 'glibc', 'tcmalloc', 'mallopt')
+BEFORE = 'before/'  # runner prefix: the same runner from --before_tree
 
 
-def _child_env(allocator: str) -> dict[str, str]:
+def _child_env(allocator: str, root: str = _REPO) -> dict[str, str]:
   """The child's environment: the allocator settings of hmdlm_jax.runtime, or none ('default').
 
   'glibc': GLIBC_TUNABLES; 'tcmalloc': LD_PRELOAD (error if not installed); 'mallopt': the child
@@ -229,7 +233,7 @@ def _child_env(allocator: str) -> dict[str, str]:
   from hmdlm_jax import runtime  # pylint: disable=g-import-not-at-top  (no JAX import)
   env = dict(os.environ)
   env.setdefault('JAX_PLATFORMS', 'cpu')
-  env['PYTHONPATH'] = _REPO + os.pathsep + env.get('PYTHONPATH', '')
+  env['PYTHONPATH'] = root + os.pathsep + env.get('PYTHONPATH', '')
   env['TF_CPP_MIN_LOG_LEVEL'] = '2'
   for k in ('GLIBC_TUNABLES', 'LD_PRELOAD', 'MALLOC_CONF', runtime.MARKER):
     env.pop(k, None)
@@ -243,8 +247,15 @@ def _child_env(allocator: str) -> dict[str, str]:
 
 
 def spawn(runner: str, shape: str, warmup: int, steps: int, trees: dict[str, str],
-          allocator: str, timeout_s: float) -> dict[str, Any]:
-  """One child process; returns its record plus the whole child's rusage (compile included)."""
+          allocator: str, timeout_s: float, before_tree: str | None = None) -> dict[str, Any]:
+  """One child process; returns its record plus the whole child's rusage (compile included).
+
+  A runner `before/NAME` runs NAME from `before_tree` (this project at another commit: its
+  package and its own side_by_side child), for a before/after of a change within one run.
+  """
+  root = _REPO
+  if runner.startswith(BEFORE):
+    runner, root = runner[len(BEFORE):], before_tree or ''
   with tempfile.TemporaryDirectory() as tmp:
     out = os.path.join(tmp, 'rec.json')
     cmd = [sys.executable, '-m', 'benchmarks.side_by_side', f'--child={runner}',
@@ -252,7 +263,7 @@ def spawn(runner: str, shape: str, warmup: int, steps: int, trees: dict[str, str
     cmd += [f'--reference_tree={k}:{v}' for k, v in trees.items()]
     t0 = time.perf_counter()
     ru0 = resource.getrusage(resource.RUSAGE_CHILDREN)
-    proc = subprocess.Popen(cmd, cwd=_REPO, env=_child_env(allocator), stdout=subprocess.PIPE,
+    proc = subprocess.Popen(cmd, cwd=root, env=_child_env(allocator, root), stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True)
     try:
       text, _ = proc.communicate(timeout=timeout_s)
@@ -355,6 +366,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                  help='comma-separated; default ours_mdlm,ours_hmdlm,bare + the given trees')
   p.add_argument('--reference_tree', action='append', default=[],
                  help='md4:PATH or mdlm:PATH (repeatable)')
+  p.add_argument('--before_tree', default=None,
+                 help='a checkout of this project at another commit; runners before/NAME use it')
   p.add_argument('--rounds', type=int, default=2)
   p.add_argument('--steps', type=int, default=5)
   p.add_argument('--warmup', type=int, default=1)
@@ -397,6 +410,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         p.error(f'allocator {al!r}: allowed {ALLOCATORS}')
       plan.append((r, al))
       labels.append(_label(r, al, both or bool(pinned)))
+  before = os.path.abspath(os.path.expanduser(a.before_tree)) if a.before_tree else None
+  if any(r.startswith(BEFORE) for r, _ in plan) and not (
+      before and os.path.isfile(os.path.join(before, 'benchmarks', 'side_by_side.py'))):
+    p.error(f'runners {BEFORE}NAME need --before_tree=PATH, a checkout of this project '
+            f'(got {a.before_tree!r})')
   baseline = a.baseline or None
   if baseline and baseline not in labels:
     baseline = None
@@ -405,10 +423,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
   info = {'date': time.strftime('%Y-%m-%d %H:%M:%S %Z'), 'commit': machine.git_commit(_REPO),
           'cpu': machine.cpu_model(), 'cpu_count': os.cpu_count(),
           'load_average_start': os.getloadavg()}
+  if before:
+    info['before_tree'] = {'path': before, 'commit': machine.git_commit(before)}
   records = []
   for rd in range(a.rounds):
     for (runner, al), lb in zip(plan, labels):
-      rec = spawn(runner, a.shape, a.warmup, a.steps, trees, al, a.timeout_s)
+      rec = spawn(runner, a.shape, a.warmup, a.steps, trees, al, a.timeout_s, before)
       rec.update(round=rd, label=lb)
       records.append(rec)
       brief = {k: rec.get(k) for k in ('label', 'round', 'tokens_per_s', 'median_step_s',

@@ -133,6 +133,17 @@ def test_profile_set_needs_a_config(capsys):
     profile.experiment_config('configs/sudoku.py', ['model.hier_widht=32'])
 
 
+def test_before_runners_need_a_before_tree(capsys, tmp_path):
+  """before/NAME without --before_tree, or with a folder that is not this project, stops with one
+  line before any child runs; the child is started in the before tree with it on PYTHONPATH."""
+  for extra in ([], [f'--before_tree={tmp_path}']):
+    with pytest.raises(SystemExit):
+      side_by_side.main(['--shape=tiny', '--runners=ours_mdlm,before/ours_mdlm'] + extra)
+    assert 'need --before_tree=PATH, a checkout of this project' in capsys.readouterr().err
+  env = side_by_side._child_env('default', str(tmp_path))
+  assert env['PYTHONPATH'].split(os.pathsep)[0] == str(tmp_path)
+
+
 @pytest.mark.parametrize('shape', sorted(side_by_side.SHAPES))
 def test_ceiling_gemms_are_the_steps_matmul_flops(shape):
   """benchmarks/ceiling.py's product list carries exactly the step's matrix FLOPs: the explicit
