@@ -309,26 +309,21 @@ def make(d: Dims, f: Features, seed: int = 0
 
   def step(state: dict[str, Any], batch: dict[str, jax.Array], key: jax.Array
            ) -> tuple[dict[str, Any], jax.Array]:
-    params, opt = state['params'], state['opt']
-    loss, grads = jax.value_and_grad(mdlm_loss)(params, batch['tokens'], key, d, f)
+    loss, grads = jax.value_and_grad(mdlm_loss)(state['params'], batch['tokens'], key, d, f)
+
+    def apply(st: dict[str, Any]) -> tuple[dict[str, Any], Any]:
+      """AdamW (+ EMA) on the state st: (new state, the update)."""
+      updates, new_opt = tx.update(grads, st['opt'], st['params'])
+      out = {'params': optax.apply_updates(st['params'], updates), 'opt': new_opt}
+      if f.ema:
+        out['ema'] = jax.tree.map(lambda e, q: 0.9999 * e + (1 - 0.9999) * q, st['ema'],
+                                  out['params'])
+      return out, updates
+
     if f.guard_cond:
       ok = jnp.isfinite(loss) & jnp.isfinite(optax.global_norm(grads))
-
-      def apply(st: dict[str, Any]) -> dict[str, Any]:
-        updates, new_opt = tx.update(grads, st['opt'], st['params'])
-        out = {'params': optax.apply_updates(st['params'], updates), 'opt': new_opt}
-        if f.ema:
-          out['ema'] = jax.tree.map(lambda e, q: 0.9999 * e + (1 - 0.9999) * q, st['ema'],
-                                    out['params'])
-        return out
-
-      return jax.lax.cond(ok, apply, lambda st: st, state), loss
-    updates, new_opt = tx.update(grads, opt, params)
-    new_params = optax.apply_updates(params, updates)
-    new = {'params': new_params, 'opt': new_opt}
-    if f.ema:
-      new['ema'] = jax.tree.map(lambda e, q: 0.9999 * e + (1 - 0.9999) * q, state['ema'],
-                                new_params)
+      return jax.lax.cond(ok, lambda st: apply(st)[0], lambda st: st, state), loss
+    new, updates = apply(state)
     if f.nan_guard:
       ok = (jnp.isfinite(loss) & jnp.isfinite(optax.global_norm(grads))
             & jnp.isfinite(optax.global_norm(updates)))
