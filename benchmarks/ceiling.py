@@ -2,7 +2,7 @@ r"""The floor under the MDLM train step on this machine: its matrix products at 
 rate, plus its optimizer update, against the reference step timed in the same run.
 
   python -m benchmarks.ceiling --shape=small [--reference_tree=mdlm:PATH] [--rounds=2] \
-      [--json=benchmarks/results/ceiling_small.json]
+      [--allocator=mallopt] [--json=benchmarks/results/ceiling_small.json]
 
 Issue 14 asks for ≥ 1.3× the tokens/s of the faster reference. This script says whether any
 implementation of our step on XLA:CPU could get there, from three measurements made in one run:
@@ -157,6 +157,18 @@ def summarise(table: dict[Gemm, int], times: dict[str, float]) -> dict[str, floa
   return {'seconds': seconds, 'gflop_per_s': gemm_flops(table) / seconds / 1e9}
 
 
+def per_product_lines(table: dict[Gemm, int], jax_s: dict[str, float],
+                      torch_s: dict[str, float], top: int) -> list[str]:
+  """Where JAX's products lose to PyTorch's: one line per shape, by count × time difference."""
+  rows = []
+  for (bt, m, k, n), c in table.items():
+    key = f'{bt}x{m}x{k}x{n}'
+    rows.append((c * (jax_s[key] - torch_s[key]), key, c))
+  rows.sort(reverse=True)
+  return [f'  {key} x{c}: {jax_s[key] * 1e3:.2f} / {torch_s[key] * 1e3:.2f} ms, {d:+.3f} s'
+          for d, key, c in rows[:top]]
+
+
 def main(argv: list[str] | None = None) -> dict[str, Any]:
   p = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
   p.add_argument('--shape', default='small', choices=sorted(sbs.SHAPES))
@@ -165,10 +177,18 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
   p.add_argument('--steps', type=int, default=3)
   p.add_argument('--reference_tree', action='append', default=[],
                  help='mdlm:PATH (kuleshov-group/mdlm) and/or md4:PATH: time those steps too')
+  p.add_argument('--allocator', default='default', choices=sbs.ALLOCATORS,
+                 help="the step children's allocator ('mallopt' = what hmdlm_jax.main applies)")
   p.add_argument('--json', default=None)
   p.add_argument('--child', default=None, help=argparse.SUPPRESS)
   p.add_argument('--table', default=None, help=argparse.SUPPRESS)
   a = p.parse_args(argv)
+  if a.allocator == 'mallopt' or os.environ.get('HMDLM_JAX_ALLOCATOR') == 'mallopt':
+    # This process's GEMMs and optimizer (and the torch child's) under the setting too, so that
+    # no product's time includes faulting in its output: the floor stays a floor.
+    from hmdlm_jax import runtime  # pylint: disable=g-import-not-at-top
+    runtime.configure_allocator()
+    os.environ['HMDLM_JAX_ALLOCATOR'] = 'mallopt'
   if a.child == 'torch_gemms':
     table = {tuple(r[:4]): r[4] for r in json.loads(a.table)}
     print(json.dumps(time_gemms_torch(table, a.reps)))
@@ -178,19 +198,22 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
   table = gemms(a.shape)
   tokens = sbs.SHAPES[a.shape][6] * sbs.SHAPES[a.shape][7]
   result: dict[str, Any] = {'machine': machine.machine_info(_REPO), 'shape': a.shape,
-                            'dims': sbs.SHAPES[a.shape],
+                            'dims': sbs.SHAPES[a.shape], 'allocator': a.allocator,
                             'gemm_gflop_per_step': gemm_flops(table) / 1e9, 'rounds': []}
   for rnd in range(a.rounds):
     row: dict[str, Any] = {'round': rnd}
-    row['jax_gemm'] = summarise(table, time_gemms_jax(table, a.reps))
+    jax_times = time_gemms_jax(table, a.reps)
+    row['jax_gemm'] = summarise(table, jax_times)
+    row['jax_gemm_s'] = jax_times
     torch_times = _run_torch_child(table, a.reps)
     if torch_times is not None:
       row['torch_gemm'] = summarise(table, torch_times)
+      row['torch_gemm_s'] = torch_times
     row['optimizer'] = time_optimizer(a.shape, a.reps)
     row['floor_s'] = row['jax_gemm']['seconds'] + row['optimizer']['seconds']
     row['floor_tokens_per_s'] = tokens / row['floor_s']
     for runner in ['ours_mdlm'] + refs:
-      rec = sbs.spawn(runner, a.shape, 1, a.steps, trees, 'default', 3600)
+      rec = sbs.spawn(runner, a.shape, 1, a.steps, trees, a.allocator, 3600)
       row[runner] = (tokens / rec['median_step_s']) if 'error' not in rec else rec['error']
     result['rounds'].append(row)
     print(json.dumps(row))
@@ -212,6 +235,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         msg += (f'; {r} {row[r]:.0f} tokens/s (1.3x = {1.3 * row[r]:.0f}; floor / {r} = '
                 f'{row["floor_tokens_per_s"] / row[r]:.2f})')
     lines.append(msg)
+  last = result['rounds'][-1]
+  if 'torch_gemm_s' in last:
+    lines.append(f'round {last["round"]}, per product (batch x m x k x n, count: JAX / PyTorch ms '
+                 'each, count x difference), the five costliest differences:')
+    lines += per_product_lines(table, last['jax_gemm_s'], last['torch_gemm_s'], top=5)
   print('\n'.join(lines))
   if a.json:
     with open(a.json, 'w', encoding='utf-8') as f:

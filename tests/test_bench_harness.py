@@ -158,3 +158,15 @@ def test_ceiling_gemms_are_the_steps_matmul_flops(shape):
   head = 2 * h * v  # one row of the token head's product
   expected = dense - 3 * b * length * head + 4 * (b * length // 2) * head
   assert ceiling.gemm_flops(ceiling.gemms(shape)) == expected
+
+
+def test_ceiling_per_product_lines_rank_by_count_times_difference():
+  """The per-product report ranks shapes by count × (JAX − PyTorch) seconds, not by the time of
+  one product: a small product run 36 times outranks a large one run once."""
+  from benchmarks import ceiling  # pylint: disable=g-import-not-at-top
+  table = {(1, 512, 768, 30522): 1, (96, 128, 128, 64): 36, (1, 8, 128, 128): 2}
+  jax_s = {'1x512x768x30522': 0.0780, '96x128x128x64': 0.0018, '1x8x128x128': 0.0001}
+  torch_s = {'1x512x768x30522': 0.0670, '96x128x128x64': 0.0007, '1x8x128x128': 0.0002}
+  lines = ceiling.per_product_lines(table, jax_s, torch_s, top=2)
+  assert lines == ['  96x128x128x64 x36: 1.80 / 0.70 ms, +0.040 s',
+                   '  1x512x768x30522 x1: 78.00 / 67.00 ms, +0.011 s']
