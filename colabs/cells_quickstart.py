@@ -28,8 +28,9 @@ TRAIN_MINUTES = 5.0  # wall-clock budget of the training cell'''),
 ## Config
 
 `configs/sudoku.py` is a 4-layer, width-128 DiT over the 81 cells with Sudoku-aware positions,
-K = 6 levels and offsets δ = (0, .1, …, .5), trained on generated puzzles for `TRAIN_MINUTES`
-(rerun the training cell to train longer). The test mode (`HMDLM_NOTEBOOK_TEST=1`) swaps in the
+K = 6 levels and offsets δ = (0, .1, …, .5), plus a small hierarchy pathway that learns each
+blank cell's level, trained on generated puzzles for `TRAIN_MINUTES` (rerun the training cell to
+train longer). The test mode (`HMDLM_NOTEBOOK_TEST=1`) swaps in the
 2-layer width-32 `configs/tiny_test.py` and trains a handful of steps.'''),
     ('code', '''\
 config = load_config('configs/tiny_test.py' if TEST else CONFIG)

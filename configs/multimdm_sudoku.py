@@ -1,8 +1,8 @@
-r"""MultiMDM on Sudoku (few-step solving): the demo's model and data, M = 3 masks (m_x = x mod 3).
+r"""MultiMDM on Sudoku (few-step solving): configs/sudoku_base.py's model and data, M = 3 masks.
 
 Recipes (config string after the file name; DIR_* are run directories):
 
-  # MDLM twin of the demo (1,200 steps), then MultiMDM-cont: 400 more steps from its EMA weights
+  # MDLM twin of sudoku_base (1,200 steps), then MultiMDM-cont: 400 more steps from its EMA weights
   python -m hmdlm_jax.main --config=configs/sudoku_mdlm.py --workdir=DIR_MDLM
   python -m hmdlm_jax.main --config=configs/multimdm_sudoku.py:cont --workdir=DIR_MM \
       --config.init.workdir=DIR_MDLM
@@ -11,15 +11,15 @@ Recipes (config string after the file name; DIR_* are run directories):
       --config.init.workdir=DIR_MM
   python -m hmdlm_jax.main --config=configs/multimdm_sudoku.py:mdlm_distill \
       --workdir=DIR_MDLM_CD --config.init.workdir=DIR_MDLM
-  # MultiMDM from scratch, the demo's budget (default, or ':rand')
+  # MultiMDM from scratch, sudoku_base's budget (default, or ':rand')
   python -m hmdlm_jax.main --config=configs/multimdm_sudoku.py --workdir=DIR_RAND
 
 The few-step table (solve rate and cell accuracy at 1, 2, 4, 8, 16, 81 network calls) is
 `python scripts/few_step.py --task=sudoku` (docs/multimdm_results.md), which runs all of the above.
 
-Choices (docs/method.md §13.2): M = 3 (each mask class holds 3 digits; the paper's rule
-M ≳ N^{1/L} asks for little here, and M = 9 would make the designated mask the digit itself);
-α = β = 1 - t (the paper's); decoding by confidence like the demo (`sample.ordering`: the
+Choices (docs/method.md §13.2): M = 3, m_x = x mod 3 (each mask class holds 3 digits; the paper's
+rule M ≳ N^{1/L} asks for little here, and M = 9 would make the designated mask the digit itself);
+α = β = 1 - t (the paper's); decoding by confidence like sudoku_base (`sample.ordering`: the
 expected number of cells per step, the most confident first, the other cells' masks drafted by
 (3.4); 'ancestral' is (3.7) with random reveal times), argmax tokens (`sample.greedy`); the curriculum ramps the identification term in over
 the first half of the continual run (the paper: "reconstruction first, identification gradually",
@@ -48,7 +48,7 @@ def get_config(arg: str = '') -> ml_collections.ConfigDict:
   mm.num_masks = 1 if arg == 'mdlm_distill' else NUM_MASKS
   c.model.vocab_size = WORDS + mm.num_masks
   c.model.mask_id = -1
-  c.sample.ordering = 'confidence'  # the demo's decoding; 'ancestral' is (3.7)
+  c.sample.ordering = 'confidence'  # sudoku_base's decoding; 'ancestral' is (3.7)
   c.sample.greedy = True
   c.sample.num_steps = 81
   c.sample.level_context = 'candidates'

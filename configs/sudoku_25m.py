@@ -13,11 +13,11 @@ from __future__ import annotations
 
 import ml_collections
 
-from configs import sudoku
+from configs import sudoku_base
 
 
 def get_config() -> ml_collections.ConfigDict:
-  c = sudoku.get_config()
+  c = sudoku_base.get_config()
   m = c.model
   m.backbone = 'dit'
   m.num_layers = 12

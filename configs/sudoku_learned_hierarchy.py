@@ -2,13 +2,13 @@
 
   python -m hmdlm_jax.main --config=configs/sudoku_learned_hierarchy.py --workdir=DIR
 
-The demo (configs/sudoku.py) with the hierarchy pathway of docs/method.md §4.7: it reads the
+configs/sudoku_base.py with the hierarchy pathway of docs/method.md §4.7: it reads the
 embedded input (givens as their own state, its own input table and time embedding), runs two tied
 blocks per solving round for the five rounds at width 64, reads one hazard per round, and learns
 each round's digits (`loss.beta_rounds`) besides the levels (plain cross-entropy, its own gradient
-clip). The Sudoku candidate features feed this pathway only, so the token network is the demo's
-and `--config.model.num_levels=1` gives exactly the demo's MDLM twin. 2,000 steps, 46.3 G matrix
-FLOPs per step (1.28x the demo's: `python -m scripts.step_cost`; 95.2 G at the full width,
+clip). The Sudoku candidate features feed this pathway only, so the token network is the base's
+and `--config.model.num_levels=1` gives exactly the base's MDLM twin. 2,000 steps, 46.3 G matrix
+FLOPs per step (1.28x the base's: `python -m scripts.step_cost`; 95.2 G at the full width,
 `--config.model.hier_width=0`, items 12-14); about 25 minutes of training alone on 2 CPU cores
 (2026-12-03), plus about 10 of evaluation on 500 test puzzles.
 
@@ -34,16 +34,16 @@ from __future__ import annotations
 
 import ml_collections
 
-from configs import sudoku
+from configs import sudoku_base
 
 
 def get_config() -> ml_collections.ConfigDict:
-  c = sudoku.get_config()
+  c = sudoku_base.get_config()
 
   m = c.model
   m.given_state = True  # givens are not "revealed level-5 cells"
   m.sudoku_candidates = True
-  m.candidates_pathway_only = True  # the token network stays the demo's
+  m.candidates_pathway_only = True  # the token network stays the base's
   m.hier_input_embed = True
   m.hier_time_conditioning = True
   m.hier_source = 'input'  # the pathway computes the rounds itself (its head re-reads the grid)

@@ -1,4 +1,4 @@
-"""MDLM twin of configs/sudoku.py: one level (K = 1) and the plain log-linear schedule δ = (0,).
+"""MDLM twin of configs/sudoku_base.py: one level (K = 1) and the plain log-linear schedule δ = (0,).
 
 Everything else (model, data, optimiser, sampling) is identical, so the two runs compare HMDLM
 with MDLM at equal budget. The same twin of any config is `--config.model.num_levels=1`:
@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import ml_collections
 
-from configs import sudoku
+from configs import sudoku_base
 
 
 def get_config() -> ml_collections.ConfigDict:
-  c = sudoku.get_config()
+  c = sudoku_base.get_config()
   c.model.num_levels = 1
   c.schedule.offsets = (0.0,)  # what offsets_max derives for K = 1 (docs/method.md §2: MDLM)
   return c

@@ -9,11 +9,11 @@ Per seed s, two runs of the README demo command (`python -m hmdlm_jax.main
 in WORKDIR/{hmdlm,twin}_s<s>:
   hmdlm   the config's HMDLM, its train.num_steps
   twin    `--config.model.num_levels=1`, with train.num_steps scaled so that both runs do the
-          same matrix FLOPs (scripts/step_cost.py: the twin's step is 0.750× the demo's, so
-          1,600 steps against 1,200) — an equal wall budget that does not depend on how loaded
-          the machine is; or --twin_steps=N, e.g. the equal-wall budget that
-          `python -m scripts.step_cost --loop --wall_rounds=2 --wall_steps=100` measures on a
-          quiet machine (where FLOPs are not wall time).
+          same matrix FLOPs (scripts/step_cost.py; for configs/sudoku_base.py the twin's step
+          is 0.750× HMDLM's, so 1,600 steps against 1,200) — an equal wall budget that does
+          not depend on how loaded the machine is; or --twin_steps=N, e.g. the equal-wall
+          budget that `python -m scripts.step_cost --loop --wall_rounds=2 --wall_steps=100`
+          measures on a quiet machine (where FLOPs are not wall time).
 Both evaluate on the first --num_puzzles generated test puzzles (the same set for every run),
 greedy and stochastic (the demo's two decodings). A finished run is reused; an unfinished one
 resumes from its checkpoint.

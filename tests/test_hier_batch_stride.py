@@ -18,7 +18,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from configs import sudoku as sudoku_config
+from configs import sudoku_base as sudoku_config
 from configs.base import get_base_config
 from hmdlm_jax import config as config_lib
 from hmdlm_jax.processes import hmdlm

@@ -26,7 +26,7 @@ import pytest
 
 from benchmarks import flops
 from configs.base import get_base_config
-from configs import sudoku as sudoku_config
+from configs import sudoku_base as sudoku_config
 from hmdlm_jax import config as config_lib
 from hmdlm_jax import models
 from hmdlm_jax import optim

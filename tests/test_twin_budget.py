@@ -163,12 +163,13 @@ def test_a_given_twin_budget_is_used_and_a_run_of_another_budget_is_refused(tmp_
   """--twin_steps sets the twin's budget (recorded as 'given'); a finished run in the workdir
   whose step count is not the one this comparison needs stops the script with one line, before
   any run trains and without touching what is there."""
-  _write_run(str(tmp_path / 'hmdlm_s0'), 1200, (0.6, 0.8), (0.5, 0.7), 100.0)
+  demo = int(twin_budget.load_config(twin_budget.DEFAULT_CONFIG).train.num_steps)
+  _write_run(str(tmp_path / 'hmdlm_s0'), demo, (0.6, 0.8), (0.5, 0.7), 100.0)
   _write_run(str(tmp_path / 'twin_s0'), 2000, (0.5, 0.8), (0.4, 0.7), 100.0)
   r = twin_budget.main([f'--workdir={tmp_path}', '--seeds=0', '--twin_steps=2000'])
-  assert (r['twin_steps'], r['twin_budget'], r['hmdlm_steps']) == (2000, 'given', 1200)
+  assert (r['twin_steps'], r['twin_budget'], r['hmdlm_steps']) == (2000, 'given', demo)
   assert json.load(open(tmp_path / 'results.json'))['twin_budget'] == 'given'
-  flops_steps = twin_budget.twin_steps(1200, [])
+  flops_steps = twin_budget.twin_steps(demo, [])
   results = (tmp_path / 'results.json').read_text()
   never = lambda *args, **kwargs: pytest.fail(f'trained before refusing: {args}')
   with pytest.MonkeyPatch.context() as mp:  # hmdlm_s1 is unfinished: refused before it trains
