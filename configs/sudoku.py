@@ -2,14 +2,14 @@
 
   python -m hmdlm_jax.main --config=configs/sudoku.py --workdir=/tmp/hmdlm_sudoku
 
-configs/sudoku_learned_hierarchy.py at the demo's budget (about 8 minutes of training and 1 of
-evaluation on 2 quiet CPU cores). The token network is configs/sudoku_base.py's: a 4-layer
+configs/sudoku_learned_hierarchy.py at the demo's budget (about 8 minutes of training and 1.5 of
+evaluation on 2 quiet CPU cores; README). The token network is configs/sudoku_base.py's: a 4-layer
 width-128 DiT with Sudoku-aware positions, K = 6 levels from each blank cell's solving round
-(docs/method.md §6), log-linear schedules with offsets δ_k = 0.1·k. Beside it, the hierarchy
-pathway learns the levels (docs/method.md §4.7): it reads the embedded grid with candidate
-features (givens as their own state), runs two tied blocks per round of constraint propagation,
-here at width 32 with one attention head, learns each round's digits besides the levels (plain
-cross-entropy), and trains at 5× the token network's learning rate under its own gradient clip.
+(docs/method.md §6), log-linear schedules with offsets δ_k = 0.1·k. Beside it, the hierarchy pathway
+learns the levels (docs/method.md §4.7): it reads the embedded grid with candidate features (givens
+as their own state), runs two tied blocks per round of constraint propagation, here at width 32 with
+one attention head, learns each round's digits besides the levels (plain cross-entropy), and trains
+at 5× the token network's learning rate under its own gradient clip.
 
 Evaluation on the 100 generated test puzzles: confidence-ordered decoding (T = 81), greedy and
 stochastic, with the head's reveal probability in the confidence score at weight 0.1
