@@ -69,6 +69,11 @@ def gemms(shape: str) -> dict[Gemm, int]:
   return dict(out)
 
 
+def gemm_key(g: Gemm) -> str:
+  """'batchxmxkxn': a product's name in the per-product time dicts (and their JSON)."""
+  return 'x'.join(str(v) for v in g)
+
+
 def gemm_flops(table: dict[Gemm, int]) -> int:
   return sum(2 * bt * m * k * n * c for (bt, m, k, n), c in table.items())
 
@@ -92,7 +97,7 @@ def time_gemms_jax(table: dict[Gemm, int], reps: int) -> dict[str, float]:
     x = jnp.ones((bt, m, k) if bt > 1 else (m, k), jnp.float32)
     y = jnp.ones((bt, k, n) if bt > 1 else (k, n), jnp.float32)
     run = lambda x=x, y=y: mm(x, y).block_until_ready()
-    out[f'{bt}x{m}x{k}x{n}'] = _best(run, reps)
+    out[gemm_key((bt, m, k, n))] = _best(run, reps)
   return out
 
 
@@ -103,7 +108,7 @@ def time_gemms_torch(table: dict[Gemm, int], reps: int) -> dict[str, float]:
     x = torch.ones((bt, m, k) if bt > 1 else (m, k))
     y = torch.ones((bt, k, n) if bt > 1 else (k, n))
     run = lambda x=x, y=y: torch.matmul(x, y)
-    out[f'{bt}x{m}x{k}x{n}'] = _best(run, reps)
+    out[gemm_key((bt, m, k, n))] = _best(run, reps)
   return out
 
 
@@ -153,18 +158,15 @@ def _run_torch_child(table: dict[Gemm, int], reps: int) -> dict[str, float] | No
 
 
 def summarise(table: dict[Gemm, int], times: dict[str, float]) -> dict[str, float]:
-  seconds = sum(times[f'{bt}x{m}x{k}x{n}'] * c for (bt, m, k, n), c in table.items())
+  seconds = sum(times[gemm_key(g)] * c for g, c in table.items())
   return {'seconds': seconds, 'gflop_per_s': gemm_flops(table) / seconds / 1e9}
 
 
 def per_product_lines(table: dict[Gemm, int], jax_s: dict[str, float],
                       torch_s: dict[str, float], top: int) -> list[str]:
   """Where JAX's products lose to PyTorch's: one line per shape, by count × time difference."""
-  rows = []
-  for (bt, m, k, n), c in table.items():
-    key = f'{bt}x{m}x{k}x{n}'
-    rows.append((c * (jax_s[key] - torch_s[key]), key, c))
-  rows.sort(reverse=True)
+  rows = sorted(((c * (jax_s[gemm_key(g)] - torch_s[gemm_key(g)]), gemm_key(g), c)
+                 for g, c in table.items()), reverse=True)
   return [f'  {key} x{c}: {jax_s[key] * 1e3:.2f} / {torch_s[key] * 1e3:.2f} ms, {d:+.3f} s'
           for d, key, c in rows[:top]]
 
@@ -183,12 +185,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
   p.add_argument('--child', default=None, help=argparse.SUPPRESS)
   p.add_argument('--table', default=None, help=argparse.SUPPRESS)
   a = p.parse_args(argv)
-  if a.allocator == 'mallopt' or os.environ.get('HMDLM_JAX_ALLOCATOR') == 'mallopt':
-    # This process's GEMMs and optimizer (and the torch child's) under the setting too, so that
-    # no product's time includes faulting in its output: the floor stays a floor.
-    from hmdlm_jax import runtime  # pylint: disable=g-import-not-at-top
-    runtime.configure_allocator()
-    os.environ['HMDLM_JAX_ALLOCATOR'] = 'mallopt'
+  if a.allocator == 'mallopt':  # the torch child inherits the request
+    from hmdlm_jax import runtime  # pylint: disable=g-import-not-at-top  (no JAX import)
+    os.environ[runtime.MARKER] = 'mallopt'
+  # This process's GEMMs and optimizer (and the torch child's) under the setting too, so that no
+  # product's time includes faulting in its output: the floor stays a floor.
+  sbs.apply_requested_allocator()
   if a.child == 'torch_gemms':
     table = {tuple(r[:4]): r[4] for r in json.loads(a.table)}
     print(json.dumps(time_gemms_torch(table, a.reps)))

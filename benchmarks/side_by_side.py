@@ -224,6 +224,13 @@ ALLOCATORS = ('default', 'glibc', 'tcmalloc', 'mallopt')
 BEFORE = 'before/'  # runner prefix: the same runner from --before_tree
 
 
+def apply_requested_allocator() -> None:
+  """In a child: applies the 'mallopt' setting when its parent asked for it (_child_env)."""
+  from hmdlm_jax import runtime  # pylint: disable=g-import-not-at-top  (no JAX import)
+  if os.environ.get(runtime.MARKER) == 'mallopt':
+    runtime.configure_allocator()
+
+
 def _child_env(allocator: str, root: str = _REPO) -> dict[str, str]:
   """The child's environment: the allocator settings of hmdlm_jax.runtime, or none ('default').
 
@@ -387,9 +394,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     trees[k] = os.path.abspath(os.path.expanduser(v))
 
   if a.child:
-    if os.environ.get('HMDLM_JAX_ALLOCATOR') == 'mallopt':
-      from hmdlm_jax import runtime  # pylint: disable=g-import-not-at-top
-      runtime.configure_allocator()  # before JAX starts its threads
+    apply_requested_allocator()  # before JAX starts its threads
     rec = run_child(a.child, a.shape, a.warmup, a.steps, trees)
     with open(a.json, 'w', encoding='utf-8') as f:
       json.dump(rec, f)
