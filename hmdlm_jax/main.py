@@ -23,7 +23,6 @@ without `--overwrite`. README.md's "Troubleshooting" lists the common errors.
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import sys
 from typing import Any, Sequence
@@ -40,25 +39,21 @@ from absl import app  # pylint: disable=wrong-import-position
 from absl import flags
 from absl import logging
 import jax
-import ml_collections
-from ml_collections import config_flags
 
-import configs
 from hmdlm_jax import config as config_lib
+from hmdlm_jax.config import loading as config_loading
 from hmdlm_jax import preflight
 from hmdlm_jax import sharding
 from hmdlm_jax import train
 from hmdlm_jax import workdir as workdir_lib
 from hmdlm_jax.evaluation import run as eval_run
 
-DEFAULT_CONFIG = os.path.join(os.path.dirname(os.path.abspath(configs.__file__)), 'sudoku.py')
+DEFAULT_CONFIG = config_loading.DEFAULT_CONFIG
 DEFAULT_WORKDIR = '/tmp/hmdlm_sudoku'
 MODES = preflight.MODES
 PREFIX = 'hmdlm_jax: error: '
 
-_CONFIG = config_flags.DEFINE_config_file(
-    'config', DEFAULT_CONFIG, 'Experiment config file (a Python file with get_config()).',
-    lock_config=True)
+_CONFIG = config_loading.define_config_flag(flags.FLAGS)
 _WORKDIR = flags.DEFINE_string('workdir', DEFAULT_WORKDIR,
                                'Run directory: checkpoints, metrics.jsonl, tb/, eval results.')
 _MODE = flags.DEFINE_enum('mode', 'train', MODES, 'What to do.')
@@ -153,94 +148,14 @@ def main(argv: list[str]) -> None:
     _fail(what + str(e), ' (--verbosity=1 prints the traceback)')
 
 
-# ---------------------------------------------------------------------------- the config file
-
-
-def _config_spec(argv: Sequence[str]) -> str:
-  """The value of the last --config flag (`--config=X` or `--config X`), else the default."""
-  spec = DEFAULT_CONFIG
-  for i, a in enumerate(argv):
-    if a.startswith('--config='):
-      spec = a[len('--config='):]
-    elif a == '--config' and i + 1 < len(argv):
-      spec = argv[i + 1]
-  return spec
-
-
-def load_config_file(spec: str) -> ml_collections.ConfigDict:
-  """`get_config()` of the file `spec` (or of `path:arg`, as ml_collections reads it), checked.
-
-  Raises:
-    ValueError naming the file: missing, a syntax error, failing to import, no get_config(), or
-    get_config() raising or not returning an ml_collections.ConfigDict.
-  """
-  path, arg = spec, None
-  if not os.path.isfile(path) and ':' in spec and os.path.isfile(spec.rsplit(':', 1)[0]):
-    path, arg = spec.rsplit(':', 1)
-  flag = f'--config={spec}'
-  if not os.path.isfile(path):
-    raise ValueError(f'{flag}: no such file; give an experiment file with get_config(), e.g. '
-                     '--config=configs/sudoku.py (the experiments are in configs/).')
-  try:
-    module_spec = importlib.util.spec_from_file_location('_hmdlm_checked_config', path)
-    module = importlib.util.module_from_spec(module_spec)
-    module_spec.loader.exec_module(module)
-  except SyntaxError as e:
-    raise ValueError(f'{flag}: syntax error at line {e.lineno}: {e.msg} '
-                     f'({(e.text or "").strip()!r}); fix the file.') from None
-  except Exception as e:  # pylint: disable=broad-except
-    raise ValueError(f'{flag}: importing it failed: {type(e).__name__}: {e}') from None
-  if not callable(getattr(module, 'get_config', None)):
-    raise ValueError(f'{flag} defines no get_config(); an experiment file returns its '
-                     'ml_collections.ConfigDict from get_config() (see configs/sudoku.py).')
-  try:
-    config = module.get_config() if arg is None else module.get_config(arg)
-  except Exception as e:  # pylint: disable=broad-except
-    raise ValueError(f'{flag}: get_config() raised {type(e).__name__}: {e}') from None
-  if not isinstance(config, ml_collections.ConfigDict):
-    raise ValueError(f'{flag}: get_config() returned {type(config).__name__}, not an '
-                     'ml_collections.ConfigDict; build it from configs.base.get_base_config().')
-  return config
-
-
-def _unknown_overrides(config: ml_collections.ConfigDict, argv: Sequence[str]) -> list[str]:
-  """The --config.a.b overrides of `argv` that name no field of `config`."""
-  bad = []
-  for a in argv:
-    name = a.split('=', 1)[0]
-    for prefix in ('--config.', '--noconfig.'):
-      if name.startswith(prefix):
-        node: Any = config
-        for part in name[len(prefix):].split('.'):
-          if not isinstance(node, (ml_collections.ConfigDict, dict)) or part not in node:
-            bad.append(name)
-            break
-          node = node[part]
-  return bad
-
-
 def parse_flags(argv: list[str]) -> list[str]:
-  """absl's flag parsing, with one `hmdlm_jax: error:` line (exit 1) for every mistake.
-
-  The config file is loaded and checked first (`load_config_file`); an override that
-  ml_collections rejects is reported by name (only the unknown ones), a bad value with absl's
-  message.
-  """
+  """absl's flag parsing, with one `hmdlm_jax: error:` line (exit 1) for every mistake
+  (hmdlm_jax/config/loading.py checks the config file first and names unknown overrides)."""
   try:
-    config = load_config_file(_config_spec(argv[1:]))
+    return config_loading.parse(flags.FLAGS, argv)
   except ValueError as e:
     _fail(e)
-  try:
-    rest = flags.FLAGS(argv)
-  except flags.Error as e:
-    _fail(e)
-  except (AttributeError, KeyError, TypeError, ValueError) as e:
-    bad = _unknown_overrides(config, argv[1:])
-    if bad:
-      _fail(f'unknown config field{"s" if len(bad) > 1 else ""} {", ".join(bad)}: no such key in '
-            f'{_config_spec(argv[1:])} (the schema of every field is configs/base.py).')
-    _fail(f'invalid config override: {type(e).__name__}: {e}')
-  return rest
+    raise  # unreachable: _fail exits
 
 
 if __name__ == '__main__':

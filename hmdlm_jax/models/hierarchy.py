@@ -49,7 +49,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from hmdlm_jax.config_pathway import GIVEN_SOURCES
+from hmdlm_jax.config.pathway import GIVEN_SOURCES
 from hmdlm_jax.models import layers
 from hmdlm_jax.models import sudoku_candidates
 from hmdlm_jax.models import sudoku_positions

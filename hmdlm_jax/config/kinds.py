@@ -14,10 +14,10 @@ from typing import Any, Callable, Mapping
 
 import ml_collections
 
-from hmdlm_jax import config_hdlm
-from hmdlm_jax import config_multimdm
-from hmdlm_jax.checks import check_int
-from hmdlm_jax.checks import is_int
+from hmdlm_jax.config import hdlm as config_hdlm
+from hmdlm_jax.config import multimdm as config_multimdm
+from hmdlm_jax.config.checks import check_int
+from hmdlm_jax.config.checks import is_int
 
 
 def resolve_mask_id(vocab_size: Any, mask_id: Any, extra_rows: int = 0) -> int:

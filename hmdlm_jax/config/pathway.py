@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from hmdlm_jax.checks import check_int
+from hmdlm_jax.config.checks import check_int
 
 HIER_READOUTS = ('head', 'rounds')
 HIER_ATTENTIONS = ('full', 'sudoku_units')

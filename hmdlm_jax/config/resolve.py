@@ -34,18 +34,18 @@ from typing import Any, Mapping
 
 import ml_collections
 
-from hmdlm_jax import config_kinds
-from hmdlm_jax.checks import check_bool as _check_bool
-from hmdlm_jax.checks import check_int as _check_int
-from hmdlm_jax.checks import check_number as _check_number
-from hmdlm_jax.checks import is_int as _is_int
+from hmdlm_jax.config import kinds as config_kinds
+from hmdlm_jax.config.checks import check_bool as _check_bool
+from hmdlm_jax.config.checks import check_int as _check_int
+from hmdlm_jax.config.checks import check_number as _check_number
+from hmdlm_jax.config.checks import is_int as _is_int
 # The HDLM and MultiMDM views and the per-kind rules live in leaf modules; re-exported here.
-from hmdlm_jax.config_hdlm import HDLMConfig
-from hmdlm_jax.config_hdlm import hdlm_cluster_rows
-from hmdlm_jax.config_kinds import noise_ids
-from hmdlm_jax.config_kinds import num_noise_rows
-from hmdlm_jax.config_multimdm import MultiMDMConfig
-from hmdlm_jax.config_pathway import check_pathway
+from hmdlm_jax.config.hdlm import HDLMConfig
+from hmdlm_jax.config.hdlm import hdlm_cluster_rows
+from hmdlm_jax.config.kinds import noise_ids
+from hmdlm_jax.config.kinds import num_noise_rows
+from hmdlm_jax.config.multimdm import MultiMDMConfig
+from hmdlm_jax.config.pathway import check_pathway
 
 VARIANTS = ('two_pass', 'single_pass')
 # What hmdlm_jax/models implements (tests/test_models.py checks the registries agree).

@@ -12,9 +12,9 @@ import dataclasses
 
 import ml_collections
 
-from hmdlm_jax.checks import check_bool
-from hmdlm_jax.checks import check_int
-from hmdlm_jax.checks import check_number
+from hmdlm_jax.config.checks import check_bool
+from hmdlm_jax.config.checks import check_int
+from hmdlm_jax.config.checks import check_number
 
 HDLM_FORCE = ('auto', 'within', 'between', 'none')
 HDLM_XI_LOSS = ('elbo', 'approx')

@@ -10,10 +10,10 @@ import dataclasses
 
 import ml_collections
 
-from hmdlm_jax.checks import check_bool as _check_bool
-from hmdlm_jax.checks import check_int as _check_int
-from hmdlm_jax.checks import check_number as _check_number
-from hmdlm_jax.checks import is_int as _is_int
+from hmdlm_jax.config.checks import check_bool as _check_bool
+from hmdlm_jax.config.checks import check_int as _check_int
+from hmdlm_jax.config.checks import check_number as _check_number
+from hmdlm_jax.config.checks import is_int as _is_int
 
 DISTILL_KL = ('reverse', 'forward')
 # The data kinds whose tokenizer defines the words (the masks go after them: data.mask_token).

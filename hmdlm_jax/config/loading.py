@@ -1,0 +1,131 @@
+"""Loading an experiment: a `configs/*.py` file plus `--config.a.b=value` overrides.
+
+The entry point, the scripts and the benchmarks all call `load` (one dialect: ml_collections'
+config flags), then `resolve` once. Every mistake is one ValueError naming the file or field.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+from typing import Any, Sequence
+
+from absl import flags
+import ml_collections
+from ml_collections import config_flags
+
+CONFIGS_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(
+    os.path.abspath(__file__)))), 'configs')
+DEFAULT_CONFIG = os.path.join(CONFIGS_DIR, 'sudoku.py')
+OVERRIDE_PREFIXES = ('--config.', '--noconfig.')
+
+
+def config_spec(argv: Sequence[str], default: str = DEFAULT_CONFIG) -> str:
+  """The value of the last --config flag (`--config=X` or `--config X`), else `default`."""
+  spec = default
+  for i, a in enumerate(argv):
+    if a.startswith('--config='):
+      spec = a[len('--config='):]
+    elif a == '--config' and i + 1 < len(argv):
+      spec = argv[i + 1]
+  return spec
+
+
+def load_file(spec: str) -> ml_collections.ConfigDict:
+  """`get_config()` of the file `spec` (or of `path:arg`, as ml_collections reads it), checked.
+
+  Raises:
+    ValueError naming the file: missing, a syntax error, failing to import, no get_config(), or
+    get_config() raising or not returning an ml_collections.ConfigDict.
+  """
+  path, arg = spec, None
+  if not os.path.isfile(path) and ':' in spec and os.path.isfile(spec.rsplit(':', 1)[0]):
+    path, arg = spec.rsplit(':', 1)
+  flag = f'--config={spec}'
+  if not os.path.isfile(path):
+    raise ValueError(f'{flag}: no such file; give an experiment file with get_config(), e.g. '
+                     '--config=configs/sudoku.py (the experiments are in configs/).')
+  try:
+    module_spec = importlib.util.spec_from_file_location('_hmdlm_checked_config', path)
+    module = importlib.util.module_from_spec(module_spec)
+    module_spec.loader.exec_module(module)
+  except SyntaxError as e:
+    raise ValueError(f'{flag}: syntax error at line {e.lineno}: {e.msg} '
+                     f'({(e.text or "").strip()!r}); fix the file.') from None
+  except Exception as e:  # pylint: disable=broad-except
+    raise ValueError(f'{flag}: importing it failed: {type(e).__name__}: {e}') from None
+  if not callable(getattr(module, 'get_config', None)):
+    raise ValueError(f'{flag} defines no get_config(); an experiment file returns its '
+                     'ml_collections.ConfigDict from get_config() (see configs/sudoku.py).')
+  try:
+    config = module.get_config() if arg is None else module.get_config(arg)
+  except Exception as e:  # pylint: disable=broad-except
+    raise ValueError(f'{flag}: get_config() raised {type(e).__name__}: {e}') from None
+  if not isinstance(config, ml_collections.ConfigDict):
+    raise ValueError(f'{flag}: get_config() returned {type(config).__name__}, not an '
+                     'ml_collections.ConfigDict; build it from configs.base.get_base_config().')
+  return config
+
+
+def unknown_overrides(config: ml_collections.ConfigDict, argv: Sequence[str]) -> list[str]:
+  """The --config.a.b overrides of `argv` that name no field of `config`."""
+  bad = []
+  for a in argv:
+    name = a.split('=', 1)[0]
+    for prefix in OVERRIDE_PREFIXES:
+      if name.startswith(prefix):
+        node: Any = config
+        for part in name[len(prefix):].split('.'):
+          if not isinstance(node, (ml_collections.ConfigDict, dict)) or part not in node:
+            bad.append(name)
+            break
+          node = node[part]
+  return bad
+
+
+def define_config_flag(flag_values: flags.FlagValues, default: str = DEFAULT_CONFIG,
+                       argv: Sequence[str] | None = None) -> Any:
+  """Defines `--config` (a config file with `--config.a.b=` overrides) on `flag_values`; the
+  overrides are read from `argv` (None: sys.argv, the command line)."""
+  return config_flags.DEFINE_config_file(
+      'config', default, 'Experiment config file (a Python file with get_config()).',
+      flag_values=flag_values, lock_config=True,
+      sys_argv=None if argv is None else list(argv))
+
+
+def parse(flag_values: flags.FlagValues, argv: Sequence[str],
+          default: str = DEFAULT_CONFIG) -> list[str]:
+  """absl's parsing of `argv` (argv[0] = the program) with the config checked first.
+
+  Returns the arguments absl leaves over. Raises ValueError: the config file's own problems
+  (`load_file`), an unknown override (named, with the schema to look in), a bad value.
+  """
+  spec = config_spec(argv[1:], default)
+  config = load_file(spec)
+  try:
+    return flag_values(list(argv))
+  except flags.Error as e:
+    raise ValueError(str(e)) from None
+  except (AttributeError, KeyError, TypeError, ValueError) as e:
+    bad = unknown_overrides(config, argv[1:])
+    if bad:
+      raise ValueError(f'unknown config field{"s" if len(bad) > 1 else ""} {", ".join(bad)}: no '
+                       f'such key in {spec} (every field is listed in configs/base.py).') from None
+    raise ValueError(f'invalid config override: {type(e).__name__}: {e}') from None
+
+
+def load(spec: str, overrides: Sequence[str] = ()) -> ml_collections.ConfigDict:
+  """The experiment `spec` (a configs/*.py path, or `path:arg`) with `--config.a.b=value`
+  overrides applied, as `python -m hmdlm_jax.main` reads them (not yet resolved).
+
+  Raises:
+    ValueError naming the file or the override.
+  """
+  bad = [o for o in overrides if not o.startswith(OVERRIDE_PREFIXES)]
+  if bad:
+    raise ValueError(f'{bad[0]!r}: overrides are written --config.section.field=value.')
+  argv = ['load', f'--config={spec}', *overrides]
+  fv = flags.FlagValues()
+  holder = define_config_flag(fv, spec, argv)
+  parse(fv, argv, spec)
+  return holder.value
