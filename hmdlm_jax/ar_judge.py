@@ -31,15 +31,11 @@ import hashlib
 import json
 import os
 import pathlib
-import sys
 from typing import Any, Sequence
 
-from absl import flags
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
-import ml_collections
-from ml_collections import config_flags
 import numpy as np
 import optax
 
@@ -110,21 +106,14 @@ def _nll(logits: jax.Array, tokens: jax.Array, weight: jax.Array) -> jax.Array:
 # ------------------------------------------------------------------------------ data and cache
 
 
-def judge_data_config(config: ml_collections.ConfigDict, judge: JudgeConfig
-                      ) -> ml_collections.ConfigDict:
-  """The experiment config as the judge reads it: its data, the judge's batch, levels unused."""
-  c = config_lib.resolve(config)
-  with c.unlocked():
-    c.data.batch_size = judge.batch_size
-    c.data.hierarchy = 'none'
-    c.model.num_levels = 1
-    c.schedule.offsets = (0.0,)
-    rows = config_lib.num_noise_rows(c)
-    if rows > 1:  # MultiMDM's masks -> the tokenizer's rows + its MASK row (never used here)
-      c.model.vocab_size = c.model.vocab_size - rows + 1
-      c.model.mask_id = -1
-    c.process.kind = 'mdlm'
-  return config_lib.resolve(c)
+def judge_data_config(config: config_lib.Config, judge: JudgeConfig) -> config_lib.Config:
+  """The experiment config as the judge reads it: its data, the judge's batch, no levels, and
+  one MASK row (MultiMDM's masks become the tokenizer's rows + its MASK row, never used here)."""
+  vocab = config.model.vocab_size - config_lib.num_noise_rows(config) + 1
+  return config.replace(**{
+      'data.batch_size': judge.batch_size, 'data.hierarchy': 'none', 'model.num_levels': 1,
+      'schedule.offsets': (0.0,), 'model.vocab_size': vocab,
+      'model.mask_id': vocab - 1 - config.model.extra_vocab_rows, 'process.kind': 'mdlm'})
 
 
 def _hash_path(h: Any, path: str) -> None:
@@ -136,11 +125,11 @@ def _hash_path(h: Any, path: str) -> None:
       h.update(f.read_bytes())
 
 
-def fingerprint(config: ml_collections.ConfigDict, judge: JudgeConfig) -> str:
+def fingerprint(config: config_lib.Config, judge: JudgeConfig) -> str:
   """sha256 of the training data files, the tokenizer file, the data config and the judge."""
   h = hashlib.sha256()
   d = config.data
-  h.update(json.dumps({'v': VERSION, 'data': json.loads(d.to_json_best_effort()),
+  h.update(json.dumps({'v': VERSION, 'data': config_lib.to_dict(d),
                        'judge': dataclasses.asdict(judge)}, sort_keys=True).encode())
   for path in (d.train_path, d.test_path, d.tokenizer):
     if path and os.path.exists(path):
@@ -183,7 +172,7 @@ class ARJudge:
     return [nll[n][weight[n, 1:] > 0] for n in range(len(texts))]
 
 
-def train_judge(config: ml_collections.ConfigDict, cfg: JudgeConfig, *, log_every: int = 200
+def train_judge(config: config_lib.Config, cfg: JudgeConfig, *, log_every: int = 200
                 ) -> tuple[Any, list[dict[str, float]]]:
   """Trains the judge on the config's train split: (params, log of {'step', 'loss'})."""
   c = judge_data_config(config, cfg)
@@ -219,7 +208,7 @@ def train_judge(config: ml_collections.ConfigDict, cfg: JudgeConfig, *, log_ever
   return params, log
 
 
-def load_or_train(config: ml_collections.ConfigDict, cfg: JudgeConfig = JudgeConfig(), *,
+def load_or_train(config: config_lib.Config, cfg: JudgeConfig = JudgeConfig(), *,
                   cache_dir: str) -> ARJudge:
   """The judge of `config`'s data from `cache_dir`, trained there first if absent."""
   c = judge_data_config(config, cfg)
@@ -235,7 +224,7 @@ def load_or_train(config: ml_collections.ConfigDict, cfg: JudgeConfig = JudgeCon
     os.replace(tmp, path)
     with open(path[:-4] + '.json', 'w', encoding='utf-8') as f:
       json.dump({'fingerprint': key, 'judge': dataclasses.asdict(cfg), 'train_log': log,
-                 'data': json.loads(c.data.to_json_best_effort())}, f, indent=2)
+                 'data': config_lib.to_dict(c.data)}, f, indent=2)
   tok = tokenizers.tokenizer_from_config(c.data)
   return ARJudge(params, tok, int(c.model.vocab_size), int(c.model.seq_len), cfg,
                  name=f'ar_judge:{key[:8]}')
@@ -246,7 +235,7 @@ def judge_report(texts: Sequence[str], judge: ARJudge) -> dict[str, Any]:
   return generative_metrics.gen_ppl_report(list(texts), scorer=judge)
 
 
-def test_split_perplexity(judge: ARJudge, config: ml_collections.ConfigDict) -> dict[str, float]:
+def test_split_perplexity(judge: ARJudge, config: config_lib.Config) -> dict[str, float]:
   """The judge's own perplexity on the config's test split (a sanity figure for its quality)."""
   c = judge_data_config(config, judge.cfg)
   total, count = 0.0, 0
@@ -267,11 +256,10 @@ def main(argv: Sequence[str] | None = None) -> None:
   for f in dataclasses.fields(JudgeConfig):
     parser.add_argument(f'--{f.name}', type=type(f.default), default=f.default)
   args, rest = parser.parse_known_args(argv)
-  flag = config_flags.DEFINE_config_file('config', args.config, lock_config=True)
-  flags.FLAGS([sys.argv[0]] + [a for a in rest if a.startswith('--config.')])
+  config = config_lib.resolve(config_lib.load(args.config, rest))
   judge_cfg = JudgeConfig(**{f.name: getattr(args, f.name) for f in dataclasses.fields(JudgeConfig)})
-  judge = load_or_train(flag.value, judge_cfg, cache_dir=args.cache_dir)
-  print(json.dumps({'judge': judge.name, **test_split_perplexity(judge, flag.value)}))
+  judge = load_or_train(config, judge_cfg, cache_dir=args.cache_dir)
+  print(json.dumps({'judge': judge.name, **test_split_perplexity(judge, config)}))
 
 
 __all__ = ['ARJudge', 'CausalLM', 'JudgeConfig', 'judge_report', 'load_or_train',

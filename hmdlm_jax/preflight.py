@@ -33,7 +33,6 @@ import os
 from typing import Any, Sequence
 
 import jax
-import ml_collections
 
 from hmdlm_jax import checkpoint as ckpt_lib
 from hmdlm_jax import config as config_lib
@@ -54,14 +53,14 @@ class Plan:
   """A checked run. step: train, the checkpoint resumed from (None: a fresh start); eval / sample,
   the checkpoint used. out_dir: eval / sample, where outputs go (None for train)."""
   mode: str
-  config: ml_collections.ConfigDict
+  config: config_lib.Config
   task: tasks_base.Task
   workdir: str
   step: int | None
   out_dir: str | None
 
 
-def _abstract_state(config: ml_collections.ConfigDict) -> Any:
+def _abstract_state(config: config_lib.Config) -> Any:
   model = models.build_model(config.model)
   return train.state_shardings(config, model, sharding.make_mesh(config.mesh))[0]
 
@@ -79,7 +78,7 @@ def _stored_config(ckpt: ckpt_lib.Checkpointer, workdir: str, step: int) -> tupl
     return None, ''
 
 
-def check_resume(config: ml_collections.ConfigDict, workdir: str, *,
+def check_resume(config: config_lib.Config, workdir: str, *,
                  resume_with_changes: bool = False) -> int | None:
   """The step a training run in `workdir` resumes from (None: a fresh start), checked."""
   if not os.path.isdir(os.path.join(workdir, 'checkpoints')):
@@ -103,14 +102,14 @@ def check_resume(config: ml_collections.ConfigDict, workdir: str, *,
     ckpt.close()
 
 
-def check_init(config: ml_collections.ConfigDict) -> None:
+def check_init(config: config_lib.Config) -> None:
   """init.mdlm_checkpoint / init.workdir (when set) is readable and fits the model's parameters
   (a warm start across processes, hmdlm_jax/warm_start.py, maps the vocabulary rows first)."""
   if warm_start.requested(config):
     warm_start.check(config)
 
 
-def check_checkpoint(config: ml_collections.ConfigDict, workdir: str, step: int | None) -> int:
+def check_checkpoint(config: config_lib.Config, workdir: str, step: int | None) -> int:
   """The checkpoint step an eval / sample run reads (`step`, None: the latest), checked."""
   ckpt = ckpt_lib.Checkpointer(workdir, config.train, read_only=True)
   try:
@@ -130,14 +129,13 @@ def check_checkpoint(config: ml_collections.ConfigDict, workdir: str, step: int 
     ckpt.close()
 
 
-def check(mode: str, config: ml_collections.ConfigDict, workdir: str, *,
+def check(mode: str, config: config_lib.Config, workdir: str, *,
           step: int | None = None, puzzles: Sequence[str] | None = None,
           puzzle_file: str | None = None, out: str | None = None, overwrite: bool = False,
           resume_with_changes: bool = False) -> Plan:
   """Checks a run of `mode` (module docstring); raises ValueError, writes nothing."""
   if mode not in MODES:
     raise ValueError(f'--mode={mode!r} is not one of {MODES}.')
-  config = config_lib.resolve(config)
   task = tasks.get(config)
   task.validate(config)
   train.validate_config(config)

@@ -42,7 +42,6 @@ import flax.linen as nn
 import jax
 from jax.experimental import multihost_utils
 import jax.numpy as jnp
-import ml_collections
 import numpy as np
 import optax
 from absl import logging
@@ -93,7 +92,7 @@ class TrainState:
 # ----------------------------------------------------------------------------- config
 
 
-def validate_config(config: ml_collections.ConfigDict) -> None:
+def validate_config(config: config_lib.Config) -> None:
   """What the config alone cannot tell: the batch against the process count (ValueError)."""
   t = config.train
   b = int(config.data.batch_size)
@@ -108,7 +107,7 @@ def validate_config(config: ml_collections.ConfigDict) -> None:
 # ----------------------------------------------------------------------------- state
 
 
-def _init_state(config: ml_collections.ConfigDict, model: nn.Module,
+def _init_state(config: config_lib.Config, model: nn.Module,
                 optimizer: optax.GradientTransformation) -> TrainState:
   """The initial state from config.seed (traced under jit / eval_shape)."""
   root = jax.random.PRNGKey(int(config.seed))
@@ -120,7 +119,7 @@ def _init_state(config: ml_collections.ConfigDict, model: nn.Module,
       skipped_steps=jnp.zeros((), jnp.int32))
 
 
-def state_shardings(config: ml_collections.ConfigDict, model: nn.Module, mesh: jax.sharding.Mesh,
+def state_shardings(config: config_lib.Config, model: nn.Module, mesh: jax.sharding.Mesh,
                     optimizer: optax.GradientTransformation | None = None
                     ) -> tuple[TrainState, TrainState]:
   """(abstract state with shardings attached, sharding tree) for `TrainState`.
@@ -143,7 +142,7 @@ def state_shardings(config: ml_collections.ConfigDict, model: nn.Module, mesh: j
   return abstract, sh
 
 
-def create_train_state(config: ml_collections.ConfigDict, mesh: jax.sharding.Mesh,
+def create_train_state(config: config_lib.Config, mesh: jax.sharding.Mesh,
                        model: nn.Module | None = None) -> tuple[TrainState, TrainState]:
   """Initial TrainState, created directly in its shardings (eval_shape -> shardings -> jit).
 
@@ -160,13 +159,12 @@ def create_train_state(config: ml_collections.ConfigDict, mesh: jax.sharding.Mes
   return state, sh
 
 
-def restore_for_eval(config: ml_collections.ConfigDict, workdir: str, step: int | None = None
+def restore_for_eval(config: config_lib.Config, workdir: str, step: int | None = None
                      ) -> tuple[TrainState, int]:
   """(TrainState, step) of checkpoint `step` (default latest) of DIR, for evaluation/sampling.
 
   Restores on the config's mesh (`config.mesh`, all devices); nothing in DIR is written.
   """
-  config = config_lib.resolve(config)
   mesh = shd.make_mesh(config.mesh)
   abstract, _ = state_shardings(config, models.build_model(config.model), mesh)
   ckpt = ckpt_lib.Checkpointer(workdir, config.train, read_only=True)
@@ -183,7 +181,7 @@ def restore_for_eval(config: ml_collections.ConfigDict, workdir: str, step: int 
 # ----------------------------------------------------------------------------- step
 
 
-def make_train_step(config: ml_collections.ConfigDict, model: nn.Module,
+def make_train_step(config: config_lib.Config, model: nn.Module,
                     process: processes.Process, mesh: jax.sharding.Mesh,
                     shardings: TrainState | None = None) -> Callable[..., Any]:
   """The jitted step `(state, batch) -> (state, metrics)`; `state` is donated.
@@ -298,10 +296,10 @@ def _scalar_items(d: Mapping[str, Any]) -> dict[str, float]:
   return out
 
 
-EvalFn = Callable[[ml_collections.ConfigDict, TrainState, int, str], Mapping[str, Any]]
+EvalFn = Callable[[config_lib.Config, TrainState, int, str], Mapping[str, Any]]
 
 
-def run_evaluation(config: ml_collections.ConfigDict, state: TrainState, step: int, workdir: str,
+def run_evaluation(config: config_lib.Config, state: TrainState, step: int, workdir: str,
                    writer: metrics_lib.MetricsWriter, hook: EvalFn | None) -> dict[str, Any]:
   """Calls the evaluation hook and logs its scalars (+ eval_time_s) with split='eval'."""
   if hook is None:
@@ -335,7 +333,7 @@ def _write_summary(workdir: str, step: int, stop_reason: str, train_step: Any,
 # ----------------------------------------------------------------------------- main loop
 
 
-def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *, train_iter: Any,
+def train_and_evaluate(config: config_lib.Config, workdir: str, *, train_iter: Any,
                        eval_fn: EvalFn | None = None) -> dict[str, Any]:
   """Trains (resuming from DIR/checkpoints when present) and evaluates; returns final metrics.
 

@@ -38,7 +38,6 @@ import flax.linen as nn
 import jax
 from jax.experimental import multihost_utils
 import jax.numpy as jnp
-import ml_collections
 import numpy as np
 import orbax.checkpoint as ocp
 from absl import logging
@@ -57,17 +56,17 @@ class Layout:
   mask_rows: tuple[int, ...]
 
 
-def layout_of(config: ml_collections.ConfigDict) -> Layout:
+def layout_of(config: config_lib.Config) -> Layout:
   """The vocabulary layout of a resolved experiment config (MultiMDM: its M masks; else MASK)."""
   return Layout(int(config.model.vocab_size), config_lib.noise_ids(config))
 
 
-def requested(config: ml_collections.ConfigDict) -> bool:
+def requested(config: config_lib.Config) -> bool:
   """Whether the config initialises from elsewhere (`init.workdir` or `init.mdlm_checkpoint`)."""
   return bool(config.init.workdir) or bool(config.init.mdlm_checkpoint)
 
 
-def maps_rows(config: ml_collections.ConfigDict) -> bool:
+def maps_rows(config: config_lib.Config) -> bool:
   """Whether the source's vocabulary rows are mapped leaf by leaf (`adapt`): a run directory, or
   an MDLM file into a table with several noise rows (MultiMDM's masks: the MASK row is copied into
   each). One noise row is MDLM's own layout: `convert_mdlm.init_from_mdlm` merges it."""
@@ -78,12 +77,12 @@ def maps_rows(config: ml_collections.ConfigDict) -> bool:
 # ------------------------------------------------------------------------------------ sources
 
 
-def _source_dirs(workdir: str) -> tuple[ml_collections.ConfigDict, str, int]:
+def _source_dirs(workdir: str) -> tuple[config_lib.Config, str, int]:
   """(DIR's config, its latest checkpoint's state folder, that step); ValueError if unusable."""
   path = os.path.join(workdir, 'config.json')
   try:
     with open(path, encoding='utf-8') as f:
-      source = ml_collections.ConfigDict(json.load(f))
+      source = config_lib.from_record(json.load(f))
   except (OSError, ValueError) as e:
     raise ValueError(f'init.workdir={workdir!r}: cannot read {path} ({e}).') from e
   ckpt_dir = os.path.join(os.path.abspath(workdir), 'checkpoints')
@@ -227,10 +226,9 @@ def vocab_axes_of(model: nn.Module, seq_len: int) -> dict[str, int | None]:
 # ---------------------------------------------------------------------------------- entry point
 
 
-def check(config: ml_collections.ConfigDict) -> None:
+def check(config: config_lib.Config) -> None:
   """What `load` would raise, before anything is initialised (preflight): the source is readable
   and fits the model (shapes only: Orbax metadata / `convert_mdlm.pretrained_shapes`)."""
-  config = config_lib.resolve(config)
   ini = config.init
   model = models.build_model(config.model)
   seq_len = int(config.model.seq_len)
@@ -262,9 +260,8 @@ def check(config: ml_collections.ConfigDict) -> None:
     raise ValueError(f'{what}: {e}') from None
 
 
-def load(config: ml_collections.ConfigDict, fresh: PyTree) -> tuple[PyTree, str]:
+def load(config: config_lib.Config, fresh: PyTree) -> tuple[PyTree, str]:
   """The warm-start parameters (numpy) for `fresh`'s shapes, and a description of the source."""
-  config = config_lib.resolve(config)
   dst = layout_of(config)
   ini = config.init
   if not maps_rows(config):  # MDLM's own layout: backbone and token head, hierarchy kept fresh
@@ -286,7 +283,7 @@ def load(config: ml_collections.ConfigDict, fresh: PyTree) -> tuple[PyTree, str]
   return params, what
 
 
-def apply(config: ml_collections.ConfigDict, state: Any, shardings: Any) -> Any:
+def apply(config: config_lib.Config, state: Any, shardings: Any) -> Any:
   """`state` (a TrainState) with params and EMA replaced by the warm start, in their shardings.
 
   Every process reads the source and places its own shards.

@@ -28,7 +28,6 @@ replaced without --overwrite.
 
 from __future__ import annotations
 
-import copy
 import datetime
 import json
 import os
@@ -36,7 +35,6 @@ import tempfile
 from typing import Any, Iterable, Mapping, Sequence
 
 import jax
-import ml_collections
 
 from hmdlm_jax import config as config_lib
 
@@ -47,9 +45,9 @@ RESUME_FIELDS = ('seed', 'process.', 'model.', 'schedule.', 'loss.', 'optim.', '
 RESUME_FREE = ('schedule.check_ordering',)  # checked on the sampling grid only
 
 
-def config_to_dict(config: ml_collections.ConfigDict) -> dict[str, Any]:
+def config_to_dict(config: config_lib.Config) -> dict[str, Any]:
   """JSON-ready nested dict (tuples become lists)."""
-  return json.loads(config.to_json_best_effort())
+  return json.loads(json.dumps(config_lib.to_dict(config)))
 
 
 # ------------------------------------------------------------------------------------ directories
@@ -145,34 +143,13 @@ def _flat(tree: Mapping[str, Any], prefix: str = '') -> dict[str, Any]:
   return out
 
 
-def _resolved_stored(stored: Mapping[str, Any], config: ml_collections.ConfigDict
-                     ) -> dict[str, Any]:
-  """The stored config as this code resolves it (older records kept e.g. mask_id=-1); the raw
-  stored values when it no longer resolves."""
-  raw = json.loads(json.dumps(stored))
-  try:
-    merged = copy.deepcopy(config)
-    with merged.unlocked():
-      for key, value in _flat(raw).items():
-        section, _, name = key.rpartition('.')
-        node = merged
-        for part in section.split('.') if section else ():
-          node = node[part]
-        if name in node:
-          old = node[name]
-          node[name] = tuple(value) if isinstance(old, tuple) and isinstance(value, list) else value
-    return _flat(config_to_dict(config_lib.resolve(merged)))
-  except (AttributeError, KeyError, TypeError, ValueError):
-    return _flat(raw)
-
-
-def config_changes(stored: Mapping[str, Any] | None, config: ml_collections.ConfigDict
+def config_changes(stored: Mapping[str, Any] | None, config: config_lib.Config
                    ) -> list[str]:
   """'field: stored -> now' for every RESUME_FIELDS field where `config` (resolved) differs from
   the `stored` config dict of a checkpoint; fields absent from either side are skipped."""
   if not stored:
     return []
-  old = _resolved_stored(stored, config)
+  old = _flat(json.loads(json.dumps(stored)))
   new = _flat(config_to_dict(config))
   keys = [k for k in new if k in old and k not in RESUME_FREE
           and any(k == f or (f.endswith('.') and k.startswith(f)) for f in RESUME_FIELDS)]
@@ -189,7 +166,7 @@ def _atomic_write(path: str, text: str) -> None:
   os.replace(tmp, path)
 
 
-def start_run(config: ml_collections.ConfigDict, directory: str, mode: str, *, workdir: str,
+def start_run(config: config_lib.Config, directory: str, mode: str, *, workdir: str,
               step: int, write_config: bool, argv: Sequence[str] | None = None) -> None:
   """Creates `directory`, writes config.json/.yaml when `write_config` and appends the run's line
   to runs.jsonl (module docstring); process 0 only."""

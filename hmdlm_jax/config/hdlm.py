@@ -25,6 +25,33 @@ HDLM_CLUSTER_DRAW = ('clean', 'perturbed', 'aux')
 
 
 @dataclasses.dataclass(frozen=True)
+class HDLMSection:
+  """`process.hdlm`: HDLM (process.kind='hdlm'; needs model.num_levels=1). The token table is
+  words, MASK, then the num_clusters cluster tokens as its LAST rows: model.vocab_size = words +
+  1 + num_clusters (one cluster is identified with MASK: vocab_size = words + 1, exactly MDLM
+  for gamma = 1)."""
+  num_clusters: int = 64  # n; the paper's best are 64-128 for GPT-2's 50k tokens
+  gamma: float = 1.0  # α_t = (1 - t)^γ (γ = 1: the paper's OWT runs)
+  eps: float = 1e-4  # time floor: the process runs on τ = (1 - eps) t, so α(1) = eps^γ
+  xi: float = 1.0  # stochastic perturbation: own cluster w.p. ξ, each other w.p. (1-ξ)/(n-1)
+  clusters: str = ''  # token -> cluster .npz (python -m hmdlm_jax.data.clusters); '' = fallback
+  fallback: str = 'id'  # without `clusters`: 'id' (contiguous id blocks) | 'error'
+  force: str = 'auto'  # cluster positions: 'auto' (within for ξ = 1, between for ξ < 1) | 'within'
+  #                   | 'between' | 'none'
+  xi_loss: str = 'elbo'  # ξ < 1 training loss: 'elbo' (exact) | 'approx' (the authors' simplified)
+  hard_training: bool = False  # ablation: word CE instead of cluster CE at MASK positions
+  clip_weights: bool = False  # training only: clip w_m, w_c to [weight_min, weight_max]
+  weight_min: float = 0.0  # (γ = 1 with weight_max = 2: both weights are always 2)
+  weight_max: float = 2.0
+  sampler: str = 'first_order'  # 'first_order' (the authors' jumps) | 'posterior' (exact posterior)
+  final_step: str = 'argmax'  # last reverse step: 'argmax' (the authors') | 'sample'
+  cluster_draw: str = 'clean'  # MASK -> cluster from 'clean' P_θ (authors') | 'perturbed' Q_θ (ξ < 1)
+  #                           | 'aux' the auxiliary cluster head (needs aux_weight > 0)
+  aux_weight: float = 0.0  # > 0: an auxiliary cluster head [B, L, n] trained by this weight × its
+  #                     cross-entropy at MASK positions (the authors' option; off in every config)
+
+
+@dataclasses.dataclass(frozen=True)
 class HDLMConfig:
   """Static settings of the HDLM process (`process.hdlm.*`, docs/method.md §13.1); hashable.
 
@@ -51,22 +78,22 @@ class HDLMConfig:
     t_min, antithetic: t ~ U(t_min, 1), stratified across the batch (loss section).
     mask_id, vocab_size: resolved MASK id and the table size (words + MASK + clusters).
   """
-  num_clusters: int = 64
-  gamma: float = 1.0
-  eps: float = 1e-4
-  xi: float = 1.0
-  clusters: str = ''
-  fallback: str = 'id'
+  num_clusters: int = HDLMSection.num_clusters
+  gamma: float = HDLMSection.gamma
+  eps: float = HDLMSection.eps
+  xi: float = HDLMSection.xi
+  clusters: str = HDLMSection.clusters
+  fallback: str = HDLMSection.fallback
   force: str = 'within'
-  xi_loss: str = 'elbo'
-  hard_training: bool = False
-  clip_weights: bool = False
-  weight_min: float = 0.0
-  weight_max: float = 2.0
-  sampler: str = 'first_order'
-  final_step: str = 'argmax'
-  cluster_draw: str = 'clean'
-  aux_weight: float = 0.0
+  xi_loss: str = HDLMSection.xi_loss
+  hard_training: bool = HDLMSection.hard_training
+  clip_weights: bool = HDLMSection.clip_weights
+  weight_min: float = HDLMSection.weight_min
+  weight_max: float = HDLMSection.weight_max
+  sampler: str = HDLMSection.sampler
+  final_step: str = HDLMSection.final_step
+  cluster_draw: str = HDLMSection.cluster_draw
+  aux_weight: float = HDLMSection.aux_weight
   t_min: float = 1e-4
   antithetic: bool = True
   mask_id: int = 0
@@ -129,7 +156,7 @@ class HDLMConfig:
                hard_training=h.hard_training, clip_weights=h.clip_weights,
                weight_min=h.weight_min, weight_max=h.weight_max, sampler=h.sampler,
                final_step=h.final_step, cluster_draw=h.cluster_draw,
-               aux_weight=h.get('aux_weight', 0.0),
+               aux_weight=h.aux_weight,
                t_min=config.loss.t_min, antithetic=config.loss.antithetic,
                mask_id=config.model.mask_id, vocab_size=config.model.vocab_size)
 
@@ -144,7 +171,7 @@ def derived_model_fields(config: ml_collections.ConfigDict) -> dict[str, int]:
   `cluster_head` = n outputs of the auxiliary cluster head when process.hdlm.aux_weight > 0."""
   h = config.process.hdlm
   check_int('process.hdlm.num_clusters', h.num_clusters, minimum=1)
-  aux = check_number('process.hdlm.aux_weight', h.get('aux_weight', 0.0), lo=0.0)
+  aux = check_number('process.hdlm.aux_weight', h.aux_weight, lo=0.0)
   return {'extra_vocab_rows': hdlm_cluster_rows(h.num_clusters),
           'cluster_head': h.num_clusters if aux > 0 else 0}
 

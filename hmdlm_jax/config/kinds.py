@@ -34,7 +34,7 @@ def resolve_mask_id(vocab_size: Any, mask_id: Any, extra_rows: int = 0) -> int:
 def _mask(config: ml_collections.ConfigDict) -> tuple[int, ...]:
   """The one MASK row: model.mask_id (-1 = the last row before HDLM's cluster rows)."""
   m = config.model
-  return (resolve_mask_id(m.vocab_size, m.mask_id, m.get('extra_vocab_rows', 0)),)
+  return (resolve_mask_id(m.vocab_size, m.mask_id, m.extra_vocab_rows),)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -21,6 +21,30 @@ TEXT_DATA_KINDS = ('text', 'lm1b', 'wikihow')
 
 
 @dataclasses.dataclass(frozen=True)
+class MultiMDMSection:
+  """`process.multimdm`: MultiMDM (process.kind='multimdm'; model.num_levels=1). Ids: words 0..V-1,
+  masks V..V+M-1 with V = model.vocab_size - num_masks; model.mask_id must be one of the mask
+  ids (-1: the last)."""
+  num_masks: int = 50  # M (the paper's LM1B/OWT value); M = 1 is MDLM
+  designated: str = 'mod'  # m_x = x mod M, or a .npy / .txt file of V ints in [0, M) (e.g. clusters)
+  alpha: str = 'linear'  # α_t: 'linear' (1 - t) | 'power' ((1 - t)^p) | 'cosine'
+  alpha_power: float = 1.0
+  beta: str = 'linear'  # β_t: the same curves or 'alpha_power' (β = α^ρ, ρ = beta_power)
+  beta_power: float = 1.0
+  # Curriculum: weight of the identification term (3.6) = 0 before curriculum_start, then a linear
+  # ramp to 1 over curriculum_steps optimiser steps (0 = full weight from curriculum_start).
+  curriculum_start: int = 0
+  curriculum_steps: int = 0
+  # Consistency distillation (Algorithm 3): the loss becomes (3.11) against the EMA network.
+  distill: bool = False
+  distill_kl: str = 'reverse'  # 'reverse' KL(f_t || f̄_s) (App. C.2, the paper's runs) | 'forward' (3.11)
+  # Step size δ_k = min(delta_init · 2^floor(k / delta_double_every), delta_max) (App. C.2).
+  delta_init: float = 2.0 ** -9
+  delta_double_every: int = 10_000
+  delta_max: float = 2.0 ** -5
+
+
+@dataclasses.dataclass(frozen=True)
 class MultiMDMConfig:
   """Static MultiMDM settings (`process.multimdm.*`, docs/method.md §13.2); hashable.
 
@@ -36,18 +60,18 @@ class MultiMDMConfig:
   """
   num_masks: int
   num_words: int
-  designated: str = 'mod'
-  alpha: str = 'linear'
-  alpha_power: float = 1.0
-  beta: str = 'linear'
-  beta_power: float = 1.0
-  curriculum_start: int = 0
-  curriculum_steps: int = 0
-  distill: bool = False
-  distill_kl: str = 'reverse'
-  delta_init: float = 2.0 ** -9
-  delta_double_every: int = 10_000
-  delta_max: float = 2.0 ** -5
+  designated: str = MultiMDMSection.designated
+  alpha: str = MultiMDMSection.alpha
+  alpha_power: float = MultiMDMSection.alpha_power
+  beta: str = MultiMDMSection.beta
+  beta_power: float = MultiMDMSection.beta_power
+  curriculum_start: int = MultiMDMSection.curriculum_start
+  curriculum_steps: int = MultiMDMSection.curriculum_steps
+  distill: bool = MultiMDMSection.distill
+  distill_kl: str = MultiMDMSection.distill_kl
+  delta_init: float = MultiMDMSection.delta_init
+  delta_double_every: int = MultiMDMSection.delta_double_every
+  delta_max: float = MultiMDMSection.delta_max
   t_min: float = 1e-3
   antithetic: bool = True
 

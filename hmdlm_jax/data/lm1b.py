@@ -129,7 +129,7 @@ def lm1b_pieces(record: dict[str, Any]) -> list[tuple[str, int]]:
 def check_lm1b_config(config: Any) -> tokenizers_lib.TextTokenizer:
   """What LM1B checks before reading data (fields, tokenizer, the TFDS folder); the tokenizer."""
   tok = text_lib.text_tokenizer(config, allowed_rules=('frequency', 'none'))
-  data_dir = config.data.get('tfds_data_dir', '')
+  data_dir = config.data.tfds_data_dir
   if not data_dir:
     raise ValueError(f'config.data.tfds_data_dir is empty: LM1B is read from a prepared TFDS '
                      f'data_dir. {PREPARE_HINT}')
@@ -143,9 +143,9 @@ def make_lm1b_dataset(config: Any, split: str, *, seed: int, process_index: int,
                       process_count: int) -> grain.IterDataset:
   """LM1B batches {tokens, levels, given, loss_mask} [B, L] (module docstring)."""
   tok = check_lm1b_config(config)
-  source = lm1b_source(config.data.get('tfds_data_dir', ''), split)
+  source = lm1b_source(config.data.tfds_data_dir, split)
   encode = text_lib.EncodeRows(tok, lm1b_pieces, text_lib.data_seq_len(config),
-                               config.data.get('overlong', 'truncate'))
+                               config.data.overlong)
   return text_lib.batched_dataset(source, encode, config, split, seed=seed,
                                   process_index=process_index, process_count=process_count)
 

@@ -25,8 +25,9 @@ import json
 from typing import Any
 
 import grain
-import ml_collections
 import numpy as np
+
+from hmdlm_jax import config as config_lib
 
 
 def read_utf8(path: Any, *, prefix: str, hint: str) -> str:
@@ -79,19 +80,19 @@ def derive_seeds(seed: int, split: str, n: int) -> list[int]:
   return [int(s) for s in state]
 
 
-def loader_options(config: ml_collections.ConfigDict) -> tuple[int, int, int]:
+def loader_options(config: config_lib.Config) -> tuple[int, int, int]:
   """(data.num_workers, data.read_threads, data.prefetch_batches), checked to be >= 0."""
   d = config.data
-  workers = int(d.get('num_workers', 0))
-  threads = int(d.get('read_threads', 1))
-  buffer = int(d.get('prefetch_batches', 4))
+  workers = int(d.num_workers)
+  threads = int(d.read_threads)
+  buffer = int(d.prefetch_batches)
   if workers < 0 or threads < 0 or buffer < 0:
     raise ValueError(f'data.num_workers, data.read_threads, data.prefetch_batches must be >= 0, '
                      f'got {workers}, {threads}, {buffer}')
   return workers, threads, buffer
 
 
-def finalize(ds: grain.MapDataset, config: ml_collections.ConfigDict) -> grain.IterDataset:
+def finalize(ds: grain.MapDataset, config: config_lib.Config) -> grain.IterDataset:
   """MapDataset of batches -> IterDataset with thread prefetch, or worker processes.
 
   `data.num_workers > 0` uses that many worker processes (`mp_prefetch`); otherwise

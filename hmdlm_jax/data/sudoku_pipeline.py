@@ -9,9 +9,9 @@ import os
 
 import chex
 import grain
-import ml_collections
 import numpy as np
 
+from hmdlm_jax import config as config_lib
 from hmdlm_jax.data import pipeline
 from hmdlm_jax.data import sudoku
 from hmdlm_jax.data import sudoku_csv
@@ -68,7 +68,7 @@ class SudokuToBatch(grain.transforms.Map):
     return sudoku_batch(element['quiz'], element['solution'], element.get('valid'))
 
 
-def sudoku_source(config: ml_collections.ConfigDict, split: str,
+def sudoku_source(config: config_lib.Config, split: str,
                   progress: bool = True) -> sudoku_csv.PalmCsvSource:
   """The split's Palm CSV: `data.train_path` / `data.test_path`, else the cached generated set.
 
@@ -79,13 +79,13 @@ def sudoku_source(config: ml_collections.ConfigDict, split: str,
   if split not in sudoku.SPLITS:
     raise ValueError(f'split must be one of {sudoku.SPLITS} for data.kind=sudoku, got {split!r}')
   d = config.data
-  path = d[f'{split}_path']
+  path = getattr(d, f'{split}_path')
   if path:
     if not os.path.isfile(path):
       raise ValueError(f'data.{split}_path={path!r} is not a file')
     return sudoku_csv.PalmCsvSource(path)
   count_field = f'num_{split}_puzzles'
-  count = int(d[count_field])
+  count = int(getattr(d, count_field))
   if count <= 0:
     raise ValueError(f'data.{count_field} must be positive, got {count}')
   path = sudoku_generator.generated_csv(
@@ -95,7 +95,7 @@ def sudoku_source(config: ml_collections.ConfigDict, split: str,
   return sudoku_csv.PalmCsvSource(path)
 
 
-def make_sudoku_dataset(config: ml_collections.ConfigDict, split: str, *, seed: int,
+def make_sudoku_dataset(config: config_lib.Config, split: str, *, seed: int,
                         process_index: int, process_count: int) -> grain.IterDataset:
   """Sudoku batches `[B_local, 81]` (split semantics of hmdlm_jax/data/pipeline.py)."""
   source = sudoku_source(config, split)

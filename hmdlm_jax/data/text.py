@@ -222,8 +222,6 @@ class AssignLevels(grain.transforms.Map):
 
 def data_seq_len(config: Any) -> int:
   """config.data.seq_len, checked against config.model.seq_len."""
-  if 'seq_len' not in config.data:
-    raise ValueError('config.data.seq_len is missing (the row length L of the text pipeline).')
   seq_len = config.data.seq_len
   if seq_len != config.model.seq_len:
     raise ValueError(f'config.data.seq_len={seq_len} differs from config.model.seq_len='
@@ -254,14 +252,14 @@ def check_local_paths(config: Any) -> None:
   if not d.train_path:
     raise ValueError(f'config.data.train_path is empty; data.kind={d.kind!r} reads local files.')
   for field in ('train_path', 'test_path'):
-    if d[field] and not pathlib.Path(d[field]).expanduser().exists():
-      raise ValueError(f'config.data.{field}={d[field]!r}: no such file or folder.')
+    if getattr(d, field) and not pathlib.Path(getattr(d, field)).expanduser().exists():
+      raise ValueError(f'config.data.{field}={getattr(d, field)!r}: no such file or folder.')
 
 
 def check_text_config(config: Any, *, allowed_rules: Sequence[str]) -> None:
   """Validates the data fields shared by the text kinds; raises ValueError naming the field."""
   d = config.data
-  rule = d.get('hierarchy', None)
+  rule = d.hierarchy
   if rule not in allowed_rules:
     raise ValueError(f'config.data.hierarchy={rule!r}; allowed for data.kind={d.kind!r}: '
                      f'{list(allowed_rules)}.')
@@ -269,10 +267,10 @@ def check_text_config(config: Any, *, allowed_rules: Sequence[str]) -> None:
   if config.model.num_levels != k:
     raise ValueError(f'config.data.hierarchy={rule!r} produces {k} level(s) but '
                      f'config.model.num_levels={config.model.num_levels}.')
-  tau = d.get('tau', 1)
+  tau = d.tau
   if rule == 'frequency' and (not isinstance(tau, int) or isinstance(tau, bool) or tau < 1):
     raise ValueError(f'config.data.tau={tau!r} must be an int >= 1.')
-  overlong = d.get('overlong', 'truncate')
+  overlong = d.overlong
   if overlong not in OVERLONG:
     raise ValueError(f'config.data.overlong={overlong!r}; allowed: {list(OVERLONG)}.')
   data_seq_len(config)
@@ -319,7 +317,7 @@ def batched_dataset(records: Sequence[Any], encode: EncodeRows, config: Any, spl
   field = 'data.batch_size' if train else 'data.eval_batch_size'
   batch = pipeline.local_batch_size(config.data.batch_size if train else
                                     config.data.eval_batch_size, process_count, field)
-  label = AssignLevels(config.data.hierarchy, config.data.get('tau', 1))
+  label = AssignLevels(config.data.hierarchy, config.data.tau)
   if len(records) < process_count:
     raise ValueError(f'The {split} split of data.kind={config.data.kind!r} has {len(records)} '
                      f'examples, fewer than the {process_count} processes.')
@@ -426,12 +424,12 @@ def split_records(config: Any, split: str, read: Callable[[str, str], list[Any]]
     raise ValueError(f'split={split!r}; allowed: {SPLITS}.')
   if not d.train_path:
     raise ValueError(f'config.data.train_path is empty; data.kind={d.kind!r} reads local files.')
-  fraction = d.get('test_fraction', 0.0)
+  fraction = d.test_fraction
   if d.test_path:
     if fraction:
       raise ValueError('Set either config.data.test_path or config.data.test_fraction, not both.')
     field = 'train_path' if split == 'train' else 'test_path'
-    return read(d[field], f'data.{field}')
+    return read(getattr(d, field), f'data.{field}')
   if not fraction:
     if split == 'train':
       return read(d.train_path, 'data.train_path')  # no held-out part: train on everything
@@ -460,8 +458,8 @@ def make_text_dataset(config: Any, split: str, *, seed: int, process_index: int,
   data.overlong cuts (hmdlm_jax/data/text_encode.py).
   """
   tok = check_text_kind(config)
-  unit = config.data.get('text_unit', 'line')
-  seq_len, overlong = data_seq_len(config), config.data.get('overlong', 'truncate')
+  unit = config.data.text_unit
+  seq_len, overlong = data_seq_len(config), config.data.overlong
 
   def read(path: str, field: str) -> list[tuple[str, str]]:
     return [(f'config.{field}: {f}', x) for f, xs in read_text_files(path, unit, field=field)

@@ -270,11 +270,11 @@ def load_tokenizer(name_or_path: str, *, allow_download: bool | None = None,
 
 def tokenizer_from_config(data_cfg: Any) -> TextTokenizer:
   """`load_tokenizer(data.tokenizer)`, honouring data.tokenizer_allow_download when present."""
-  if 'tokenizer' not in data_cfg:
-    raise ValueError('config.data.tokenizer is missing; set it to a tokenizer name or path.')
-  allow = data_cfg.get('tokenizer_allow_download', None)
+  if not data_cfg.tokenizer:
+    raise ValueError('data.tokenizer is empty; set it to a tokenizer name or path.')
+  allow = data_cfg.tokenizer_allow_download
   return load_tokenizer(data_cfg.tokenizer, allow_download=allow if allow else None,
-                        mask_token=data_cfg.get('mask_token', 'append'))
+                        mask_token=data_cfg.mask_token)
 
 
 def check_vocab(model_cfg: Any, tok: TextTokenizer, *, num_masks: int = 1) -> None:
@@ -287,7 +287,7 @@ def check_vocab(model_cfg: Any, tok: TextTokenizer, *, num_masks: int = 1) -> No
   if num_masks > 1 and tok.mask_token != 'append':
     raise ValueError(f"{num_masks} mask tokens are appended after the words: set "
                      f"data.mask_token='append' (got {tok.mask_token!r}).")
-  extra = int(model_cfg.get('extra_vocab_rows', 0) or 0)
+  extra = int(model_cfg.extra_vocab_rows)
   rows = tok.model_vocab_size + num_masks - 1 + extra
   if model_cfg.vocab_size != rows:
     raise ValueError(
@@ -296,7 +296,7 @@ def check_vocab(model_cfg: Any, tok: TextTokenizer, *, num_masks: int = 1) -> No
         + (f' and {num_masks} masks' if num_masks > 1 else '')
         + (f' + {extra} cluster rows' if extra else '') + f' need {rows} rows; set '
         f'--config.model.vocab_size={rows}.')
-  mask_id = model_cfg.get('mask_id', -1)
+  mask_id = model_cfg.mask_id
   allowed = (-1, tok.mask_id) if tok.mask_token == 'append' else (tok.mask_id,)
   if num_masks > 1:  # any of the appended masks
     allowed += tuple(range(tok.mask_id + 1, rows))

@@ -182,6 +182,6 @@ def make_wikihow_dataset(config: Any, split: str, *, seed: int, process_index: i
   tok = check_wikihow_config(config)
   records = text_lib.split_records(config, split, read_articles, lambda a: a['title'])
   encode = text_lib.EncodeRows(tok, wikihow_pieces, text_lib.data_seq_len(config),
-                               config.data.get('overlong', 'drop'))
+                               config.data.overlong)
   return text_lib.batched_dataset(records, encode, config, split, seed=seed,
                                   process_index=process_index, process_count=process_count)

@@ -32,7 +32,6 @@ import time
 from typing import Any, Mapping, Sequence
 
 import jax
-import ml_collections
 
 from hmdlm_jax import config as config_lib
 from hmdlm_jax import models
@@ -45,19 +44,19 @@ from hmdlm_jax.evaluation import reports
 from hmdlm_jax.tasks import base as tasks_base
 
 
-def eval_params(config: ml_collections.ConfigDict, state: train.TrainState) -> Any:
+def eval_params(config: config_lib.Config, state: train.TrainState) -> Any:
   """EMA parameters when config.eval.use_ema, else the raw ones."""
   return state.ema_params if config.eval.use_ema else state.params
 
 
-def _context(config: ml_collections.ConfigDict, network: compiled.Network, params: Any,
+def _context(config: config_lib.Config, network: compiled.Network, params: Any,
              step: int, workdir: str, *, progress: bool) -> tasks_base.EvalContext:
   return tasks_base.EvalContext(config=config, apply_fn=network.bind(params),
                                 process=processes.build(config), step=int(step),
                                 workdir=workdir, progress=progress)
 
 
-def write_report(config: ml_collections.ConfigDict, workdir: str, step: int,
+def write_report(config: config_lib.Config, workdir: str, step: int,
                  results: Mapping[str, Any], *, num_examples: int | None,
                  seconds: float) -> tuple[dict[str, Any], str]:
   """(report, path) of `workdir`/eval_<step>.json in the schema of the module docstring."""
@@ -69,7 +68,7 @@ def write_report(config: ml_collections.ConfigDict, workdir: str, step: int,
   return report, path
 
 
-def _print_summary(config: ml_collections.ConfigDict, task: tasks_base.Task,
+def _print_summary(config: config_lib.Config, task: tasks_base.Task,
                    results: Mapping[str, Any], what: str, path: str) -> None:
   """'<what> (<eval kind>, EMA|raw params) -> <path>' and the task's summary, on stdout."""
   print(f'{what} ({config.eval.kind}, {"EMA" if config.eval.use_ema else "raw"} params) -> '
@@ -78,7 +77,7 @@ def _print_summary(config: ml_collections.ConfigDict, task: tasks_base.Task,
     print(line, flush=True)
 
 
-def _restore(config: ml_collections.ConfigDict, task: tasks_base.Task, mode: str, workdir: str,
+def _restore(config: config_lib.Config, task: tasks_base.Task, mode: str, workdir: str,
              step: int | None, out_dir: str, overwrite: bool) -> tuple[Any, int]:
   """(evaluation params, step) of checkpoint `step` (None: the latest) of DIR, once the run's
   outputs are known not to replace an earlier run's (unless `overwrite`)."""
@@ -87,12 +86,11 @@ def _restore(config: ml_collections.ConfigDict, task: tasks_base.Task, mode: str
   return eval_params(config, state), step
 
 
-def run_eval(config: ml_collections.ConfigDict, workdir: str, step: int | None = None, *,
+def run_eval(config: config_lib.Config, workdir: str, step: int | None = None, *,
              out_dir: str | None = None, overwrite: bool = False,
              progress: bool = True) -> dict[str, Any]:
   """Evaluates checkpoint `step` (default: the latest) of DIR; returns the eval_<step>.json
   report (written to `out_dir`, default DIR) and prints the task's summary."""
-  config = config_lib.resolve(config)
   task = tasks.get(config)
   out_dir = out_dir or workdir
   params, step = _restore(config, task, 'eval', workdir, step, out_dir, overwrite)
@@ -114,11 +112,11 @@ class TrainingEvaluator:
   Returns the flat scalars for the training loop's metrics writer.
   """
 
-  def __init__(self, config: ml_collections.ConfigDict, task: tasks_base.Task) -> None:
+  def __init__(self, config: config_lib.Config, task: tasks_base.Task) -> None:
     self._task = task
     self._network = compiled.flax_network(models.build_model(config.model))
 
-  def __call__(self, config: ml_collections.ConfigDict, state: train.TrainState, step: int,
+  def __call__(self, config: config_lib.Config, state: train.TrainState, step: int,
                workdir: str) -> dict[str, float]:
     num = int(config.eval.num_examples)
     limit = num if num > 0 else None
@@ -133,7 +131,7 @@ class TrainingEvaluator:
     return report['scalars']
 
 
-def run_sample(config: ml_collections.ConfigDict, workdir: str,
+def run_sample(config: config_lib.Config, workdir: str,
                puzzles: Sequence[str] | None = None, puzzle_file: str | None = None, *,
                step: int | None = None, out_dir: str | None = None,
                overwrite: bool = False) -> tasks_base.Records:
@@ -144,7 +142,6 @@ def run_sample(config: ml_collections.ConfigDict, workdir: str,
   samples (WikiHow: conditioned on test titles). Every record holds the tokens' reveal steps.
   Output: `out_dir` (default DIR)/samples_<step>.jsonl and pictures/.
   """
-  config = config_lib.resolve(config)
   task = tasks.get(config)
   inputs = task.prepare_sample(config, puzzles, puzzle_file)  # bad input fails before restoring
   out_dir = out_dir or workdir

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 from typing import Callable
 
-import ml_collections
 
 from hmdlm_jax import config as config_lib
 from hmdlm_jax.processes import hdlm
@@ -26,13 +25,13 @@ from hmdlm_jax.processes import schedules
 from hmdlm_jax.processes.base import Process
 
 
-def _hmdlm(config: ml_collections.ConfigDict) -> Process:
+def _hmdlm(config: config_lib.Config) -> Process:
   schedule = schedules.schedule_from_config(config.schedule, config.model.num_levels)
   return hmdlm.HMDLM(schedule, config_lib.LossConfig.from_config(config),
                      check_ordering=config.schedule.check_ordering)
 
 
-BUILDERS: dict[str, Callable[[ml_collections.ConfigDict], Process]] = {
+BUILDERS: dict[str, Callable[[config_lib.Config], Process]] = {
     'hmdlm': _hmdlm,
     'mdlm': _hmdlm,
     'hdlm': hdlm.from_config,
@@ -40,14 +39,13 @@ BUILDERS: dict[str, Callable[[ml_collections.ConfigDict], Process]] = {
 }
 
 
-def build(config: ml_collections.ConfigDict, *, check_sampling: bool = True) -> Process:
+def build(config: config_lib.Config, *, check_sampling: bool = True) -> Process:
   """The process of a (resolved or not) experiment config, validated.
 
   With `check_sampling` the config's sampler settings are checked against the process too (e.g.
   Appendix D's ordering on the sampling grid; docs/method.md §2), so every train / eval / sample
   run validates them before it starts.
   """
-  config = config_lib.resolve(config)
   process = BUILDERS[config.process.kind](config)
   if check_sampling:
     process.check_sampling(config_lib.SampleConfig.from_config(config))

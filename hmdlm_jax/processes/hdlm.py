@@ -33,9 +33,9 @@ from typing import ClassVar
 import chex
 import jax
 import jax.numpy as jnp
-import ml_collections
 import numpy as np
 
+from hmdlm_jax import config as config_lib
 from hmdlm_jax.config import HDLMConfig
 from hmdlm_jax.config import hdlm_config
 from hmdlm_jax.config import SampleConfig
@@ -227,7 +227,7 @@ class HDLM(base.Process):
       raise ValueError("HDLM: resolve process.hdlm.force='auto' first (config.hdlm_config).")
 
   @classmethod
-  def from_config(cls, config: ml_collections.ConfigDict) -> HDLM:
+  def from_config(cls, config: config_lib.Config) -> HDLM:
     """The process of an experiment config: settings, and the cluster artefact (or fallback)."""
     cfg = hdlm_config(config)
     return cls(cfg, layout_from_config(cfg))
@@ -371,7 +371,7 @@ class HDLM(base.Process):
                                      state, n)
 
 
-def from_config(config: ml_collections.ConfigDict) -> HDLM:
+def from_config(config: config_lib.Config) -> HDLM:
   """The registry's builder (processes/__init__.py)."""
   return HDLM.from_config(config)
 

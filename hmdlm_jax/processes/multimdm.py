@@ -39,9 +39,9 @@ from typing import Any, ClassVar
 import chex
 import jax
 import jax.numpy as jnp
-import ml_collections
 import numpy as np
 
+from hmdlm_jax import config as config_lib
 from hmdlm_jax.config import MultiMDMConfig
 from hmdlm_jax.config import SampleConfig
 from hmdlm_jax.processes import base
@@ -358,7 +358,7 @@ class MultiMDM(base.Process):
 # -------------------------------------------------------------------------------- construction
 
 
-def designation_from_config(config: ml_collections.ConfigDict) -> Designation:
+def designation_from_config(config: config_lib.Config) -> Designation:
   """The designated map of `process.multimdm.designated`: 'mod' or a .npy / .txt file of V ints."""
   cfg = MultiMDMConfig._view(config)  # pylint: disable=protected-access
   spec = cfg.designated
@@ -377,7 +377,7 @@ def schedule_from_config(cfg: MultiMDMConfig) -> MaskSchedule:
   return MaskSchedule(cfg.alpha, cfg.alpha_power, cfg.beta, cfg.beta_power)
 
 
-def build(config: ml_collections.ConfigDict) -> MultiMDM:
+def build(config: config_lib.Config) -> MultiMDM:
   """The pretraining process of a resolved config (distillation: `multimdm_distill.build`)."""
   cfg = MultiMDMConfig._view(config)  # pylint: disable=protected-access
   return MultiMDM(schedule_from_config(cfg), designation_from_config(config), cfg)

@@ -31,8 +31,8 @@ from typing import Any, ClassVar
 import chex
 import jax
 import jax.numpy as jnp
-import ml_collections
 
+from hmdlm_jax import config as config_lib
 from hmdlm_jax.config import MultiMDMConfig
 from hmdlm_jax.processes import base
 from hmdlm_jax.processes import multimdm
@@ -136,7 +136,7 @@ class MultiMDMDistill(multimdm.MultiMDM):
     return loss.astype(jnp.float32), {k: jnp.asarray(v, jnp.float32) for k, v in metrics.items()}
 
 
-def build(config: ml_collections.ConfigDict) -> multimdm.MultiMDM:
+def build(config: config_lib.Config) -> multimdm.MultiMDM:
   """MultiMDM of a resolved config: the distillation process when `process.multimdm.distill`."""
   proc = multimdm.build(config)
   if not proc.cfg.distill:

@@ -7,8 +7,8 @@ pictures. `config.eval.kind` names the evaluation the config expects; it must be
 
 from __future__ import annotations
 
-import ml_collections
 
+from hmdlm_jax import config as config_lib
 from hmdlm_jax.data import lm1b
 from hmdlm_jax.data import text as text_data
 from hmdlm_jax.data import wikihow
@@ -25,7 +25,7 @@ TASKS: dict[str, base.Task] = {
 }
 
 
-def get(config: ml_collections.ConfigDict) -> base.Task:
+def get(config: config_lib.Config) -> base.Task:
   """The task of `config.data.kind`, checked against `config.eval.kind`."""
   kind = config.data.kind
   if kind not in TASKS:

@@ -13,8 +13,8 @@ from typing import Any, Callable, ClassVar, Iterable, Mapping, Sequence
 
 import grain
 import jax
-import ml_collections
 
+from hmdlm_jax import config as config_lib
 from hmdlm_jax.evaluation import batches as batches_lib
 from hmdlm_jax.evaluation import compiled
 from hmdlm_jax.evaluation import reports
@@ -30,7 +30,7 @@ class EvalContext:
   """What a task's evaluation and sampling read: the config, the network with its parameters
   (a `compiled.Bound`: its programs compile once per network), the process, the checkpoint step
   and `workdir`, the directory its outputs go to (the run directory, or --out)."""
-  config: ml_collections.ConfigDict
+  config: config_lib.Config
   apply_fn: compiled.Bound
   process: process_base.Process
   step: int
@@ -38,7 +38,7 @@ class EvalContext:
   progress: bool = True
 
 
-def sample_seeds(config: ml_collections.ConfigDict) -> tuple[int, ...]:
+def sample_seeds(config: config_lib.Config) -> tuple[int, ...]:
   """config.sample.seeds as a non-empty tuple of ints."""
   seeds = config.sample.seeds
   seeds = (seeds,) if isinstance(seeds, int) else tuple(seeds)
@@ -56,7 +56,7 @@ class Task(abc.ABC):
   build_dataset: DatasetBuilder
   eval_kind: ClassVar[str]
 
-  def dataset(self, config: ml_collections.ConfigDict, split: str, *, seed: int,
+  def dataset(self, config: config_lib.Config, split: str, *, seed: int,
               process_index: int | None = None,
               process_count: int | None = None) -> grain.IterDataset:
     """This process's batches of `split` (data/pipeline.py); process defaults from JAX."""
@@ -71,11 +71,11 @@ class Task(abc.ABC):
                               process_count=process_count)
 
   @abc.abstractmethod
-  def validate(self, config: ml_collections.ConfigDict) -> None:
+  def validate(self, config: config_lib.Config) -> None:
     """Raises ValueError naming the field when the (resolved) config does not fit the task's
     data (row length, vocabulary, levels, paths); reads no data, writes nothing."""
 
-  def outputs(self, config: ml_collections.ConfigDict, mode: str, step: int) -> tuple[str, ...]:
+  def outputs(self, config: config_lib.Config, mode: str, step: int) -> tuple[str, ...]:
     """What an eval / sample run of checkpoint `step` writes into its output directory (files
     and folders; a later run refuses to replace them without --overwrite)."""
     if mode == 'eval':
@@ -83,7 +83,7 @@ class Task(abc.ABC):
     return (reports.samples_file(step),) + ((reports.PICTURES_DIR,) if config.sample.pictures
                                              else ())
 
-  def test_batches(self, config: ml_collections.ConfigDict) -> Iterable[batches_lib.Batch]:
+  def test_batches(self, config: config_lib.Config) -> Iterable[batches_lib.Batch]:
     """The whole test split on this process (every host evaluates everything; equal results)."""
     return self.dataset(config, 'test', seed=int(config.seed), process_index=0, process_count=1)
 
@@ -94,7 +94,7 @@ class Task(abc.ABC):
     `with_samples` adds sample-based metrics that are too slow for evaluations in training."""
 
   @abc.abstractmethod
-  def prepare_sample(self, config: ml_collections.ConfigDict, puzzles: Sequence[str] | None,
+  def prepare_sample(self, config: config_lib.Config, puzzles: Sequence[str] | None,
                      puzzle_file: str | None) -> Any:
     """The validated inputs of `sample` (before any checkpoint is restored)."""
 
@@ -107,6 +107,6 @@ class Task(abc.ABC):
     """Short human-readable lines of `evaluate`'s results."""
 
   @abc.abstractmethod
-  def pictures(self, config: ml_collections.ConfigDict, workdir: str,
+  def pictures(self, config: config_lib.Config, workdir: str,
                records: Records) -> list[str]:
     """Reveal-order pictures of sample-mode records in DIR/pictures; the written paths."""

@@ -18,7 +18,6 @@ import time
 from typing import Any, Iterable, Mapping, Sequence
 
 import jax
-import ml_collections
 import numpy as np
 
 from hmdlm_jax import config as config_lib
@@ -284,7 +283,7 @@ class SudokuTask(base.Task):
   build_dataset: base.DatasetBuilder = sudoku_pipeline.make_sudoku_dataset
   eval_kind = 'sudoku'
 
-  def validate(self, config: ml_collections.ConfigDict) -> None:
+  def validate(self, config: config_lib.Config) -> None:
     m, d = config.model, config.data
     if m.seq_len != sudoku.NUM_CELLS:
       raise ValueError(f'model.seq_len={m.seq_len}, but a Sudoku row is the grid\'s 81 cells '
@@ -301,7 +300,7 @@ class SudokuTask(base.Task):
       raise ValueError(f'model.num_levels={k}, but the Sudoku labeller gives levels 0..'
                        f'{sudoku.NUM_LEVELS - 1}: use {sudoku.NUM_LEVELS} (HMDLM) or 1 (MDLM).')
     for field, example in (('decodings', 'greedy'), ('hierarchy_sampling', 'stochastic')):
-      kinds = tuple(config.eval[field])
+      kinds = tuple(getattr(config.eval, field))
       if not kinds or any(x not in DECODINGS for x in kinds):
         raise ValueError(f'eval.{field}={kinds!r} must be a non-empty subset of {DECODINGS}; '
                          f"write it --config.eval.{field}=\"('{example}',)\".")
@@ -310,13 +309,13 @@ class SudokuTask(base.Task):
                        'True or False.')
     sudoku_hierarchy.check_modes(tuple(config.eval.hierarchy_decodings))
     for field in ('num_train_puzzles', 'num_test_puzzles', 'gen_attempts', 'gen_processes'):
-      if not isinstance(d[field], int) or d[field] < 1:
-        raise ValueError(f'data.{field}={d[field]!r} must be an integer >= 1.')
+      if not isinstance(getattr(d, field), int) or getattr(d, field) < 1:
+        raise ValueError(f'data.{field}={getattr(d, field)!r} must be an integer >= 1.')
     if not 17 <= d.min_givens <= d.max_givens <= sudoku.NUM_CELLS:
       raise ValueError(f'data.min_givens={d.min_givens} and data.max_givens={d.max_givens} must '
                        'satisfy 17 <= min_givens <= max_givens <= 81.')
     for split in sudoku.SPLITS:
-      path = d[f'{split}_path']
+      path = getattr(d, f'{split}_path')
       if path and not os.path.isfile(path):
         raise ValueError(f'data.{split}_path={path!r} is not a file (a quiz,solution CSV); fix '
                          'the path or set it to \'\' for generated puzzles.')
@@ -349,7 +348,7 @@ class SudokuTask(base.Task):
           progress=ctx.progress, labeller_at=labeller)
     return out
 
-  def prepare_sample(self, config: ml_collections.ConfigDict, puzzles: Sequence[str] | None,
+  def prepare_sample(self, config: config_lib.Config, puzzles: Sequence[str] | None,
                      puzzle_file: str | None) -> _Puzzles:
     quizzes, names, sols = [], [], []  # sols: the file's solution of a puzzle, else None
     for n, p in enumerate(puzzles or ()):
@@ -430,6 +429,6 @@ class SudokuTask(base.Task):
       lines.extend(sudoku_hierarchy.summary_lines(results['hierarchy'], DECODINGS))
     return lines
 
-  def pictures(self, config: ml_collections.ConfigDict, workdir: str,
+  def pictures(self, config: config_lib.Config, workdir: str,
                records: base.Records) -> list[str]:
     return sudoku_pictures.save_record_pictures(config, workdir, records)

@@ -15,10 +15,10 @@ from matplotlib import patches as mpatches
 from matplotlib import patheffects
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
-import ml_collections
 import numpy as np
 from PIL import Image
 
+from hmdlm_jax import config as config_lib
 from hmdlm_jax import visualize
 from hmdlm_jax.data import sudoku
 from hmdlm_jax.data import sudoku_csv
@@ -220,7 +220,7 @@ def _row(x: Any, index: int, name: str) -> np.ndarray:
   raise ValueError(f'{name} must be [B, L] or [L], got shape {arr.shape}')
 
 
-def save_sample_pictures(config: ml_collections.ConfigDict, workdir: str | os.PathLike[str],
+def save_sample_pictures(config: config_lib.Config, workdir: str | os.PathLike[str],
                          outputs: Any, *, given: np.ndarray | None = None,
                          solution: np.ndarray | None = None, max_pictures: int = 4,
                          gif: bool = True, subdir: str = 'pictures') -> list[str]:
@@ -263,7 +263,7 @@ def save_sample_pictures(config: ml_collections.ConfigDict, workdir: str | os.Pa
   return paths
 
 
-def save_record_pictures(config: ml_collections.ConfigDict, workdir: str | os.PathLike[str],
+def save_record_pictures(config: config_lib.Config, workdir: str | os.PathLike[str],
                          records: Sequence[dict[str, Any]], *, max_pictures: int = 4,
                          gif: bool = True, subdir: str = 'pictures') -> list[str]:
   """`save_sample_pictures` for the JSON records of sample mode ('quiz' and 'prediction' as

@@ -16,9 +16,9 @@ import os
 from typing import Any, Callable, Mapping, Sequence
 
 import jax
-import ml_collections
 import numpy as np
 
+from hmdlm_jax import config as config_lib
 from hmdlm_jax.config import SampleConfig
 from hmdlm_jax.data import text as text_data
 from hmdlm_jax.evaluation import batches as batches_lib
@@ -117,14 +117,14 @@ class TextTask(base.Task):
   """A language task over one data/ pipeline; `check_data(config)` is that pipeline's check
   before it reads anything (fields, tokenizer against the model, paths); `prompted`: samples are
   conditioned on the test rows' given positions (WikiHow titles)."""
-  check_data: Callable[[ml_collections.ConfigDict], Any]
+  check_data: Callable[[config_lib.Config], Any]
   prompted: bool = False
   eval_kind = 'perplexity'
 
-  def validate(self, config: ml_collections.ConfigDict) -> None:
+  def validate(self, config: config_lib.Config) -> None:
     self.check_data(config)
 
-  def outputs(self, config: ml_collections.ConfigDict, mode: str, step: int) -> tuple[str, ...]:
+  def outputs(self, config: config_lib.Config, mode: str, step: int) -> tuple[str, ...]:
     extra = (reports.samples_file(step),) if mode == 'eval' and config.eval.num_samples else ()
     return super().outputs(config, mode, step) + extra
 
@@ -187,7 +187,7 @@ class TextTask(base.Task):
     return {'per_seed': per_seed, 'mean': mean, 'std': std, 'path': path,
             'gen_ppl_unavailable_reason': scorer_reason, 'mauve_unavailable_reason': mauve_reason}
 
-  def prepare_sample(self, config: ml_collections.ConfigDict, puzzles: Sequence[str] | None,
+  def prepare_sample(self, config: config_lib.Config, puzzles: Sequence[str] | None,
                      puzzle_file: str | None) -> None:
     if puzzles or puzzle_file:
       raise ValueError(f'--puzzles / --puzzle_file are for Sudoku, not data.kind='
@@ -228,6 +228,6 @@ class TextTask(base.Task):
                    f'disagreement {show("level_disagreement")}')
     return lines
 
-  def pictures(self, config: ml_collections.ConfigDict, workdir: str,
+  def pictures(self, config: config_lib.Config, workdir: str,
                records: base.Records) -> list[str]:
     return text_pictures.save_record_pictures(config, workdir, records)

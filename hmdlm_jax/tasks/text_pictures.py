@@ -11,9 +11,9 @@ from typing import Any, Callable, Sequence
 
 from matplotlib import patches as mpatches
 from matplotlib.figure import Figure
-import ml_collections
 import numpy as np
 
+from hmdlm_jax import config as config_lib
 from hmdlm_jax import visualize
 from hmdlm_jax.data import tokenizers as tokenizers_lib
 
@@ -92,7 +92,7 @@ def plot_text_reveal(token_strings: Sequence[str], reveal_step: np.ndarray, leve
   return visualize.finish(fig, path)
 
 
-def save_sample_pictures(config: ml_collections.ConfigDict, workdir: str | os.PathLike[str],
+def save_sample_pictures(config: config_lib.Config, workdir: str | os.PathLike[str],
                          outputs: Any, *, decode_fn: Callable[[np.ndarray], Sequence[str]],
                          given: np.ndarray | None = None, eos_id: int | None = None,
                          max_pictures: int = 4, subdir: str = 'pictures') -> list[str]:
@@ -127,7 +127,7 @@ def save_sample_pictures(config: ml_collections.ConfigDict, workdir: str | os.Pa
   return paths
 
 
-def save_record_pictures(config: ml_collections.ConfigDict, workdir: str | os.PathLike[str],
+def save_record_pictures(config: config_lib.Config, workdir: str | os.PathLike[str],
                          records: Sequence[dict[str, Any]], *,
                          tokenizer: tokenizers_lib.TextTokenizer | None = None,
                          max_pictures: int = 4, subdir: str = 'pictures') -> list[str]:
