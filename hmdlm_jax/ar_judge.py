@@ -1,26 +1,15 @@
 r"""An offline judge for generative perplexity: a small causal transformer on the same train split.
 
-Generative perplexity (MDLM, MultiMDM Table 1) scores samples under an external autoregressive
-model, GPT-2 Large, whose weights cannot be downloaded on every machine. Where they are missing,
-this judge stands in: a small GPT-style causal transformer trained on the SAME training split and
-tokenizer as the diffusion models (the config's 'text' / 'lm1b' pipeline), implementing the
-`ARScorer` protocol of hmdlm_jax/evaluation/generative.py, so
-`generative_perplexity(texts, judge)` and the sample entropy are reported exactly as with GPT-2.
-Its numbers are comparable between models judged by the same judge, not with GPT-2 Large figures;
-GPT-2 Large stays the judge where its weights are available (`TransformersGPT2Scorer`).
-
-One command trains it, or loads it from the cache (the file name is a hash of the training data
-files, the tokenizer file, the data config and the judge's settings):
+Generative perplexity scores samples under an external autoregressive model, GPT-2 Large, whose
+weights are not available everywhere. This judge stands in where they are missing: a small
+GPT-style causal transformer trained on the SAME training split and tokenizer as the diffusion
+models, implementing the `ARScorer` protocol of evaluation/generative.py, so GenPPL and entropy
+are reported exactly as with GPT-2. Its numbers compare models judged by the same judge, not with
+GPT-2 Large figures. Model, training, scoring and the cache: docs/method.md §13.2 ("Offline
+judge"). One command trains it, or loads it from the cache:
 
   python -m hmdlm_jax.ar_judge --config=configs/multimdm_text.py --cache_dir=/tmp/judges \
       [--config.data.train_path=... --steps=2000]
-
-Model: token + learned position embeddings, N pre-LN blocks (causal self-attention, GELU MLP),
-final LayerNorm, tied output embedding; dropout on the residual branches. Training: the pipeline's
-rows (BOS text EOS pad...), next-token cross-entropy at the loss positions, AdamW with warm-up and
-cosine decay. Scoring a text: `[BOS] + encode(text)` truncated to the row length; every content
-token is scored given its prefix (the BOS gives the first token a context, as MDLM's GPT-2 scorer
-with a prepended BOS).
 """
 
 from __future__ import annotations

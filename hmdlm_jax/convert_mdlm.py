@@ -1,31 +1,13 @@
 """MDLM's PyTorch DiT weights -> our Flax DiT parameters (paper section 5.1.2: HMDLM from MDLM-OWT).
 
-Input: the state dict of kuleshov-group/mdlm's `models/dit.py` DIT, from
-- a safetensors file (e.g. the Hugging Face release kuleshov-group/mdlm-owt, keys 'backbone.*'), or
-- a Lightning `.ckpt` (keys under 'state_dict', prefixed 'backbone.'); `use_ema=True` takes the
-  EMA weights from `checkpoint['ema']['shadow_params']` (MDLM evaluates with them), which list the
-  backbone's parameters in registration order.
-Any common prefix before 'vocab_embed.embedding' is stripped.
-
-Key map (torch nn.Linear weight is [out, in]; our kernels are [in, out]; H width, C cond width,
-nh heads, hd = H / nh, M MLP width, V vocabulary):
-  vocab_embed.embedding [V, H]            -> vocab_embed/embedding [V, H]
-  sigma_map.mlp.{0,2}.{weight,bias}       -> sigma_map/mlp_{0,2}/{kernel (ᵀ), bias}
-  blocks.i.norm{1,2}.weight [H]           -> blocks_i/norm{1,2}/weight
-  blocks.i.attn_qkv.weight [3H, H]        -> blocks_i/attn_qkv/kernel [H, 3, nh, hd]
-        (MDLM splits the output as 'b s (three h d)')
-  blocks.i.attn_out.weight [H, H]         -> blocks_i/attn_out/kernel [nh, hd, H]
-  blocks.i.mlp.{0,2}.{weight,bias}        -> blocks_i/mlp_{0,2}/{kernel (ᵀ), bias}
-  blocks.i.adaLN_modulation.{weight,bias} -> blocks_i/adaLN_modulation/{kernel (ᵀ), bias}
-  output_layer.{norm_final,linear,adaLN_modulation} -> output_layer/... (same rule)
-  rotary_emb.inv_freq [hd/2]              -> not a parameter; gives nh and is checked to be
-                                             base 1e4 (our rotary embedding's base)
-HMDLM's own parameters (level_embed, hier_layer, token_level_embed) do not exist in MDLM; they keep
-their fresh initialisation (`merge_pretrained`).
-
-Output: a `.npz` of the converted tree ('/'-joined paths, float32), read by `load_params` and used
-by `init_from_mdlm(params, path)` for config field `init.mdlm_checkpoint`, which accepts that `.npz`
-or the MDLM file itself (converted on the fly).
+Reads the state dict of kuleshov-group/mdlm's `models/dit.py` DIT from a safetensors file (e.g.
+the Hugging Face release kuleshov-group/mdlm-owt) or a Lightning `.ckpt` (`load_mdlm_state_dict`),
+maps it onto models/dit.py's parameter names (`convert_state_dict` lists the key map) and writes a
+`.npz` of the converted tree ('/'-joined paths, float32), read by `load_params`. HMDLM's own
+parameters (level_embed, hier_layer, token_level_embed) do not exist in MDLM and keep their fresh
+initialisation (`merge_pretrained`); `init_from_mdlm(params, path)` serves `init.mdlm_checkpoint`,
+which accepts that `.npz` or the MDLM file itself (converted on the fly). docs/method.md §6
+(WikiHow) and §13.2 (continual adaptation) say where it is used.
 
 CLI: python -m hmdlm_jax.convert_mdlm --src=model.safetensors --dst=mdlm_owt.npz [--use_ema]
      [--num_heads=12] [--allow_pickle]
@@ -119,7 +101,14 @@ def read_lightning_ckpt(path: str | pathlib.Path, *, use_ema: bool = False,
 
 def load_mdlm_state_dict(path: str | pathlib.Path, *, use_ema: bool = False,
                          allow_pickle: bool = False) -> dict[str, np.ndarray]:
-  """MDLM DiT state dict from `.safetensors` or a Lightning `.ckpt` (module docstring)."""
+  """MDLM DiT state dict from `.safetensors` or a Lightning `.ckpt`.
+
+  A safetensors file holds keys 'backbone.*' (the Hugging Face release); a Lightning `.ckpt` holds
+  them under 'state_dict', prefixed 'backbone.'; `use_ema=True` takes the EMA weights from
+  `checkpoint['ema']['shadow_params']` (MDLM evaluates with them), which list the backbone's
+  parameters in registration order. Any common prefix before 'vocab_embed.embedding' is stripped
+  later (`convert_state_dict`).
+  """
   path = pathlib.Path(path)
   if not path.is_file():
     raise ValueError(f'MDLM checkpoint {path} does not exist.')
@@ -147,6 +136,20 @@ def _prefix(state: Mapping[str, Any]) -> str:
 def convert_state_dict(state: Mapping[str, np.ndarray], *,
                        num_heads: int | None = None) -> tuple[dict[str, Any], dict[str, int]]:
   """MDLM DiT state dict -> (Flax params tree of the MDLM part, dims).
+
+  Key map (torch nn.Linear weight is [out, in]; our kernels are [in, out]; H width, C cond width,
+  nh heads, hd = H / nh, M MLP width, V vocabulary):
+    vocab_embed.embedding [V, H]            -> vocab_embed/embedding [V, H]
+    sigma_map.mlp.{0,2}.{weight,bias}       -> sigma_map/mlp_{0,2}/{kernel (ᵀ), bias}
+    blocks.i.norm{1,2}.weight [H]           -> blocks_i/norm{1,2}/weight
+    blocks.i.attn_qkv.weight [3H, H]        -> blocks_i/attn_qkv/kernel [H, 3, nh, hd]
+          (MDLM splits the output as 'b s (three h d)')
+    blocks.i.attn_out.weight [H, H]         -> blocks_i/attn_out/kernel [nh, hd, H]
+    blocks.i.mlp.{0,2}.{weight,bias}        -> blocks_i/mlp_{0,2}/{kernel (ᵀ), bias}
+    blocks.i.adaLN_modulation.{weight,bias} -> blocks_i/adaLN_modulation/{kernel (ᵀ), bias}
+    output_layer.{norm_final,linear,adaLN_modulation} -> output_layer/... (same rule)
+    rotary_emb.inv_freq [hd/2]              -> not a parameter; gives nh and is checked to be
+                                               base 1e4 (our rotary embedding's base)
 
   Args:
     state: torch-named tensors (numpy), with or without a common prefix such as 'backbone.'.

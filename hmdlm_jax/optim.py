@@ -3,7 +3,7 @@
 Clipping: one global-norm clip over all parameters (`optim.grad_clip`), or, with
 `optim.hier_grad_clip > 0`, one clip per group: the hierarchy-only parameters ('hier_*',
 `models.hierarchy.is_hierarchy_param`) to `hier_grad_clip` and the rest to `grad_clip`
-(`clip_by_group_global_norm`), so a large level-head gradient no longer shrinks the backbone's step.
+(`clip_by_group_global_norm`), so a large level-head gradient cannot shrink the backbone's step.
 `optim.hier_lr_scale` multiplies the hierarchy-only parameters' learning rate (`scale_by_group`
 after AdamW): on configs/sudoku_learned_hierarchy.py no level-loss gradient reaches the token
 network, so the pathway can learn faster without touching the backbone's step.

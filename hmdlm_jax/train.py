@@ -4,29 +4,14 @@ Flow (nanodo's habits): `jax.eval_shape` of the init gives the state's shapes ->
 give its shardings -> `jax.jit(init, out_shardings=...)` materialises it already sharded. The train
 step is one `jax.jit` with explicit in/out shardings and the state donated; the host loop reads the
 metrics of step n only after step n+1 has been dispatched, so the device never waits for Python.
-
-NaN/Inf guard (inside the step): when the loss or the gradient norm is not finite (a finite gradient
-norm keeps Adam's moments and the update finite), the update is skipped — params, EMA and optimiser
-state keep their values — while `step` still advances (the batch is consumed and the per-step key is
-fold_in(rng, step), so the data order and the random stream go on exactly as without the bad step),
-`bad_steps` (consecutive) and `skipped_steps` (total) count it. `step` therefore counts batches
-consumed, and the optimiser's own count (which drives the lr schedule) counts applied updates. After
-`train.max_bad_steps` consecutive bad steps the loop logs the step already dispatched after the last
-bad one, saves a checkpoint of it (so every update the checkpoint holds has its line in
-metrics.jsonl; its parameters are those of the last good update unless that step was good) and
-raises NonFiniteLossError. Likewise a checkpoint or an evaluation at step n waits for step n's
-metrics line, so a run killed at any point resumes with no step missing from metrics.jsonl.
-
-Fault injection for tests: `train.debug_nan_steps` lists (0-based) steps whose loss is multiplied
-by NaN; it is passed to the step as a fixed-size array, so it never changes the compiled program.
+A step whose loss or gradient norm is not finite is skipped inside the step (`make_train_step`
+says how it is counted and when the loop stops); `train.debug_nan_steps` injects such steps for
+tests without changing the compiled program.
 
 Precision: parameters, optimiser state and EMA are float32; `model.dtype` sets the compute dtype of
 the network (bfloat16 on accelerators), and the losses are computed in float32 (processes/).
-
-Outputs in DIR: metrics.jsonl + TensorBoard tb/ (hmdlm_jax/metrics.py); config.json/.yaml and
-runs.jsonl (written by main.py before this starts; hmdlm_jax/workdir.py);
-train_summary.json; checkpoints/ (hmdlm_jax/checkpoint.py); the scalars of each evaluation in
-metrics.jsonl with split='eval' (the evaluation hook writes its report, evaluation/run.py).
+What the run writes into DIR: `train_and_evaluate`; the modules and their contracts:
+docs/design.md ("Training").
 """
 
 from __future__ import annotations
@@ -195,6 +180,16 @@ def make_train_step(config: config_lib.Config, model: nn.Module,
   (`lax.scan`); each micro-batch's gradient is weighted by its share of loss tokens, which makes the
   accumulated gradient that of the token-weighted batch mean (the loss' own batch reduction).
   The returned callable has `.jitted` (the `jax.jit` object, e.g. for `_cache_size()`).
+
+  NaN/Inf guard (inside the step): when the loss or the gradient norm is not finite (a finite
+  gradient norm keeps Adam's moments and the update finite), the update is skipped — params, EMA
+  and optimiser state keep their values — while `step` still advances (the batch is consumed and
+  the per-step key is fold_in(rng, step), so the data order and the random stream go on exactly
+  as without the bad step), and `bad_steps` (consecutive) and `skipped_steps` (total) count it.
+  `step` therefore counts batches consumed, and the optimiser's own count (which drives the lr
+  schedule) counts applied updates. Fault injection for tests: `train.debug_nan_steps` lists
+  (0-based) steps whose loss is multiplied by NaN; it is passed to the step as a fixed-size
+  array, so it never changes the compiled program.
   """
   optimizer = optim.make_optimizer(config.optim, config.train.num_steps)
   process = process.for_devices(mesh.size)  # e.g. loss.token_rows='auto' -> this mesh's choice
@@ -235,7 +230,8 @@ def make_train_step(config: config_lib.Config, model: nn.Module,
     # A finite gradient norm bounds every g², so Adam's moments and the update stay finite: the
     # test reads no reduction over the update, and the skip is one lax.cond around the update.
     # The applied branch then runs AdamW + EMA as their own fused loops, with no where(ok, new,
-    # old) pass over params, EMA and Adam state (benchmarks/README.md, 2026-12-05).
+    # old) pass over params, EMA and Adam state (benchmarks/README.md, "the NaN guard as one
+    # `lax.cond`").
     ok = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
     decay = optim.ema_decay_at(optim_cfg, state.step - state.skipped_steps)  # n applied before
 
@@ -347,6 +343,17 @@ def train_and_evaluate(config: config_lib.Config, workdir: str, *, train_iter: A
   raise NonFiniteLossError). Rerunning the same command resumes from the latest checkpoint.
   The returned dict has step, stop_reason, step_compilations, wall_time_s (also written to
   DIR/train_summary.json), the last logged train metrics, the eval results and the final state.
+
+  After train.max_bad_steps consecutive bad steps the loop logs the step already dispatched after
+  the last bad one and saves a checkpoint of it (so every update the checkpoint holds has its line
+  in metrics.jsonl; its parameters are those of the last good update unless that step was good)
+  before raising. Likewise a checkpoint or an evaluation at step n waits for step n's metrics
+  line, so a run killed at any point resumes with no step missing from metrics.jsonl.
+
+  Outputs in DIR: metrics.jsonl + TensorBoard tb/ (hmdlm_jax/metrics.py); train_summary.json;
+  checkpoints/ (hmdlm_jax/checkpoint.py); the scalars of each evaluation in metrics.jsonl with
+  split='eval' (the evaluation hook writes its own report, evaluation/run.py). config.json/.yaml
+  and runs.jsonl are written by main.py before this starts (hmdlm_jax/workdir.py).
   """
   t_start = time.monotonic()
   validate_config(config)

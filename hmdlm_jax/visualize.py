@@ -1,21 +1,17 @@
 """Generic pictures: schedules, and the colours and layout of reveal-order pictures.
 
-Every plotting function takes plain numpy arrays (or a `Schedule`, whose methods are pure), builds a
-stand-alone `matplotlib.figure.Figure` on an Agg canvas, optionally writes it to `path` (local or any
-`etils.epath` location, e.g. `gs://`), and returns it. No pyplot state is touched, so the functions are
-safe in scripts, tests and notebooks alike (show a figure in a notebook with `display(fig)` or by
-opening the saved PNG). No model is ever called here. The reveal-order pictures of a task (Sudoku
-grids, text timelines) live with the task (hmdlm_jax/tasks/*_pictures.py) and use the helpers below.
+Every plotting function takes plain numpy arrays (or a `Schedule`, whose methods are pure), builds
+a stand-alone `matplotlib.figure.Figure` on an Agg canvas, optionally writes it to `path` (local or
+any `etils.epath` location, e.g. `gs://`), and returns it. No pyplot state is touched, so the
+functions are safe in scripts, tests and notebooks alike (`display(fig)` shows one), and no model
+is ever called here. The reveal-order pictures of a task (Sudoku grids, text timelines) live with
+the task (tasks/*_pictures.py) and use the helpers below.
 
-Reveal-step convention (docs/method.md §7, `SampleOutput.reveal_step`): the sampler runs n = T, ..., 1
-and records for every generated position the n at which it was revealed, so n = T is the FIRST step
-and n = 1 the last. Colours run along the reveal order: `u = (T - n) / (T - 1)` in [0, 1], u = 0 for
-the first step (colormap start) and u = 1 for the last. Given positions (Sudoku clues, prompts) are
-never revealed; they are drawn in a neutral colour whatever their `reveal_step` holds (the sampler
-writes T + 1 there).
-
-Level convention (docs/method.md §1): a higher level is more important and revealed earlier; cell /
-token outlines grow thicker and darker red with the level (`level_outline`).
+Conventions: colours run along the reveal order, from the first step (n = T, the colormap's start)
+to the last (n = 1), with given positions (whatever their `reveal_step` holds; the sampler writes
+T + 1) in a neutral colour (`normalized_reveal_order`, docs/method.md §7); cell / token outlines
+grow thicker and darker red with the level, a higher level being more important and revealed
+earlier (`level_outline`, docs/method.md §1).
 """
 
 from __future__ import annotations

@@ -1,30 +1,17 @@
 """Warm starts across processes: MDLM -> MultiMDM (continual adaptation), MultiMDM -> distillation.
 
-MultiMDM's Section 3.2 ("Continual adaptation from a pretrained MDM"): the clean-token head and
-the backbone are kept, and the single MASK embedding is copied into every mask row, so all masks
-start identical and the multi-mask objective (3.5) teaches the model to tell them apart. Algorithm
-3 starts distillation (online AND EMA network) from a model pretrained by Algorithm 1. Both are
-this module (docs/method.md §13.2):
-
-* `init.workdir = DIR`: a run directory of this project. Its config.json says which process and
-  vocabulary layout it trained; the latest checkpoint's EMA parameters (`init.use_ema`, else the
-  raw ones) are read with Orbax (no TrainState of that run is rebuilt).
-* `init.mdlm_checkpoint = FILE` for a MultiMDM config: a converted MDLM PyTorch checkpoint (.npz of
-  hmdlm_jax/convert_mdlm.py, or the MDLM file itself, converted on the fly); its MASK row is
-  `init.mdlm_mask_id` (-1: the last row; MDLM's LM1B release reuses BERT's [MASK], 103).
-* `init.mdlm_checkpoint = FILE` for a config with one noise row (MDLM, HMDLM, HDLM, MultiMDM with
-  M = 1): MDLM's own layout, merged by `convert_mdlm.init_from_mdlm`; the level table and the
-  hierarchy head (which MDLM lacks) keep their fresh values.
-This module is the one place that initialises parameters from elsewhere (train.create_train_state
-and preflight call `apply` / `check` whenever `init.workdir` or `init.mdlm_checkpoint` is set).
-
-Layout mapping, leaf by leaf (the leaves with a 'vocab' logical axis are the token embedding and
-the token head; `models.logical_specs` says which axis): a destination row that is a word takes
-the source row of the same id; the destination's mask rows take the source's mask rows in turn
-(one MDLM MASK row -> copied into all M rows; a MultiMDM source of the same M -> row for row).
-Every other leaf must exist in the source with the same shape and is copied. Source leaves the
-destination lacks (an HMDLM source's level table and hierarchy head) are dropped, and say so in
-the log. The EMA starts equal to the loaded parameters; the optimiser state stays fresh.
+MultiMDM's Section 3.2 keeps the backbone and the clean-token head and copies the single MASK
+embedding into every mask row, so all masks start identical and (3.5) teaches the model to tell
+them apart; Algorithm 3 starts distillation (online AND EMA network) from a model pretrained by
+Algorithm 1. This module is the one place that initialises parameters from elsewhere
+(train.create_train_state and preflight call `apply` / `check` whenever `init.workdir` or
+`init.mdlm_checkpoint` is set):
+* `init.workdir = DIR`: DIR's latest checkpoint (EMA parameters with `init.use_ema`), its process
+  and vocabulary layout read from DIR/config.json; no TrainState of that run is rebuilt;
+* `init.mdlm_checkpoint = FILE`: a converted MDLM checkpoint, its rows remapped for a MultiMDM
+  config (`init.mdlm_mask_id` names its MASK row), or merged by `convert_mdlm.init_from_mdlm` for
+  a config with one noise row (MDLM, HMDLM, HDLM). The leaf-by-leaf mapping (`adapt`), the EMA and
+  the optimiser state: docs/method.md §13.2 ("Continual adaptation").
 """
 
 from __future__ import annotations
@@ -189,7 +176,14 @@ def check_fit(fresh: Mapping[str, tuple[int, ...]], source: Mapping[str, tuple[i
 
 def adapt(fresh: PyTree, source: PyTree, vocab_axes: Mapping[str, int | None], src: Layout,
           dst: Layout) -> tuple[PyTree, list[str]]:
-  """`fresh` with every leaf taken from `source` (module docstring): (new tree, dropped leaves).
+  """`fresh` with every leaf taken from `source`: (new tree, dropped leaves).
+
+  The leaves with a 'vocab' logical axis are the token embedding and the token head
+  (`models.logical_specs` says which axis): a destination row that is a word takes the source row
+  of the same id; the destination's mask rows take the source's mask rows in turn (one MDLM MASK
+  row -> copied into all M rows; a MultiMDM source of the same M -> row for row). Every other leaf
+  must exist in the source with the same shape and is copied. Source leaves the destination lacks
+  (an HMDLM source's level table and hierarchy head) are dropped, and the caller logs them.
 
   Args:
     fresh: the destination model's parameters (numpy), which fix every shape.

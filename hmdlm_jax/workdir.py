@@ -1,24 +1,10 @@
 """The run directory: its record of runs, and the checks made before anything is written into it.
 
-Record (process 0 writes it, when a run has passed every check of hmdlm_jax/preflight.py and
-really starts):
-
-  config.json / config.yaml   the resolved config of the training run that created DIR's
-                              checkpoints: written when training starts from step 0, never
-                              rewritten by a resume (a resume must keep the model, process and
-                              optimiser; its other overrides, e.g. a larger train.num_steps, are
-                              in runs.jsonl). config.yaml only when PyYAML is installed.
-  runs.jsonl                  one JSON object per run that started, appended (train in DIR;
-                              eval / sample in their output directory, DIR unless --out):
-                                time       ISO 8601 UTC start time
-                                mode       'train' | 'eval' | 'sample'
-                                workdir    absolute run directory
-                                out        eval / sample: absolute output directory; train: null
-                                step       train: the checkpoint step resumed from (0: fresh);
-                                           eval / sample: the checkpoint step used
-                                argv       the command line (null for a call of main.run)
-                                overrides  its --config.* arguments
-                                config     the resolved config of this run
+Process 0 writes the record when a run has passed every check of hmdlm_jax/preflight.py and really
+starts (`start_run` lists the fields): config.json / config.yaml, the resolved config of the
+training run that created DIR's checkpoints (written when training starts from step 0, never
+rewritten by a resume), and runs.jsonl, one JSON object appended per run that started (train in
+DIR; eval / sample in their output directory, DIR unless --out).
 
 A rejected run writes nothing: no config.json, no runs.jsonl line, no directory. Eval and sample
 runs never create or write into DIR unless it is also their output directory (the default, when
@@ -169,7 +155,24 @@ def _atomic_write(path: str, text: str) -> None:
 def start_run(config: config_lib.Config, directory: str, mode: str, *, workdir: str,
               step: int, write_config: bool, argv: Sequence[str] | None = None) -> None:
   """Creates `directory`, writes config.json/.yaml when `write_config` and appends the run's line
-  to runs.jsonl (module docstring); process 0 only."""
+  to runs.jsonl (module docstring); process 0 only.
+
+    config.json / config.yaml   the resolved config of the training run that created DIR's
+                                checkpoints: written when training starts from step 0, never
+                                rewritten by a resume (a resume must keep the model, process and
+                                optimiser; its other overrides, e.g. a larger train.num_steps, are
+                                in runs.jsonl). config.yaml only when PyYAML is installed.
+    runs.jsonl                  one JSON object per run that started, appended:
+                                  time       ISO 8601 UTC start time
+                                  mode       'train' | 'eval' | 'sample'
+                                  workdir    absolute run directory
+                                  out        eval / sample: absolute output directory; train: null
+                                  step       train: the checkpoint step resumed from (0: fresh);
+                                             eval / sample: the checkpoint step used
+                                  argv       the command line (null for a call of main.run)
+                                  overrides  its --config.* arguments
+                                  config     the resolved config of this run
+  """
   if jax.process_index() != 0:
     return
   os.makedirs(directory, exist_ok=True)

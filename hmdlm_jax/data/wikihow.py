@@ -1,28 +1,15 @@
-"""WikiHow (Koupaee & Wang 2018) for HMDLM fine-tuning (docs/method.md §6; paper section 5.1.2, Appendix C).
+r"""WikiHow (Koupaee & Wang 2018) for HMDLM fine-tuning (docs/method.md §6; paper §5.1.2, App. C).
 
-Sources (config.data.train_path / test_path, or one path + data.test_fraction):
-- the public `wikihowAll.csv` (columns `headline` = summary, `title`, `text` = body; read with the
-  stdlib csv module; extra columns are ignored);
-- a Hugging Face `datasets` export with the same three fields: JSON-lines (`.jsonl`/`.json`, stdlib)
-  or parquet (`.parquet`, needs pyarrow).
-A row missing a field, with a non-string field, or unparsable raises ValueError naming the file and
-line (CSV: the line the record starts on; JSON-lines: the line; parquet: the row index). Rows whose
-title, summary or body is empty after whitespace normalisation carry no example and are skipped;
-the number skipped is logged.
-
-Row (GPT-2 tokenizer, L ∈ {256, 512, 1024}):
+Sources (`data.train_path` / `data.test_path`, or one path + `data.test_fraction`): the public
+`wikihowAll.csv`, or a Hugging Face `datasets` export with the same three fields (JSON lines or
+parquet); `read_articles` says how fields and malformed rows are handled. Row (GPT-2 tokenizer,
+L ∈ {256, 512, 1024}):
   BOS title\n summary\n body EOS EOS...        (BOS = EOS = <|endoftext|>; padding = EOS)
   given:     BOS + title          (never corrupted, no loss)
   generated: summary + body + EOS (loss; padding corrupted but without loss)
-Text normalisation: every field's whitespace runs collapse to one space (the CSV is full of
-newlines and indentation); in the summary the CSV's ".," sentence separators become ".". Titles are
-kept as they are (wikihowAll.csv appends a section number to some titles; we do not guess which
-digits are part of the title).
-Overlong articles are dropped by default (`data.overlong='drop'`), the paper's filtering "to the
-corresponding token length", so the splits at each L are fixed by the tokenizer alone.
-Hierarchy (`data.hierarchy`): 'position' (default; summary -> 1, body -> 0, the given title -> 1)
-or 'frequency' (τ = data.tau over the whole row, title included).
-The split with only one path: by a hash of the title (`data.test_fraction`), stable under row order.
+Whitespace is normalised, overlong articles are dropped by default (`data.overlong='drop'`, the
+paper's filtering), levels come from the 'position' (default) or 'frequency' rule, and a single
+path is split by a hash of the title: docs/method.md §6 ("WikiHow").
 """
 
 from __future__ import annotations
@@ -136,7 +123,16 @@ READERS = {'.csv': read_csv, '.jsonl': read_jsonl, '.json': read_jsonl, '.parque
 
 
 def read_articles(path: str, field: str = 'data.train_path') -> list[dict[str, str]]:
-  """Articles of a WikiHow file (.csv / .jsonl / .json / .parquet) or of a folder of them."""
+  """Articles of a WikiHow file (.csv / .jsonl / .json / .parquet) or of a folder of them.
+
+  The public `wikihowAll.csv` has the columns `headline` = summary, `title` and `text` = body
+  (read with the stdlib csv module; extra columns are ignored); a Hugging Face `datasets` export
+  has the same three fields as JSON lines (`.jsonl` / `.json`, stdlib) or parquet (`.parquet`,
+  needs pyarrow). A row missing a field, with a non-string field, or unparsable raises ValueError
+  naming the file and line (CSV: the line the record starts on; JSON lines: the line; parquet:
+  the row index). Rows whose title, summary or body is empty after whitespace normalisation carry
+  no example and are skipped; the number skipped is logged.
+  """
   p = pathlib.Path(path).expanduser()
   if p.is_dir():
     files = sorted(f for f in p.iterdir() if f.suffix in READERS)

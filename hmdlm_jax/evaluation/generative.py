@@ -5,7 +5,7 @@
   has low entropy; read it next to gen PPL, which repetition lowers artificially.
 * Generative perplexity: exp of the token-weighted mean NLL of the sample texts under an external
   autoregressive scorer (GPT-2 Large in the paper). The scorer is pluggable (`ARScorer`): weights
-  cannot be downloaded on our machines, so `TransformersGPT2Scorer` only loads what is already in
+  may not be downloadable where this runs, so `TransformersGPT2Scorer` only loads what is already in
   the local Hugging Face cache (`local_files_only=True`). When it cannot load, `gen_ppl` is reported
   as `None` together with `gen_ppl_unavailable_reason` -- never replaced by a made-up number.
 * MAUVE: via the `mauve-text` package, only when it is importable AND its featuriser (GPT-2 Large by

@@ -7,18 +7,10 @@ comparable with MDLM's bound), token count and a standard error. It uses only th
 interface (`corrupt`, `bound_from_state`, `estimates_from_state`), so every process is evaluated
 the same way; MDLM (K = 1) reports MDLM's bound.
 
-Protocol. For batch j and t-sample r the key is `fold_in(fold_in(PRNGKey(time_seed), j), r)`. t is
-stratified over the batch's real rows (MDLM's antithetic sampler, `process_base.sample_times`) and
-then randomly permuted over them, so every example's t is marginally U(t_min, 1) -- a fixed
-row->stratum assignment would give an example in row i always a t from stratum i -- while the batch
-still covers [t_min, 1) evenly. Each example contributes `value_i · n_i` nats (the loss functions
-divide by the example's n_i loss positions, docs/method.md §5); the corpus value is
-Σ nats / Σ n_i, summed in numpy float64 (JAX computes the per-example values in float32; a float32
-running sum over a test set drifts visibly). Non-finite per-example values raise
-`FloatingPointError` naming the batch, row, term and t; they are never averaged away. The standard
-error treats examples as independent units (ratio estimator); stratifying t only lowers the true
-variance, so it is conservative. The offset schedule's per-sample variance is heavy-tailed
-(docs/method.md §8): read the standard error with that in mind.
+Protocol (docs/method.md §8.3): a fixed key per batch and t-sample; t stratified over the batch's
+real rows, then permuted over them; per-example values weighted by their loss positions and
+summed in numpy float64; a FloatingPointError naming batch, row, term and t for any non-finite
+value; a conservative standard error (ratio estimator over independent examples).
 """
 
 from __future__ import annotations

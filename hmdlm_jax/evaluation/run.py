@@ -4,20 +4,9 @@
 test split, samples included; `TrainingEvaluator(config, task)` is `train.train_and_evaluate`'s
 `eval_fn`: the same evaluation of the live train state on `config.eval.num_examples` examples, no
 samples, compiled once for the whole training run (the evaluator owns its `compiled.Network`).
-Both print the task's summary and write DIR/eval_<step>.json with one schema (`write_report`):
-
-  step          int: the checkpoint / training step
-  kind          config.eval.kind ('sudoku' | 'perplexity')
-  use_ema       bool: EMA (True) or raw parameters (config.eval.use_ema)
-  num_examples  int, or null for the whole test split
-  seconds       float: wall time of the evaluation
-  results       the task's nested results
-  scalars       the finite numbers of `results`, flat ('greedy/mean/cell_accuracy': float); the
-                training loop also logs them to metrics.jsonl / TensorBoard (split 'eval')
-
-`run_sample(config, workdir, puzzles=, puzzle_file=)` prints the task's samples (Sudoku grids,
-texts), saves them with every token's reveal step to OUT/samples_<step>.jsonl and, with
-config.sample.pictures, their reveal-order pictures to OUT/pictures.
+Both print the task's summary and write DIR/eval_<step>.json in one schema (`write_report`).
+`run_sample` prints the task's samples (Sudoku grids, texts) and saves them with every token's
+reveal step, and their reveal-order pictures with `config.sample.pictures`.
 
 Eval and sample runs write only into their output directory OUT (`out_dir`, default DIR; nothing
 else is written into DIR), and refuse to replace an output of an earlier run (`task.outputs`)
@@ -59,7 +48,17 @@ def _context(config: config_lib.Config, network: compiled.Network, params: Any,
 def write_report(config: config_lib.Config, workdir: str, step: int,
                  results: Mapping[str, Any], *, num_examples: int | None,
                  seconds: float) -> tuple[dict[str, Any], str]:
-  """(report, path) of `workdir`/eval_<step>.json in the schema of the module docstring."""
+  """(report, path) of `workdir`/eval_<step>.json, whose schema is (docs/design.md, "Evaluation")
+
+    step          int: the checkpoint / training step
+    kind          config.eval.kind ('sudoku' | 'perplexity')
+    use_ema       bool: EMA (True) or raw parameters (config.eval.use_ema)
+    num_examples  int, or null for the whole test split
+    seconds       float: wall time of the evaluation
+    results       the task's nested results
+    scalars       the finite numbers of `results`, flat ('greedy/mean/cell_accuracy': float); the
+                  training loop also logs them to metrics.jsonl / TensorBoard (split 'eval')
+  """
   report = {'step': int(step), 'kind': config.eval.kind, 'use_ema': bool(config.eval.use_ema),
             'num_examples': num_examples, 'seconds': seconds, 'results': dict(results),
             'scalars': reports.flatten_metrics(results)}
@@ -140,7 +139,8 @@ def run_sample(config: config_lib.Config, workdir: str,
   Sudoku: solves `puzzles` (81-character strings, '.' or '0' = blank) and/or the puzzles of
   `puzzle_file` (one per line, or the `quiz,solution` CSV). Text: `config.sample.num_samples`
   samples (WikiHow: conditioned on test titles). Every record holds the tokens' reveal steps.
-  Output: `out_dir` (default DIR)/samples_<step>.jsonl and pictures/.
+  Output: `out_dir` (default DIR)/samples_<step>.jsonl and, with config.sample.pictures, the
+  reveal-order pictures in pictures/.
   """
   task = tasks.get(config)
   inputs = task.prepare_sample(config, puzzles, puzzle_file)  # bad input fails before restoring

@@ -1,21 +1,13 @@
 """Unigram baseline perplexity on exactly the tokens a diffusion evaluation scores.
 
 A model that ignores all context can do no better, per token, than the unigram distribution of the
-data; a trained language model's test perplexity bound should sit well below the unigram
-perplexity of the same test tokens. `unigram_perplexity` fits p(w) on the TRAIN split's loss tokens
-and scores the TEST split's loss tokens, counting exactly the positions
-`perplexity.evaluate_perplexity` counts: `loss_mask` of the real rows (rows whose 'weight' /
-'valid' field is 0 are the pipeline's eval padding and count nowhere; [CLS]/[SEP] carry loss and
-count like any token, docs/method.md §6). Both splits must come from the same tokenizer and row layout.
-
-    PPL = exp( -(1/N_test) Σ_{test loss tokens w} log p(w) )
-
-Smoothing (additive, over the `vocab_size - len(excluded_ids)` ids the model can emit):
-    p(w) = (c_train(w) + a) / (N_train + a · V_eff)
-with a = 1 ('add-one', Laplace), a = 1/2 ('add-half', Jeffreys / Krichevsky–Trofimov) or a = 0
-('none', maximum likelihood: a test token unseen in training has p = 0 and the perplexity is inf,
-reported, not hidden). `excluded_ids` (the MASK id) get probability 0, as the diffusion model's
-SUBS parameterisation gives MASK probability 0. Counts and logs are float64.
+data, so a trained language model's test bound should sit well below the unigram perplexity of
+the same test tokens. `unigram_perplexity` fits p(w) on the TRAIN split's loss tokens and scores
+the TEST split's loss tokens, counting exactly the positions `perplexity.evaluate_perplexity`
+counts (`loss_mask` of the real rows; eval padding rows count nowhere). Both splits must come from
+the same tokenizer and row layout. Additive smoothing ('add-one', 'add-half' or 'none') over the
+ids the model can emit, excluded ids (the MASK id) at probability 0, counts and logs in float64:
+the formulas are in `unigram_log_probs` and docs/method.md §8.5.
 """
 
 from __future__ import annotations
@@ -89,9 +81,14 @@ def loss_token_counts(batches: Iterable[Mapping[str, np.ndarray]], vocab_size: i
 
 def unigram_log_probs(train_counts: np.ndarray, *, smoothing: str = 'add-one',
                       excluded_ids: Sequence[int] = ()) -> np.ndarray:
-  """float64 [V] log p(w) of the additively smoothed unigram model (module docstring).
+  """float64 [V] log p(w) of the additively smoothed unigram model (docs/method.md §8.5).
 
-  Excluded ids get -inf; so do unseen ids under smoothing='none'.
+  Over the V_eff = `V - len(excluded_ids)` ids the model can emit,
+      p(w) = (c_train(w) + a) / (N_train + a · V_eff)
+  with a = 1 ('add-one', Laplace), a = 1/2 ('add-half', Jeffreys / Krichevsky–Trofimov) or a = 0
+  ('none', maximum likelihood). Excluded ids (the MASK id) get -inf, as the diffusion model's SUBS
+  parameterisation gives MASK probability 0; so do unseen ids under smoothing='none', where a
+  test token unseen in training makes the perplexity inf (reported, not hidden).
   """
   if smoothing not in SMOOTHING:
     raise ValueError(f'smoothing={smoothing!r}; allowed: {sorted(SMOOTHING)}.')
@@ -122,12 +119,16 @@ def unigram_perplexity(train_batches: Iterable[Mapping[str, np.ndarray]],
                        excluded_ids: Sequence[int] = ()) -> UnigramResult:
   """Perplexity on the test split's loss tokens of a unigram model fit on the train split's.
 
+  PPL = exp( -(1/N_test) Σ_{test loss tokens w} log p(w) ); rows whose 'weight' / 'valid' field is
+  0 are the pipeline's eval padding and count nowhere; [CLS]/[SEP] carry loss and count like any
+  token (docs/method.md §6).
+
   Args:
     train_batches, test_batches: pipeline batches ('tokens' [B, L], 'loss_mask' [B, L], optional
       'weight' / 'valid' [B]); use one pass over each split (e.g. the 'test' pipeline of a config
       whose test path is the train file).
     vocab_size: ids 0..vocab_size-1 (the model's vocabulary, MASK row included).
-    smoothing: 'add-one' (default), 'add-half' or 'none' (module docstring).
+    smoothing: 'add-one' (default), 'add-half' or 'none' (`unigram_log_probs`).
     excluded_ids: ids with probability 0 (the MASK id: no data token and no model output).
 
   Returns:

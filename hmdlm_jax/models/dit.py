@@ -1,65 +1,14 @@
 """MDLM's diffusion transformer (DiT) with HMDLM's level table and hierarchy head.
 
-The method: docs/method.md §4; the hierarchy parts (tables, heads contract): hierarchy.py.
+A Flax re-implementation of kuleshov-group/mdlm's `models/dit.py`: adaLN-zero blocks, rotary
+positions, a time embedding fed t itself (or 0 with time conditioning off), and adaLN final layers
+for the token head (H -> V) and the hierarchy head (H -> K, K > 1 only). Parameter names follow
+MDLM's state dict, so MDLM checkpoints convert directly (convert_mdlm.py); `DiT`'s docstring
+spells out the architecture and the names. Outputs are raw float32 logits: SUBS and the prior
+correction are applied in processes/parameterization.py.
 
-Architecture (kuleshov-group/mdlm `models/dit.py`, re-implemented in Flax):
-  x = E_tok[tokens] (+ W_lvl[levels] if K > 1) (+ absolute positions if not rotary)     [B, L, H]
-  c = SiLU(sigma_map(t))   sigma_map: 256-dim sinusoid -> Linear -> SiLU -> Linear (cond_dim)
-  N × DDiTBlock (adaLN-zero):
-    shift1, scale1, gate1, shift2, scale2, gate2 = Linear_{cond->6H}(c)        (zero-init)
-    x = x + gate1 · Dropout(W_o · Attn(rotary(W_qkv · modulate(LN(x), shift1, scale1))))
-    x = x + gate2 · Dropout(MLP(modulate(LN(x), shift2, scale2)))   MLP: H->M->H, GELU(tanh)
-  token head     = adaLN final layer (LN, Linear_{cond->2H}, Linear_{H->V}), all zero-init
-  hierarchy head = the same form with H->K (K > 1 only; docs/method.md §4, paper section 5.1)
-LayerNorms have a weight and no bias; q/k/v and the attention output have no bias; the MLP and all
-adaLN / head Linears have biases; no weight tying (unless `tie_embeddings`); dropout only on the two
-residual branches. Rotary: rotate-half convention, base 1e4, on q and k (positions 0..L-1).
-
-Time conditioning: MDLM's default is off, and then MDLM still builds `sigma_map` and feeds it σ = 0
-(diffusion.py `_process_sigma`), so the conditioning vector c is a learned constant. We do the same
-(t is replaced by zeros), which keeps the parameter count independent of the flag. With
-conditioning on we feed t ∈ [0, 1] itself (MDLM feeds σ(t) = -log α(t), which has no single value
-when every level has its own schedule).
-
-Parameter count (checked in tests/test_models_reference.py by a hand-written formula). Per
-block, with width H, conditioning width C and MLP width M:
-  2H (two LayerNorm weights) + 3H² (qkv) + H² (out) + (HM + M + MH + H) (MLP) + (6HC + 6H) (adaLN)
-MDLM LM1B (H=768, C=128, M=3072, 12 blocks): 7,677,696 per block, 92,132,352 for the blocks;
-time embedder 256·C + C + C² + C = 49,408; final layer H + (2HC + 2H) = 198,912 + (HV + V);
-token embedding VH. Total = 92,380,672 + 1537·V.
-MDLM uses bert-base-uncased's own [MASK] (id 103) as the mask token, so V = 30,522 (no extra row):
-  92,380,672 + 1537 · 30,522 = 139,292,986 exactly (vocab_size=30522, mask_id=103).
-  (V = 30,523, i.e. an appended MASK row, would give 139,294,523.)
-HMDLM K=2 adds the level table (K+1)·H = 2,304 and the hierarchy head H + (2HC + 2H) + (HK + K)
-= 200,450: 202,754 in all (≈ 0.2M, paper section 5.1).
-Sudoku "25M" (H=384, 6 heads, C=128, M=1536, 12 blocks): 2,069,376 per block, total
-24,981,376 + 769·V: 24,989,066 for V = 10 (digits 1–9 + MASK) or 24,989,835 for V = 11 (0–9 +
-MASK) ≈ 24.99M. K=6 adds 7·384 + 384 + (2·384·128 + 768) + (384·6 + 6) = 104,454 (≈104K, 25.09M).
-
-Single-pass variant (docs/method.md §4): a separate learned table W_tok_lvl [(K+1), H]
-('token_level_embed'; K levels + an h_m row for "level unknown") is indexed by `token_levels` and
-added to the final hidden state before the token head only; the hierarchy head sees the plain
-hidden state. It is separate from the input level table because it plays a different role
-(conditioning the output on the position's own level, not describing the input state).
-
-Parameter names follow MDLM's state dict (torch Linear weight [out, in] = our kernel transposed):
-vocab_embed/embedding, sigma_map/mlp_{0,2}, blocks_{i}/{norm1, attn_qkv, attn_out, norm2, mlp_0,
-mlp_2, adaLN_modulation}, output_layer/{norm_final, adaLN_modulation, linear}. attn_qkv's kernel is
-[H, 3, heads, head_dim] (MDLM's 'b s (three h d)' order) and attn_out's [heads, head_dim, H].
-HMDLM adds level_embed/embedding, hier_layer/..., and (single pass) token_level_embed/embedding;
-the optional hierarchy pathway (hierarchy.py) adds hier_blocks_{i}/... (blocks of the trunk's form),
-hier_time_embed/..., hier_level_embed/embedding.
-The input level table is zero-initialised (the paper does not say): the network starts exactly as
-its MDLM twin and learns to use the levels. Measured on the Sudoku demo: with a random table (the
-scale of the token embedding) added to every input, training sat on its chance-level plateau for
-hundreds of steps longer.
-
-Precision (model.dtype): parameters, residual stream, LayerNorm statistics, softmax, rotary and the
-time MLP are float32; matmuls run in the compute dtype with float32 accumulation; the logits are
-returned in float32 (layers.py).
-
-The SUBS parameterisation and the hierarchy prior correction are NOT applied here
-(hmdlm_jax/parameterization.py does both); outputs are raw float32 logits.
+The method, the initialisation and the parameter counts: docs/method.md §4 (§4.1, §4.4, §4.6);
+the hierarchy parts (tables, pathway, heads contract): models/hierarchy.py.
 """
 
 from __future__ import annotations
@@ -135,10 +84,43 @@ class DDiTBlock(nn.Module):
 
 
 class DiT(hierarchy.HierarchicalBackbone):
-  """MDLM DiT + HMDLM level table / hierarchy head; see the module docstring.
+  """MDLM DiT + HMDLM level table / hierarchy head (docs/method.md §4.6).
 
   Call contract: `hierarchy.HierarchicalBackbone` (tokens [B,L], levels [B,L], t [B], heads,
   token_levels, train) -> {'hier': f32 [B,L,K], 'token': f32 [B,L,V]} (raw logits).
+
+  Architecture:
+    x = E_tok[tokens] (+ W_lvl[levels] if K > 1) (+ absolute positions if not rotary)   [B, L, H]
+    c = SiLU(sigma_map(t))   sigma_map: 256-dim sinusoid -> Linear -> SiLU -> Linear (cond_dim)
+    N × DDiTBlock (adaLN-zero):
+      shift1, scale1, gate1, shift2, scale2, gate2 = Linear_{cond->6H}(c)        (zero-init)
+      x = x + gate1 · Dropout(W_o · Attn(rotary(W_qkv · modulate(LN(x), shift1, scale1))))
+      x = x + gate2 · Dropout(MLP(modulate(LN(x), shift2, scale2)))   MLP: H->M->H, GELU(tanh)
+    token head     = adaLN final layer (LN, Linear_{cond->2H}, Linear_{H->V}), all zero-init
+    hierarchy head = the same form with H->K (K > 1 only)
+  LayerNorms have a weight and no bias; q/k/v and the attention output have no bias; the MLP and
+  all adaLN / head Linears have biases; no weight tying (unless `tie_embeddings`); dropout only on
+  the two residual branches. Rotary: rotate-half convention, base 1e4, on q and k (positions
+  0..L-1). Without time conditioning the embedder is fed t = 0, as MDLM feeds σ = 0
+  (diffusion.py `_process_sigma`), so c is a learned constant and the parameter count does not
+  depend on the flag.
+
+  Single-pass variant: a separate table W_tok_lvl [(K+1), H] ('token_level_embed'; K levels + an
+  h_m row for "level unknown") is indexed by `token_levels` and added to the final hidden state
+  before the token head only (it conditions the output on the position's own level, a different
+  role from the input table's).
+
+  Parameter names (torch Linear weight [out, in] = our kernel transposed): vocab_embed/embedding,
+  sigma_map/mlp_{0,2}, blocks_{i}/{norm1, attn_qkv, attn_out, norm2, mlp_0, mlp_2,
+  adaLN_modulation}, output_layer/{norm_final, adaLN_modulation, linear}. attn_qkv's kernel is
+  [H, 3, heads, head_dim] (MDLM's 'b s (three h d)' order) and attn_out's [heads, head_dim, H].
+  HMDLM adds level_embed/embedding, hier_layer/..., and (single pass) token_level_embed/embedding;
+  the optional hierarchy pathway (hierarchy.py) adds hier_blocks_{i}/... (blocks of the trunk's
+  form), hier_time_embed/..., hier_level_embed/embedding.
+
+  Precision (model.dtype): parameters, residual stream, LayerNorm statistics, softmax, rotary and
+  the time MLP are float32; matmuls run in the compute dtype with float32 accumulation; the logits
+  are returned in float32 (layers.py).
   """
   # Fields and their defaults (MDLM's LM1B DiT): hierarchy.HierarchicalBackbone.
   token_embed_name: ClassVar[str] = 'vocab_embed'

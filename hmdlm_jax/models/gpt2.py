@@ -1,38 +1,12 @@
-"""The compact Sudoku backbone: a bidirectional GPT-2-style transformer.
+"""The compact Sudoku backbone: a bidirectional GPT-2-style transformer (the paper's "6M" model).
 
-The method: docs/method.md §4 (b), paper App. F; the hierarchy parts: hierarchy.py.
+Pre-LN blocks without a causal mask, a final LayerNorm shared by both heads, the token head tied
+to the input embedding, and a plain Linear hierarchy head on that LayerNorm (no conditioning
+vector to modulate with); positions learned (absolute or Sudoku row / column / box) or rotary,
+time conditioning optional. `GPT2`'s docstring spells out the architecture and its options.
 
-  x = Dropout(wte[tokens] (+ W_lvl[levels] if K > 1) + positions (+ time_proj(c) if time-cond.))
-  N × pre-LN block:  x = x + Dropout(W_o · Attn(W_qkv · LN_1(x)))        (no causal mask)
-                     x = x + Dropout(MLP(LN_2(x)))                     MLP: H->M->H, GELU(tanh)
-  z = LN_f(x);  token logits = LN_f(x [+ W_tok_lvl[token_levels]]) · wteᵀ  (tied, no bias)
-                hierarchy logits = Linear_{H->K}(z)                     (K > 1 only)
-LayerNorms have weight and bias; every Linear has a bias (GPT-2). Dropout is applied to the input
-embedding and the two residual branches (not to attention probabilities).
-
-Heads: the paper's ≈5K extra parameters for K = 6 (App. F) fit a plain Linear on the shared final
-LayerNorm: level table 7·384 = 2,688 plus 384·6 + 6 = 2,310 gives 4,998. So the hierarchy head
-here is `hier_head` = Linear(LN_f(x)), the same form as the token head (LN_f then a linear map),
-with no adaLN (this backbone has no conditioning vector to modulate with).
-
-Positions: 'learned' (GPT-2's absolute table [seq_len, H], docs/method.md's choice), 'sudoku'
-(learned row / column / 3×3-box tables, 3 × [9, H]; sudoku_positions.py) or 'rotary' (rotate-half
-on q, k; no absolute table).
-Time conditioning (optional, default off like MDLM): c = SiLU(sigma_map(t)) as in the DiT, and
-`time_proj` (Linear cond -> H, zero-init so switching it on starts from the unconditioned model)
-adds c's projection to every input position. Built only when switched on.
-Single-pass variant: `token_level_embed` [(K+1), H] added to the hidden state before LN_f on the
-token path only (as in the DiT).
-`tie_embeddings=False` gives a separate `lm_head` (H -> V, no bias); docs/method.md's "6M" model
-ties.
-
-Parameter count (tied, learned positions, width H, MLP M, N blocks, V tokens, L positions):
-  per block 4H (two LayerNorms) + (3H² + 3H) + (H² + H) + (HM + M + MH + H);
-  total N·block + L·H + 2H + V·H.  H=384, M=1536, N=3, L=81: 1,774,464 per block,
-  5,355,264 + 384·V: 5,359,104 for V = 10, 5,367,168 for the paper's 31-symbol vocabulary (the paper
-  reports 5.5M, the "6M" model). K = 6 adds 4,998.
-Initialisation follows GPT-2: N(0, 0.02) for kernels and tables, N(0, 0.02/√(2N)) for the two
-residual output projections, zero biases, LayerNorm weight 1 / bias 0.
+The method and the parameter counts: docs/method.md §4.6 (b), paper App. F; the hierarchy parts:
+models/hierarchy.py.
 """
 
 from __future__ import annotations
@@ -95,10 +69,33 @@ class GPT2Block(nn.Module):
 
 
 class GPT2(hierarchy.HierarchicalBackbone):
-  """Bidirectional GPT-2 backbone with level table and hierarchy head; see the module docstring.
+  """Bidirectional GPT-2 backbone with level table and hierarchy head (docs/method.md §4.6 (b)).
 
   Call contract: `hierarchy.HierarchicalBackbone` (tokens [B,L], levels [B,L], t [B], heads,
   token_levels, train) -> {'hier': f32 [B,L,K], 'token': f32 [B,L,V]} (raw logits).
+
+  Architecture:
+    x = Dropout(wte[tokens] (+ W_lvl[levels] if K > 1) + positions (+ time_proj(c) if time-cond.))
+    N × pre-LN block:  x = x + Dropout(W_o · Attn(W_qkv · LN_1(x)))        (no causal mask)
+                       x = x + Dropout(MLP(LN_2(x)))                     MLP: H->M->H, GELU(tanh)
+    z = LN_f(x);  token logits = LN_f(x [+ W_tok_lvl[token_levels]]) · wteᵀ  (tied, no bias)
+                  hierarchy logits = Linear_{H->K}(z)                     (K > 1 only)
+  LayerNorms have weight and bias; every Linear has a bias (GPT-2). Dropout is applied to the
+  input embedding and the two residual branches (not to attention probabilities). The hierarchy
+  head `hier_head` = Linear(LN_f(x)) has the token head's form (LN_f then a linear map), with no
+  adaLN.
+
+  Positions: 'learned' (GPT-2's absolute table [seq_len, H]), 'sudoku' (learned row / column /
+  3×3-box tables, 3 × [9, H]; sudoku_positions.py) or 'rotary' (rotate-half on q, k; no absolute
+  table). Time conditioning (optional, default off like MDLM): c = SiLU(sigma_map(t)) as in the
+  DiT, and `time_proj` (Linear cond -> H, zero-init so switching it on starts from the
+  unconditioned model) adds c's projection to every input position; built only when switched on.
+  Single-pass variant: `token_level_embed` [(K+1), H] added to the hidden state before LN_f on the
+  token path only (as in the DiT). `tie_embeddings=False` gives a separate `lm_head` (H -> V, no
+  bias).
+
+  Initialisation follows GPT-2: N(0, 0.02) for kernels and tables, N(0, 0.02/√(2N)) for the two
+  residual output projections, zero biases, LayerNorm weight 1 / bias 0.
   """
   # The paper's "6M" Sudoku model; the other fields and defaults: HierarchicalBackbone.
   num_layers: int = 3

@@ -326,8 +326,8 @@ def residual_grad_boundary(x: Array) -> Array:
   NaN stays NaN; subnormals flush to zero as in any XLA:CPU arithmetic). The tanh makes the
   producer "expensive" to XLA, which therefore computes it once instead of duplicating it into
   each consumer. Without it XLA:CPU re-derives the residual gradient of every block above inside
-  each block's transposed weight-gradient copy: quadratic in depth, 1.38x the step time of the
-  12 x 768 DiT (benchmarks/README.md, "the quadratic backward").
+  each block's transposed weight-gradient copy: quadratic in depth, a marked slowdown of the
+  12 x 768 DiT's step (benchmarks/README.md, "the quadratic backward").
   `optimization_barrier` does not help: XLA:CPU expands it before fusion.
   """
   return x

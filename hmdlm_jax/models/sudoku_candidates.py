@@ -1,22 +1,17 @@
-"""Sudoku candidate features of the input grid (model.sudoku_candidates, issue 11).
+"""Sudoku candidate features of the input grid (`model.sudoku_candidates`, docs/method.md §4.7).
 
-Why: the Sudoku levels are rounds of naked + hidden singles from the clues (docs/method.md §6).
-A transformer has to find, for every blank cell, which digits its 20 peers already hold before it
-can recognise even round 1, and the level head measured at 0.61–0.67 accuracy (prior 0.61)
-without that. These features hand the network one step of that reasoning, computed exactly from
-the grid it is given (no labels, no search): from the revealed digits of the input (tokens 0..8;
-the mask token 9 counts as blank),
+The Sudoku levels are rounds of naked + hidden singles from the clues (docs/method.md §6). A
+transformer must find which digits a blank cell's 20 peers hold before it can recognise even
+round 1; without that step the level head did little better than the majority level. These
+features hand it that step, computed exactly from the revealed digits it is given (tokens 0..8;
+the mask token 9 counts as blank), with no labels and no search:
 
   cand[c, d]   = 1 if digit d is in none of cell c's peers (same row, column or box) and c is blank
   count[c]     = Σ_d cand[c, d] (one-hot over 0..9: count 1 is a naked single)
   hidden[c, d] = cand[c, d] and c is the only cell of one of its three units with candidate d
 
--> float32 [B, 81, 28] = [cand (9) | one-hot count (10) | hidden (9)]. The input reads them from
-every revealed cell; the hierarchy pathway (with model.hier_input_embed) from the givens alone
-when model.given_state marks them, as the labeller computes the levels (models/hierarchy.py).
-Rounds 2 and later (the other levels) still have to be computed by the network. A blank cell is
-determined in round 1 exactly when count[c] == 1 or any hidden[c, :]
-(tests/test_sudoku_candidates.py checks this against the labeller of data/sudoku.py).
+A blank cell is decided in round 1 exactly when count[c] == 1 or any hidden[c, :]
+(tests/test_sudoku_candidates.py); later rounds are the network's to compute (models/hierarchy.py).
 """
 
 from __future__ import annotations

@@ -3,9 +3,9 @@
 Each cell attends to the 27 slots of its row, column and 3×3 box (itself once per unit), with one
 softmax over the 27: the constraint graph of Sudoku, which is what a round of propagation reads
 (docs/method.md §4.7). Against full attention over 81 cells it computes a third of the scores
-and softmax, but on a CPU regrouping q, k and v costs about what that saves (the step is no
-faster; docs/hierarchy_results.md item 22). Only reshapes and transposes regroup the cells (no
-gathers, whose gradients are scatters).
+and softmax, but on a CPU regrouping q, k and v costs about what that saves, so the step is no
+faster (docs/results/sudoku.md). Only reshapes and transposes regroup the cells (no gathers, whose
+gradients are scatters).
 
 Layout: a row-major grid, cell i = 9 r + c. View 0 = rows (unit r, slot c), view 1 = columns
 (unit c, slot r), view 2 = boxes (unit 3 (r // 3) + c // 3, slot 3 (r % 3) + c % 3).

@@ -1,15 +1,14 @@
 """The token output projection: dense logits, or the SUBS NLL at the selected rows only.
 
 A masked-diffusion loss reads the token head at masked positions only (carry-over unmasking: a
-revealed position's distribution is fixed), about half of them at t ~ U(0, 1). At the text
-vocabulary (V = 30,522) the projection H -> V and its [B·L, V] softmax are most of a small model's
-step (benchmarks/README.md, "2026-12-01: the token head at selected rows"), so computing them for
-every position wastes about half of that. `selected_nll` sorts the rows (selected first), cuts
-them into `NUM_CHUNKS` chunks and runs the projection, log-softmax and gold pick chunk by chunk
-under `lax.cond`, skipping every chunk that holds no selected row. Its custom VJP keeps only the
-per-row log-normaliser, recomputes a chunk's logits in the backward pass (no [B·L, V] residual)
-and takes the bias gradient as a matrix-vector product (XLA:CPU's column reduction of [B·L, V]
-cost 0.8 s at the tiny benchmark shape, the product 0.03 s).
+revealed position's distribution is fixed), about half of them at t ~ U(0, 1). At a text
+vocabulary the projection H -> V and its [B·L, V] softmax dominate a small model's step, so
+computing them for every position wastes about half of it. `selected_nll` sorts the rows
+(selected first), cuts them into `NUM_CHUNKS` chunks and runs the projection, log-softmax and gold
+pick chunk by chunk under `lax.cond`, skipping every chunk that holds no selected row. Its custom
+VJP keeps only the per-row log-normaliser, recomputes a chunk's logits in the backward pass (no
+[B·L, V] residual) and takes the bias gradient as a matrix-vector product, which XLA:CPU runs far
+faster than a column reduction of [B·L, V]. Measured figures: docs/method.md §4.3.
 
 The sort crosses the whole batch, so the selected path is for a one-device mesh (the train step
 refuses it on more: `loss.token_rows`); on a mesh the loss reads the dense logits instead.
@@ -26,7 +25,7 @@ import jax.numpy as jnp
 
 Array = jax.Array
 # Chunks of the sorted rows: the cost is ceil(selected / chunk) chunks, the overhead a scan of
-# NUM_CHUNKS conds. 8 was the best of 4, 8, 16 at the tiny and small benchmark shapes (2-core CPU).
+# NUM_CHUNKS conds. 8 was the fastest of 4, 8, 16 at the benchmark shapes (docs/method.md §4.3).
 NUM_CHUNKS = 8
 
 
@@ -152,7 +151,7 @@ def _rows_nll_bwd(exclude, chunk, dtype, vocab_major, res, g):
       else:  # [H, V] += zᵀ p
         dk = dk + jax.lax.dot_general(zc.astype(dtype), pd, (((0,), (0,)), ((), ())),
                                       preferred_element_type=jnp.float32)
-      if db is not None:  # a product, not a column reduction (see the module docstring)
+      if db is not None:  # a product, not a column reduction (module docstring)
         db = db + jnp.dot(jnp.ones((chunk,), jnp.float32), p)
       return (dk, db), dz.astype(z.dtype)
 

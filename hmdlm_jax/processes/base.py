@@ -8,11 +8,10 @@ ever talk to a `Process`; a new process is one module that subclasses it (docs/e
 Shapes: B batch, L length, V the network's input vocabulary (words plus every noise state: MASK,
 cluster tokens, mask tokens), S per-position states of the enumeration, K hierarchy levels.
 
-The network (`apply_fn`, docs/design.md) sees a noisy state as two int32 arrays [B, L]: `tokens`
-(ids in 0..V-1, noise states included) and `levels` (HMDLM's level input 0..K, K = h_m; zeros for
-processes without levels). `NoisyState` is that pair. With `model.given_state` the network also
-knows the given positions: they enter as level K+1 = h_g (`with_given_state`, applied at the call
-only, so states, losses and sampler outputs keep the data's levels).
+The network (`apply_fn`, docs/design.md) sees a noisy state, `NoisyState`, as two int32 arrays
+[B, L]: `tokens` (ids in 0..V-1, noise states included) and `levels` (HMDLM's level input 0..K,
+K = h_m; zeros without levels). With `model.given_state` the given positions enter as level
+K+1 = h_g (`with_given_state`, applied at the call only: states and outputs keep the data's levels).
 """
 
 from __future__ import annotations

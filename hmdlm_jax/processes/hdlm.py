@@ -5,23 +5,12 @@ Paper: Zhou et al., "Next Semantic Scale Prediction via Hierarchical Diffusion L
 docs/method.md §13.1. Schedule, id layout and parameterisation: processes/hdlm_core.py; sampler:
 processes/hdlm_sampler.py; the token -> cluster artefact (k-means): hmdlm_jax/data/clusters.py.
 
-Per loss position i in state z^i at time t (x^i its word, c(x) its cluster), the bound is
-    MASK state:      w_m(t) · KL(π_x || Q_θ)        = w_m · (-log P_θ(c(x) | z_t))   for ξ = 1
-    cluster state c: w_c(t) · (-log Y_θ(x | z_t, c)) = w_c · (-log x̂(x | z_t, v ∈ c)) for 'within'
-    word state:      0
-summed over positions that are in `loss_mask`, divided by the number of loss positions (never by
-the number that happen to be noised), and averaged over the batch with MDLM's token-weighted mean.
-π_x is the law of x's cluster jump (ξ on c(x), κ = (1-ξ)/(n-1) on each other cluster), Q_θ the
-model's (hdlm_core.perturbed), Y_θ the forced word law (hdlm_core.forced_log_probs). This is the
-exact continuous-time ELBO of the CTMC for every ξ ∈ (0, 1] (docs/method.md §13.1 derives it;
-tests/test_hdlm.py proves bound = -log p(x) with the exact denoiser, ξ = 1 and ξ < 1).
-
-Training losses (`loss`): the same terms with optional weight clipping (`clip_weights`), the
-authors' approximate ξ < 1 loss (`xi_loss='approx'`) and 'hard training' (word cross-entropy at
-MASK positions); the metrics report the unclipped exact bound of the same sample as 'nelbo'.
-With `aux_weight` > 0 the network has an auxiliary cluster head (a second output [B, L, n], the
-authors' option, off by default) and the training loss adds aux_weight × its cross-entropy against
-c(x) at MASK loss positions, unweighted in t ('aux', `aux_terms`); the bound never reads that head.
+Per loss position the bound is w_m · KL(π_x ‖ Q_θ) in the MASK state, w_c · (-log Y_θ(x)) in a
+cluster state and 0 as a word, normalised per loss position with MDLM's token-weighted batch
+mean: the exact continuous-time ELBO for every ξ ∈ (0, 1] (tests/test_hdlm.py: bound = -log p(x)
+with the exact denoiser). The training loss (`loss`) adds the options of docs/method.md §13.1:
+weight clipping, the authors' approximate ξ < 1 loss, 'hard training' and the auxiliary cluster
+head; the metrics report the unclipped exact bound of the same sample as 'nelbo'.
 """
 
 from __future__ import annotations

@@ -1,34 +1,16 @@
 """HDLM's schedule, its word / cluster / MASK id layout and its parameterisation.
 
-Shared by the process (processes/hdlm.py) and its sampler (processes/hdlm_sampler.py); the method
-is stated in docs/method.md §13.1. Paper: Zhou et al., "Next Semantic Scale Prediction via
-Hierarchical Diffusion Language Models" (NeurIPS 2025, arXiv 2510.08632), whose text gives no
-equation numbers we could read; the formulas below are derived in docs/method.md §13.1.
-
-Schedule (per position, independently; t = 0 clean, t = 1 all MASK). With τ = (1 - ε) t (the
-time floor: α(1) = ε^γ; ε = 0 gives the exact endpoints used by the oracle tests) and u = 1 - τ:
-    α   = u^γ                                   (word)
-    β_c = γ (u - u^γ) / (γ - 1)  (γ = 1: -u log u)  (cluster state)
-    β_m = 1 - α - β_c                           (MASK)
-Forward rates: word -> its cluster at λ1 = γ(1-ε)/u, cluster -> MASK at λ2 = (1-ε)/u (any γ).
-ELBO weights (d/dt includes the factor 1 - ε):
-    w_m = β_m'/β_m = (1-ε) β_c / (u β_m),     w_c = -α'/β_c = (1-ε) γ α / (u β_c).
-β_c is computed as γ u (-log u) · exprel((γ-1) log u) (no cancellation at γ ≈ 1), and β_m by its
-power series Σ_{k≥2} c_k τ^k for τ < 1/4 (no cancellation as t -> 0), so both are accurate to a
-few ulps in float32 and float64.
-
-One cluster (n = 1) is identified with MASK ("merged"): the single cluster state IS the MASK token,
-β_c := 1 - α, β_m := 0 and w_c = -α'/(1 - α): MDLM's process and NELBO with α = (1 - τ)^γ, which
-for γ = 1 is MDLM's log-linear schedule 1 - α = (1 - ε) t exactly.
+Shared by the process (processes/hdlm.py) and its sampler (processes/hdlm_sampler.py); every
+formula is stated and derived in docs/method.md §13.1. In short, with τ = (1 - ε) t, u = 1 - τ:
+    α = u^γ (word),   β_c = γ (u - u^γ) / (γ - 1) (cluster; γ = 1: -u log u),   β_m = 1 - α - β_c
+    w_m = β_m'/β_m = (1-ε) β_c / (u β_m),     w_c = -α'/β_c = (1-ε) γ α / (u β_c)
+β_c and β_m are computed without cancellation (exprel, and a power series for τ < 1/4). One
+cluster (n = 1) is merged with MASK, which gives MDLM's process and NELBO.
 
 Id layout: words, MASK (`mask_id`, anywhere before the clusters), then the n cluster tokens as the
-LAST n rows of the table (`vocab_size - n + c`); for n = 1 the cluster token is `mask_id`.
-`cluster_of[v]` is the cluster of word v, -1 for MASK and cluster ids.
-
-Parameterisation (one token head): log x̂ = log_softmax over the word columns (MASK and cluster
-columns -inf); P_θ(c) = Σ_{v∈c} x̂(v); Q_θ(c) = ξ P_θ(c) + κ (1 - P_θ(c)), κ = (1-ξ)/(n-1) (the
-perturbed cluster law); at a cluster position in state c the word law is x̂ renormalised within c
-('within'), x̂ reweighted to mass ξ inside c and 1-ξ outside ('between'), or x̂ itself ('none').
+LAST n rows of the table (`vocab_size - n + c`; for n = 1 the cluster token is `mask_id`).
+Parameterisation (one token head): x̂ over the words; P_θ(c) = Σ_{v∈c} x̂(v); the perturbed
+cluster law Q_θ; and the word law at a cluster position, forced 'within', 'between' or 'none'.
 """
 
 from __future__ import annotations
@@ -71,7 +53,7 @@ def _exprel(a: jax.Array) -> jax.Array:
 
 @dataclasses.dataclass(frozen=True)
 class HDLMSchedule:
-  """α_t = (1 - τ)^γ with τ = (1 - ε) t and its cluster / MASK terms (module docstring).
+  """α_t = (1 - τ)^γ with τ = (1 - ε) t and its cluster / MASK terms (docs/method.md §13.1).
 
   Attributes:
     gamma: γ > 0.
@@ -126,7 +108,7 @@ class HDLMSchedule:
     return -jnp.expm1(self.gamma * jnp.log1p(-tau))
 
   def weights(self, t: Any) -> tuple[jax.Array, jax.Array]:
-    """ELBO weights (w_m, w_c) at t [...] (module docstring); w_m = 0 when merged.
+    """ELBO weights (w_m, w_c) at t [...] (docs/method.md §13.1); w_m = 0 when merged.
 
     Where a state has zero probability (t = 0, or u = 0) its weight is set to 0 (the loss selects
     positions before multiplying, so these values are never used with a positive probability).

@@ -1,32 +1,15 @@
 """HDLM's reverse process: MASK -> cluster -> word jumps on the time grid (docs/method.md §13.1).
 
 The chain runs n = T..1 with t = n/T, s = (n-1)/T inside ONE `jax.lax.scan` (`base.run_chain` over
-`reverse_step`), one network call per step. Per position, with the marginals of hdlm_core:
-
-* 'first_order' (the authors' default, `sampling_parameterization: mdlm`):
-    MASK    -> a cluster   w.p. (β_m(t) - β_m(s)) / β_m(t)
-    cluster -> a word      w.p. min(1, (α(s) - α(t)) / β_c(t))
-  so a MASK needs two steps to become a word.
-* 'posterior' (the exact per-position posterior q(z_s | z_t, x) averaged over x̂, GIDD-style;
-  S = u_t / u_s the survival of a cluster state, 1 when merged):
-    MASK    -> stays w.p. β_m(s)/β_m(t); -> a cluster w.p. β_c(s)(1 - S)/β_m(t); else -> a word
-    cluster -> stays w.p. β_c(s) S / β_c(t); else -> a word.
-* Last step (n = 1, s = 0): every MASK and cluster position becomes a word: the argmax of its law
-  (`final_step='argmax'`, the authors') or a draw from it ('sample').
-
-Whether a position moves is decided by uniforms before the network call (the probabilities above
-do not depend on the network); what it moves to comes from the token head: a MASK position draws
-a word v ~ x̂ and takes its cluster c(v), which is exactly a draw from P_θ(c) = Σ_{v∈c} x̂(v)
-(greedy: argmax_c P_θ(c)); with `cluster_draw='perturbed'` and ξ < 1 the cluster is then replaced
-by a uniformly chosen other one w.p. 1 - ξ (a draw from Q_θ, the ELBO's model); with
-`cluster_draw='aux'` it is drawn from the auxiliary cluster head's softmax instead (tempered by τ;
-greedy: its argmax), the authors' `use_auxiliary` sampling. A cluster
-position draws its word from the forced law (hdlm_core.forced_log_probs: within / between / none).
-Decoded words are never changed (carry-over); given positions start as words.
-
-Cache (`use_cache`): a step in which no position of the batch moves skips the network call
-(exact: the moves do not depend on it); `nfe` counts the calls that ran. Temperature τ applies to
-the word law (a tempered x̂ also tempers P_θ); greedy takes argmaxes.
+`reverse_step`), one network call per step. Whether a position moves is decided by uniforms
+before the call, since the jump probabilities ('first_order', the authors' default, or the exact
+per-position 'posterior') do not depend on the network; what it moves to comes from the token
+head: a MASK position draws a cluster (from P_θ, from Q_θ with `cluster_draw='perturbed'`, or from
+the auxiliary head with 'aux'), a cluster position a word from the forced law. The last step turns
+every MASK and cluster position into a word (`final_step` 'argmax' or 'sample'). Decoded words are
+never changed; given positions start as words. With `use_cache` a step in which no position of
+the batch moves skips the call (exact); `nfe` counts the calls that ran. The jump probabilities,
+the draws and the temperature: docs/method.md §13.1 ("Sampler").
 """
 
 from __future__ import annotations

@@ -1,27 +1,17 @@
 """HMDLM: per-level schedules, joint token+level corruption, the loss and the bound.
 
-MDLM is the K = 1 case of the same code (docs/method.md §12): g ≡ 1, L_hier = L_cons = 0 and
-pass 1 is skipped. The three per-position terms L_LM (pass 2), L_hier and L_cons (pass 1) of
-eq. 73-75 are in `hmdlm_terms`, normalised per loss position (docs/method.md §5).
-The batch reduction is MDLM's token-weighted mean Σ_b Σ_i terms / Σ_b N_b.
+A position is either revealed (x0, h0) or masked (MASK, h_m = K), ONE Bernoulli per position
+deciding both (eq. 5); given positions are never masked, and with `model.given_state` the network
+sees them as h_g = K+1 (`base.with_given_state`, at every call here). The per-position terms are
+in `hmdlm_terms`, the training-only level objectives in `level_objectives`.
 
-Pass-2 context (docs/method.md §5, §8): training follows Algorithm 1 (gold level shown on the
-reveal set R only) for 'two_pass', which is a surrogate; the bound needs each position's OWN level
-only: `bound_from_state` shows one uniformly chosen masked position's level and reweights
-(two_pass, unbiased) or feeds every position's own level at once (single_pass, exact).
-
-A position is either revealed (x0, h0) or masked (MASK, h_m) with h_m = K: ONE Bernoulli per
-position decides both (eq. 5). Given positions (clues, prompts) are never masked; with
-`model.given_state` the network sees them as h_g = K+1 (`base.with_given_state`, every call here).
-
-Hierarchy objective (`loss.hier_objective`, docs/method.md §5.1): 'bound' trains the level head with
-β_hier L_hier + β_cons L_cons; 'cross_entropy' with β_hier × the mean −log g^i[h0^i] over the masked
-loss positions of the batch (same minimiser g = the posterior of the level; no λ' weight, so no
-1/(t − δ_k) tail). L_hier and L_cons are reported either way and the bound never changes.
-`loss.beta_rounds` > 0 adds β_rounds × L_rounds, the per-round token loss
-(`level_objectives.round_token_loss`), read from pass 1's 'hier_round_tokens' head; a training
-signal only, never part of the bound. `loss.hier_batch_stride` = k > 1 runs pass 1 of the training
-loss on every k-th example only (two_pass; `level_objectives.strided_rows`).
+- Corruption and Algorithm 1's reveal set: docs/method.md §3.
+- The loss, its normalisation and its pass-2 context (Algorithm 1's surrogate for 'two_pass',
+  the own-level context for 'single_pass'); `loss.hier_objective`, `loss.beta_rounds`,
+  `loss.hier_batch_stride`: docs/method.md §5, §5.1.
+- The bound (`bound_from_state`: one masked position's own level shown and reweighted for
+  'two_pass', every position's own level at once for 'single_pass') and Appendix E's estimate:
+  docs/method.md §8.1, §8.2, §8.4. MDLM is the K = 1 case of the same code (§12).
 """
 
 from __future__ import annotations

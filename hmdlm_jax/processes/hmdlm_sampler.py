@@ -1,93 +1,17 @@
 """HMDLM's reverse process: Algorithm 2 (ancestral), confidence ordering, MDLM as K == 1.
 
-(docs/method.md §7, §10.)
+The chain runs n = T..1 with t = n/T, s = (n-1)/T inside ONE `jax.lax.scan` (`base.run_chain`
+over `reverse_step`). Everything is a pure function of the PRNG key, so the caller jits the whole
+sampler (`base.make_sampler`); `schedule` and `cfg` are frozen dataclasses (static). A masked
+position is `(mask_id, K)`; given positions start revealed and keep `reveal_step` T + 1.
 
-State. Every position carries a token `x^i` and a level `h^i`; a masked position is `(mask_id, K)`
-(`K` = the hierarchy-mask state h_m, design.md). The reverse process runs n = T..1 with t = n/T,
-s = (n-1)/T inside ONE `jax.lax.scan` (`base.run_chain` over `reverse_step`); everything is a pure
-function of the PRNG key, so the caller jits the whole sampler (`base.make_sampler` packages it).
-`schedule` and `cfg` are frozen dataclasses (static).
-
-Ancestral ordering (Algorithm 2; the paper's sampler).
-  pass 1 on (x, h, t) -> g^i (`level_log_probs`, prior correction as configured; docs/method.md §4);
-  every masked i draws from Cat(λ_0 g_0, …, λ_{K-1} g_{K-1}, 1 − Σ_k λ_k g_k), λ_k = λ_k(s,t)
-  (Algorithm 2 line 11); a drawn level is written into h and i joins the reveal set R;
-  pass 2 -> f^i (`token_log_probs`, SUBS) with temperature τ; each i ∈ R draws its token
-      (or takes the argmax when greedy); the pair (x^i, h^i) is frozen.
-  Pass-2 context. two_pass: the paper's model sees (x, h) with the freshly drawn levels at R
-  (Algorithm 2 line 17). single_pass (docs/method.md §4 extension): the backbone sees the pass-1 inputs
-  (x, h_t) and the token head receives each position's own level through `token_levels` (the
-  drawn level at R, h_m elsewhere). The apply_fn contract has no way to hand a backbone from one
-  call to the next, so single_pass also makes two apply_fn calls per step and `nfe` counts both;
-  its saving is in training and in the bound (one pass), not in sampling.
-  Last step (n = 1, s = 0): λ_k(0, t) = 1 for every level still active at t (α_k(t) < 1), so
-  every masked position is revealed: it draws its level from g renormalised over the active levels
-  (docs/method.md §7). Guards so that no position is ever left masked: if no level is active at t = 1/T (all
-  offsets ≥ 1/T) every level is allowed; if g carries no mass on the allowed levels (underflow) the
-  allowed levels are drawn uniformly.
-  Greedy decoding takes the argmax token only; the reveal times and levels stay stochastic because
-  they ARE the schedule (a greedy level draw would reveal nothing before the last step).
-
-MDLM (K == 1). No pass 1 (g ≡ 1); each masked position is revealed with λ_0(s, t) and one network
-call per step predicts its token; `variant` is irrelevant and the level state is 0 / 1 (= h_m).
-
-Confidence ordering (Sudoku, typically T = L = 81; MDLM/MGDM-style top-k decoding).
-  Per step the number of positions to reveal is the number Algorithm 2 expects,
-      k_n = clip(round(Σ_{i masked} π_i), 1, #eligible),  π_i = Σ_k λ_k(s,t) g^i_k  (eq. 8)
-  (all remaining masked positions at the last step). The positions are the k_n masked ones with the
-  highest
-      score_i = w · log π_i + log max_v f^i(v)      (w = `hierarchy_weight`, default 1),
-  at w = 1 the log-probability of position i's single most likely move under the ancestral
-  sampler (revealed now × its most likely token). Why this rule: log π_i carries the hierarchy (a
-  position the head puts on a high level, whose λ is larger, comes first; λ_k ≤ λ_{k'} for
-  k < k', Appendix D) and log max f carries the token confidence; for K == 1, π_i = λ(s, t) is
-  the same for every i and the rule is exactly MDLM/MGDM top-k confidence decoding. A hierarchy
-  head that predicts levels poorly spoils the order: on the Sudoku demo (level accuracy ~0.6)
-  w = 1 / 0.3 / 0 gave 75.5 / 80.1 / 82.9% cell accuracy, hence w = 0 there (the count k_n and
-  the eligibility still come from π). Eligible =
-  masked with π_i > 0 (a position the head puts only on levels that cannot be revealed yet
-  waits; the last step takes everyone). Ties go to the lower position index. With
-  `hierarchy_sure` τ > 0 the positions the head is sure of, π_i >= τ · max_k λ_k (its mass on
-  the levels that reveal fastest now), are taken first, by score among themselves, then the rest:
-  a head trusted only where it is sure (docs/hierarchy_results.md, item 17: no gain there). With
-  `level0_guard` ρ > 0 a masked position whose g_0 >= ρ takes g = one-hot level 0 before all of
-  this (π_i = λ_0, ĥ^i = 0): it waits for the level-0 steps.
-  Level context: a candidate's level is its most probable level GIVEN that it is revealed now,
-  ĥ^i = argmax_k λ_k g^i_k (argmax g over the active levels at the last step). Pass 2 is run once
-  for all candidates, each conditioned on its candidate level: two_pass writes ĥ at every masked
-  position of h (predicted levels, so nothing leaks; this is Algorithm 2's context at its last
-  step, where R = all masked positions); single_pass passes ĥ as `token_levels` over the pass-1
-  inputs (exactly its training context). Caveat: Algorithm 1 trains the two-pass model with
-  levels shown on a small reveal set only, so showing ĥ everywhere is a wider context than most
-  of its training (the single-pass variant has no such gap). `level_context='none'` closes that
-  gap instead: pass 2 sees h as it is (h_m at every masked position, Algorithm 1's context outside
-  R), so the hierarchy only orders the reveals; pass 2's inputs are then pass 1's, and ONE call
-  computes both heads (half the calls; measured on the Sudoku demo: +4.6 points of cell accuracy
-  over 'candidates', README). A revealed position keeps ĥ^i as its level and takes the argmax
-  token (greedy) or a draw from f^i at temperature τ. Confidence + greedy is fully deterministic.
-
-Given positions (infilling prompts, Sudoku clues) start revealed with their tokens and levels and
-are never resampled; their `reveal_step` is T + 1. With `given_state` (model.given_state) the
-network sees them as h_g = K+1 (`base.with_given_state` on reveal_step == T + 1); the state and
-the output keep their levels.
-
-Cache (MDLM's idea, `use_cache`). With `use_cache=False` every pass is called at every step
-(nfe = 2T two-pass/single-pass, T for K == 1). With `use_cache=True`
-  * a call whose output would be unused is skipped: pass 2 when no position of the batch is
-    revealed at this step, pass 1 when no position of the batch is masked any more. This is exact
-    whatever the time conditioning (for K == 1 the network is only called on steps that reveal
-    something).
-  * pass 1 reuses the raw hierarchy logits of its last call when no position of the batch was
-    revealed since that call, because then (x, h) are unchanged; only t moved, so this is done only
-    when `time_conditioning` is False (the model ignores t). g is recomputed from the cached logits
-    at the new t, since the prior correction depends on t.
-  The decisions are batch-wide scalars inside `jax.lax.cond` (skip only if no sequence in the batch
-  needs the call), and `nfe` counts the calls that ran. Under `jax.vmap` a cond with a batched
-  predicate becomes a select that runs both branches: the samples are unchanged but the compute is
-  not saved (`nfe` still reports the logical count); batch through `batch_size`, not vmap.
-
-Levels. The returned levels are the drawn ones and can disagree with levels recomputed from the
-tokens (docs/method.md §7; ~0.1% with an oracle at T = 1000): `level_disagreement` computes that share.
+- Ancestral ordering, the last step's renormalisation and guards, greedy decoding, the pass-2
+  context of each variant and the cache: docs/method.md §7.
+- Confidence ordering (Sudoku): the count k_n, the score w · log π + log max f, `hierarchy_sure`,
+  `level0_guard`, the candidate level ĥ and `level_context`: docs/method.md §10.
+- MDLM (K == 1): no pass 1, one network call per step (docs/method.md §12).
+The returned levels are the drawn ones; `level_disagreement` is the share that differs from the
+levels recomputed from the tokens (docs/method.md §7).
 """
 
 from __future__ import annotations
@@ -121,7 +45,8 @@ def _check_int(field: str, value: Any, *, minimum: int) -> None:
 
 def _guard_level0(log_g: jax.Array, rho: float) -> jax.Array:
   """log g [B, L, K] with g := one-hot level 0 where g_0 >= ρ: a position that may be level 0
-  waits as one (docs/hierarchy_results.md, item 25: promoting a level-0 cell is the costly error).
+  waits as one (promoting a level-0 cell is the costly error: docs/method.md §10,
+  docs/results/sudoku.md).
   -1e4, not -inf, elsewhere, as `with_fixed_levels` writes fixed levels."""
   onehot = jnp.where(jnp.arange(log_g.shape[-1]) == 0, 0.0, -1e4).astype(log_g.dtype)
   return jnp.where(log_g[..., :1] >= jnp.log(rho), onehot, log_g)

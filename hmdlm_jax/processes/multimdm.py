@@ -1,33 +1,17 @@
 """MultiMDM: the multi-mask forward process, its objective (3.5)/(3.6) and ancestral sampler (3.7).
 
 Paper: "Multi-Mask Diffusion Language Models for Few-Step Generation" (Section 3, Algorithms 1–2,
-Appendix A); docs/method.md §13.2. The closed forms live in `multimdm_math`; consistency
-distillation (Algorithm 3) in `multimdm_distill`.
+Appendix A); docs/method.md §13.2 states the method, derives the objective and lists our
+decisions. The closed forms live in `multimdm_math`; consistency distillation (Algorithm 3) in
+`multimdm_distill`.
 
 Ids: words 0..V-1, masks V..V+M-1 (the network's vocab_size counts V + M rows; the word head is the
-log-softmax over the first V columns, every mask column gets no mass). No hierarchy levels: the
-level input is 0 everywhere. M = 1 is MDLM exactly (same draws, same loss: tests/test_multimdm.py).
-
-Objective per masked loss position i with clean token x0, mask k = x_t^i - V (Thm. A.12,
-Cor. A.14; derivation in docs/method.md §13.2):
-  recon_i = (-α̇_t / (1 - α_t)) · (-log x_θ^i(x0))                             (3.6), first term
-  ident_i = (-β̇_t / (M β_t)) Σ_{j ≠ k} D(ψ^{x0}(j|k) ‖ ψ_θ(j|k))               (3.6), second term
-with D(a ‖ b) = a log(a/b) + b - a; summed over masked loss positions and divided by the number of
-loss positions (never by the number that happen to be masked), the batch reduced by
-`base.token_weighted_mean`. ∫_0^1 E[recon + ident] dt is the KL bound (3.5)/(A.20): with the exact
-posterior it equals -log p(x) for every x. The curriculum multiplies ident by a weight that ramps
-from 0 to 1 over training steps (`process.multimdm.curriculum_*`); the bound always has weight 1.
-
-Sampler (3.7): x_1 ~ u_M^L (drawn at the first reverse step, n = T: `sampler_init` has no key);
-per step t = n/T -> s = (n-1)/T, every masked position draws a clean-token hypothesis
-a ~ x_θ(· | x_t) (temperature / greedy as configured) and then x_s ~ p_{s|t}(· | x_t, a) of (3.4),
-which is the posterior-averaged kernel (3.7) drawn in two stages. Words stay (visible states are
-absorbing in reverse), so given positions (Sudoku clues, prompts) are respected. One network call
-per step; with `use_cache` the call is skipped once no position of the batch is masked.
-`sample.ordering='confidence'` (our extension, for Sudoku): the number of reveals is the expected
-one, round(Σ_masked (α_s - α_t)/(1 - α_t)) (>= 1; all at the last step), taken at the masked
-positions with the largest max_v x_θ (ties: lower index); the others move among the masks by
-(3.4) conditioned on staying masked. For M = 1 this is MDLM's top-k confidence decoding exactly.
+log-softmax over the first V columns). No hierarchy levels: the level input is 0 everywhere. M = 1
+is MDLM exactly (same draws, same loss: tests/test_multimdm.py). The loss is (3.6)'s
+reconstruction term plus its identification term under the curriculum's weight, per loss position
+with the token-weighted batch mean; the bound always weighs identification by 1. The sampler
+draws a clean-token hypothesis, then moves by the kernel (3.4); `sample.ordering='confidence'`
+reveals the most confident masked positions instead (docs/method.md §13.2).
 """
 
 from __future__ import annotations

@@ -1,26 +1,16 @@
 """MultiMDM consistency distillation: the shared-Gumbel coupling (3.8) and the loss (3.11).
 
 Paper: "Multi-Mask Diffusion Language Models for Few-Step Generation", Section 3.3, Algorithms
-3–4, Appendices B and C.2; docs/method.md §13.2. The distilled network is the same clean-token
-head, f_{t,θ}(· | x̃_t) = x_θ(· | x̃_t); its few-step generator (Algorithm 4, (3.12)) is the
-ancestral sampler of `multimdm.MultiMDM` with the distilled weights, so this process only
-changes `loss` (and reads the EMA network: `uses_target`).
+3–4, Appendices B and C.2; docs/method.md §13.2 states the method and our decisions. The distilled
+network is the same clean-token head, f_{t,θ}(· | x̃_t) = x_θ(· | x̃_t); its few-step generator
+(Algorithm 4, (3.12)) is the ancestral sampler of `multimdm.MultiMDM` with the distilled weights,
+so this process only changes `loss` (and reads the EMA network: `uses_target`).
 
-One step (Algorithm 3, lines 4–7), per example b of the batch:
-  δ = δ_k (`delta_at(step)`), t_b ~ U(δ, 1) stratified, s_b = t_b - δ;
-  ω_b = Gumbels of the clean token and of the M masks at every position, drawn from the
-        example's own key (`jax.random.split(k, B)[b]`), hence shared by x̃_s and x̃_t;
-  x̃_t, x̃_s = argmax_z {log p(z | x0) + g_z} at t_b and s_b ((3.8), `multimdm_math.coupled_state`);
-  student f_t = x_θ(· | x̃_t) (gradient), target f̄_s = x_θ̄(· | x̃_s) (EMA, stop-gradient);
-  per loss position masked in x̃_t:
-    masked in x̃_s too:  KL(f̄_s ‖ f_t) ('forward', (3.11)) or KL(f_t ‖ f̄_s) ('reverse', App. C.2);
-    a word in x̃_s:      the target is the boundary e_{x0} (f_0 = e_{x0}), both directions use
-                         -log f_t(x0) (the reverse KL to a one-hot target is infinite);
-  positions visible in x̃_t are visible (= x0) in x̃_s as well (a path leaves x0 at most once,
-  Prop. B.1) and contribute 0. Summed over those positions / #loss positions, token-weighted batch
-  mean (as every loss of the project). M = 1 is "MDLM with shared-Gumbel paths".
-Only the Gumbels of the clean token and of the masks are drawn: every other word has p_t = 0 in
-(3.8), so its Gumbel never matters, and the law of the path is the same as with V + M Gumbels.
+One step (Algorithm 3, lines 4–7): δ = δ_k (`delta_at(step)`), t ~ U(δ, 1) stratified, s = t - δ;
+the coupled pair (x̃_s, x̃_t) from one draw of Gumbels per example (clean token and M masks only);
+the student f_t = x_θ(· | x̃_t) against the EMA target f̄_s = x_θ̄(· | x̃_s) under stop-gradient:
+a KL (forward or reverse) where x̃_s is still masked, -log f_t(x0) where it is a word, 0 where x̃_t
+is visible. Normalised per loss position, with the token-weighted batch mean.
 """
 
 from __future__ import annotations
@@ -68,7 +58,7 @@ def coupled_pair(key: jax.Array, tokens: jax.Array, given: jax.Array, s: jax.Arr
 def consistency_terms(student_logits: jax.Array, target_logits: jax.Array, tokens: jax.Array,
                       xs: jax.Array, xt: jax.Array, loss_mask: jax.Array, num_words: int,
                       direction: str) -> dict[str, jax.Array]:
-  """Per-example (3.11) terms (module docstring), normalised per loss position.
+  """Per-example (3.11) terms (docs/method.md §13.2), normalised per loss position.
 
   Args:
     student_logits, target_logits: [B, L, V + M] at (x̃_t, t) and (x̃_s, s).

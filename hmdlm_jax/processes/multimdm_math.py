@@ -1,18 +1,12 @@
 """MultiMDM's closed forms: schedules, marginal, kernels, objective terms and the Gumbel coupling.
 
 Paper: "Multi-Mask Diffusion Language Models for Few-Step Generation" (MultiMDM), Section 3 and
-Appendices A–B; docs/method.md §13.2 states what the code computes and why.
+Appendices A–B; docs/method.md §13.2 states what the code computes, (3.1)–(3.4) included, and why.
 
 State space per position: the V words (ids 0..V-1) and M mask tokens (ids V..V+M-1, mask j has
 id V + j). Every word x has a designated mask m_x ∈ {0..M-1} (`Designation`). With schedules
 α_t, β_t (decreasing, α_0 = β_0 = 1, α_1 = β_1 = 0) and c_t = (1 - β_t) / M:
-
-  r_t^{x0}(k) = β_t 1{k = m_{x0}} + c_t                                              (3.1)
-  p_t(z | x0) = α_t 1{z = x0} + (1 - α_t) r_t^{x0}(z)                                (3.2)
-  p_{t|s}(z_t | z_s) = α_{t|s} 1{z_t = z_s} + (1 - α_{t|s}) r_t^{z_s}(z_t)   (z_s a word)
-                     = β_{t|s} 1{z_t = z_s} + (1 - β_{t|s}) / M            (z_s a mask) (3.3)
-  p_{s|t}(z_s | k, x0): a word x0 w.p. (α_s - α_t)/(1 - α_t), mask j w.p.
-      (1 - α_s)/(1 - α_t) · r_s^{x0}(j) [β_{t|s} 1{k = j} + (1 - β_{t|s})/M] / r_t^{x0}(k)  (3.4)
+  r_t^{x0}(k) = β_t 1{k = m_{x0}} + c_t,      p_t(z | x0) = α_t 1{z = x0} + (1 - α_t) r_t^{x0}(z).
 
 Everything depends on a word only through its designated mask, so the kernels below take the
 class m = m_{x0} (an int array) rather than the word. Shapes: [...] any leading shape; M masks;

@@ -59,8 +59,8 @@ def token_nll(token_logits: jax.Array, tokens: jax.Array, *, mask_id: int) -> ja
   loss reads; there the gold token is never MASK): logsumexp over the non-MASK columns minus the
   gold logit. It never builds the [B, L, V] log-softmax nor the carry-over tensor, and removes
   the MASK column with an additive [V] bias (0 / -inf) whose gradient is the identity, so the
-  backward pass has no [B, L, V] select either (benchmarks/README.md: 0.78-0.94x step time at
-  V = 30,522 on CPU). Values at revealed positions are meaningless; callers mask them.
+  backward pass has no [B, L, V] select either (a faster step at the text vocabulary,
+  docs/method.md §4.3). Values at revealed positions are meaningless; callers mask them.
   """
   logits = _token_logits(token_logits, tokens, mask_id)
   vocab = logits.shape[-1]

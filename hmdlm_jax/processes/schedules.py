@@ -1,36 +1,17 @@
-"""Per-level masking schedules α_k(t) of HMDLM (docs/method.md §2, paper eq. 6, Appendices B, D, E).
+"""Per-level masking schedules α_k(t) of HMDLM (docs/method.md §2; paper eq. 6, Appendices B, D, E).
 
 `α_k(t)` is the probability that a level-k position is still revealed at time t ∈ [0, 1]; higher
-levels are masked more slowly. Two families, vectorised over the K levels:
+levels are masked more slowly. Two families, vectorised over the K levels: 'loglinear' with
+offsets δ_k (LM1B, eq. 103) and 'power' with exponents ω_k (WikiHow). Each gives α_k, α'_k, the
+hazard λ'_k(t) = -α'_k / max(1 - α_k, η) (the ELBO weight, eq. 104; 0 where α_k = 1) and the
+reveal probability λ_k(s, t) (eq. 7); `ordering_violations` / `check_ordering` test Appendix D's
+condition on the sampling grid. `1 - α_k` is computed directly, never as a difference, which
+cancels catastrophically in float32 near t = δ_k. K = 1 with δ = 0 (or ω = 1) is MDLM's
+log-linear schedule exactly (docs/method.md §12).
 
-* ``'loglinear'`` with offsets δ_k (LM1B, paper eq. 103):
-  ``t_eff = clip((t - δ_k) / (1 - δ_k), 0, 1)``, ``α_k = 1 - (1 - ε) t_eff``,
-  ``α'_k = -(1 - ε) / (1 - δ_k)`` for δ_k < t ≤ 1 (0 elsewhere).
-* ``'power'`` with exponents ω_k (WikiHow): ``α_k = 1 - (1 - ε) t^{ω_k}``,
-  ``α'_k = -(1 - ε) ω_k t^{ω_k - 1}``.
-
-Hazard (continuous-time ELBO weight, eq. 104) in the exact form of the design contract:
-``λ'_k(t) = -α'_k(t) / max(1 - α_k(t), η)`` and 0 where α_k(t) = 1 (nothing of level k is masked,
-so no loss). ``1 - α_k`` is computed directly as ``(1 - ε) t_eff`` (resp. ``(1 - ε) t^ω``), never as
-``1 - α`` (which cancels catastrophically in float32 near t = δ_k). Hence, with ε kept:
-
-* loglinear: ``λ'_k = 1 / (t - δ_k)`` exactly whenever ``(1-ε)(t-δ_k)/(1-δ_k) ≥ η`` (eq. 107);
-  inside that η-neighbourhood of δ_k it is capped at ``(1-ε) / ((1-δ_k) η)`` (the paper floors
-  ``t - δ_k`` instead; the two floors differ only for ``t - δ_k < η (1-δ_k)/(1-ε)``). The floor
-  moves the ε = 0 integral of the bound by O(η log 1/η) (8e-7 at η = 1e-8 on the toy of
-  tests/test_bound.py), so exactness tests use η = 0.
-* power: ``λ'_k = ω_k / t`` whenever ``(1-ε) t^{ω_k} ≥ η``.
-
-K = 1 with δ = 0 (or ω = 1) is MDLM's log-linear schedule exactly: move chance ``1 - α = (1-ε) t``
-and loss weight ``λ' = 1/t`` (MDLM's ``dσ/expm1(σ)`` with ``σ = -log(1 - (1-ε) t)`` equals
-``(1-ε)/((1-ε) t) = 1/t``). Note ``(1-ε)/(1-(1-ε)t) = dσ/dt`` is MDLM's *rate* σ', not its weight.
-
-Discrete reveal probability from t to s < t: ``λ_k(s, t) = (α_k(s) - α_k(t)) / (1 - α_k(t))``,
-0 where α_k(t) = 1 (eq. 7 / Algorithm 1 line 17).
-
-All methods follow the floating dtype of ``t`` (float32 at least; float64 under x64), so the same
-code serves bf16 training (promoted to float32) and float64 exactness tests. The private ``_xp``
-argument lets the host-side checks below run the very same formulas in numpy float64.
+All methods follow the floating dtype of `t` (float32 at least; float64 under x64), so the same
+code serves bf16 training (promoted to float32) and float64 exactness tests. The private `_xp`
+argument lets the host-side checks run the very same formulas in numpy float64.
 """
 
 from __future__ import annotations

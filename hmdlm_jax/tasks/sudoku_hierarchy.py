@@ -1,24 +1,14 @@
-"""Hierarchy diagnostics of every Sudoku evaluation (issue 11; docs/method.md §6, §10).
+"""Hierarchy diagnostics of every Sudoku evaluation (docs/method.md §8.6; levels §6, decoding §10).
 
-For a model with K > 1 levels (nothing is computed for its MDLM twin):
-
-* Level accuracy of the learned head on blank cells: pass 1 on a corruption of each test puzzle at
-  t ~ U(t_min, 1) (the training distribution; `'random'`) and at fixed t (1 = every blank masked,
-  the start of decoding), against the labeller's levels; per gold level (recall), and the prior:
-  the accuracy of always answering the majority level of the same cells.
-* The same checkpoint decoded several ways (the first sampling seed; greedy unless
-  `eval.hierarchy_sampling` adds or names 'stochastic'), `DECODING_MODES`:
-  - 'head_ignored': hierarchy_weight w = 0, level_context 'none' (reveals ordered by token
-    confidence; the head only sets how many cells a step reveals and which may go);
-  - 'head_order': w = 1, 'none': the learned head orders the reveals;
-  - 'head_context': w = 1, 'candidates': it orders them and pass 2 sees its levels;
-  - 'labeller_order' / 'labeller_context': the same with the head REPLACED by the labeller's
-    levels. The labeller needs only the givens (rounds of singles from the clues, data/sudoku.py
-    `hierarchy_levels`), so this is a legitimate decoding that anyone can run on a new puzzle, but
-    it is a reference, not the learned head: reported under its own name, never as the model's;
-  - 'labeller_order_at_<k>' (k = 0..5): 'head_order' with the head replaced by the labeller on
-    the cells whose labeller level is k only: a diagnostic of which level's head errors cost the
-    order what 'labeller_order' gains over 'head_order'.
+For a model with K > 1 levels (nothing is computed for its MDLM twin): the level accuracy of the
+learned head on blank cells (pass 1 at t ~ U(t_min, 1) and at fixed t, against the labeller's
+levels, per gold level, beside the majority-level prior), and the same checkpoint decoded several
+ways (`DECODING_MODES`): with the head ignored, the head ordering the reveals ('head_order'),
+ordering them and feeding pass 2 ('head_context'), and the same with the head REPLACED by the
+labeller's levels ('labeller_order', 'labeller_context', and 'labeller_order_at_<k>' on level
+k's cells only). The labeller needs only the givens, so its decodings are legitimate references
+that anyone can run on a new puzzle, but they are not the learned head's: they are reported under
+their own names, never as the model's.
 """
 
 from __future__ import annotations
@@ -83,7 +73,7 @@ def level_accuracy(apply_fn: compiled.ApplyFn, process: process_base.Process,
                    batches: Iterable[batches_lib.Batch], *, t_min: float, seed: int = 1234,
                    times: Sequence[float | str] = LEVEL_TIMES,
                    max_examples: int | None = None) -> dict[str, Any]:
-  """Level accuracy of the head on the masked blank cells of each t setting (module docstring).
+  """Level accuracy of the head on the masked blank cells of each t setting (docs/method.md §8.6).
 
   Returns:
     {'t=<t>': {'accuracy', 'prior' (majority-level accuracy on the same cells), 'majority_level',
