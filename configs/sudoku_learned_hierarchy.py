@@ -1,33 +1,18 @@
-"""Sudoku HMDLM whose level head learns the hierarchy (issue 11; docs/hierarchy_results.md 12-23).
+"""Sudoku HMDLM whose level head learns the hierarchy: the demo's pathway at width 64, 2,000 steps.
 
   python -m hmdlm_jax.main --config=configs/sudoku_learned_hierarchy.py --workdir=DIR
 
-configs/sudoku_base.py with the hierarchy pathway of docs/method.md §4.7: it reads the
-embedded input (givens as their own state, its own input table and time embedding), runs two tied
-blocks per solving round for the five rounds at width 64, reads one hazard per round, and learns
-each round's digits (`loss.beta_rounds`) besides the levels (plain cross-entropy, its own gradient
-clip). The Sudoku candidate features feed this pathway only, so the token network is the base's
-and `--config.model.num_levels=1` gives exactly the base's MDLM twin. 2,000 steps, 46.3 G matrix
-FLOPs per step (1.28x the base's: `python -m scripts.step_cost`; 95.2 G at the full width,
-`--config.model.hier_width=0`, items 12-14); about 25 minutes of training alone on 2 CPU cores
-(2026-12-03), plus about 10 of evaluation on 500 test puzzles.
+Expected (its 500 generated test puzzles, 3 seeds): level accuracy 0.898 ± 0.003 against a prior
+of 0.614; 74.0 ± 0.9% solved greedy, 63.7 ± 1.0% stochastic; the head's order +5.7 ± 1.5 solve /
++3.1 ± 0.5 cell points over ignoring it. About 25 min of training on 2 CPU cores plus ~10 of
+evaluation (docs/results/sudoku.md).
 
-Measured (500 generated test puzzles, docs/hierarchy_results.md items 19-21, seeds 0-2): with the
-pathway's learning rate 5x the token network's (`optim.hier_lr_scale`) the jointly trained head
-reaches level accuracy 0.898 against a prior of 0.614 (0.891 at 3x, 0.825 at 1x, items 16, 19);
-ordering the reveals by it beats ignoring it by +5.7 ± 1.5 solve / +3.1 ± 0.5 cell points (w = 1;
-+3.8 / +2.8 at 3x), and greedy decoding at w = 0.1 (`sample.hierarchy_weight`: the head's reveal
-probability enters the confidence score with a small weight) solves 74.0 ± 0.9% (+4.7 ± 0.7 over
-ignoring the head; w = 1: 75.0 ± 1.1%, paired +1.0 ± 1.9, within noise). The width-32 pathway
-(`--config.model.hier_width=32`, at 3x) leads its MDLM twin at equal matrix FLOPs (2,426 steps) by
-+6.2 ± 0.2 greedy and +6.0 ± 1.6 stochastic, but not at equal wall time on a 2-core CPU, where the
-training loop's step is 1.9-2.1x the twin's (4,154 twin steps: +1.8 ± 1.0 greedy, -0.7 ± 0.3
-stochastic, item 20; at 5x +2.3 ± 0.7 / -1.1 ± 0.7, item 21). The final evaluation reports all
-three decodings and, as a reference, the labeller's order. `--config.model.hier_num_heads=1` (one
-attention head in the pathway) keeps the level accuracy and makes the step 10-20% faster, but
-decoded about one point lower at 1x (3 seeds, within noise; item 18), so the pathway keeps four
-heads here; at width 32 (5x) one head decodes as four do (3 seeds, every decoding within a point,
-paired) at a training-loop step of 1.58x the twin's against 2.08x (item 23).
+configs/sudoku_base.py with the hierarchy pathway of docs/method.md §4.7: it reads the embedded
+input (givens as their own state, candidate features for the pathway only, its own input table and
+time embedding), runs two tied blocks per solving round for the five rounds, reads one hazard per
+round, learns each round's digits besides the levels, and trains at 5× the token network's
+learning rate under its own gradient clip. The token network is the base's, so
+`--config.model.num_levels=1` gives exactly the base's MDLM twin.
 """
 
 from __future__ import annotations

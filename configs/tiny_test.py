@@ -1,5 +1,7 @@
 """The smallest Sudoku config, for tests: 2 layers × width 32, batch 8, 4 generated puzzles.
 
+Expected: no meaningful accuracy (it trains for a few steps); a test runs it in seconds.
+
 Tests override fields with `config.train.num_steps = ...` or `--config.train.num_steps=...`; the
 puzzle cache goes to `data.cache_dir` (tests point it at a temporary directory).
 """

@@ -1,22 +1,16 @@
-"""HMDLM fine-tuned on WikiHow from MDLM-OWT (paper section 5.1.2, Appendix C; docs/method.md §6).
+r"""HMDLM fine-tuned on WikiHow from MDLM-OWT (paper section 5.1.2, Appendix C; docs/method.md §6).
+
+Expected: not measured in this repository (no WikiHow data or MDLM-OWT checkpoint here).
 
 `--config=configs/wikihow.py:L,RULE` with L ∈ {256, 512, 1024} (default 512) and RULE 'position'
-(HMDLM-P, default: summary = level 1, body = level 0) or 'frequency' (HMDLM-F, τ = 1).
-Rows: GPT-2 tokenizer, `BOS title\\n summary\\n body EOS`, the title given (never masked, no loss),
-articles longer than L dropped (the paper filters WikiHow to each length). Power schedule
-ω = (1, 2). Backbone: MDLM's DiT 12 × 768 initialised from the MDLM-OWT checkpoint
-(`init.mdlm_checkpoint`: a file written by `python -m hmdlm_jax.convert_mdlm`, or the MDLM
-safetensors / Lightning .ckpt itself); the level table and hierarchy head start fresh.
-vocab_size = 50,257 GPT-2 tokens + appended MASK = 50,258, MDLM-OWT's embedding rows (its MASK is
-50,257 too).
-
-Budget: global batch 128 as the paper's baselines (≈ 30 epochs); `train.num_steps` follows
-Appendix C, Table 7 (HMDLM step-matched to MDLM's 28,650 / 41,137 steps at L = 512 / 1024). The
-paper gives no L = 256 budget: we reuse L = 512's; recompute it from the filtered train size with
-Appendix C eq. 100. The paper does not state the fine-tuning optimiser; we keep MDLM's (AdamW
-3e-4, 2,500 warm-up steps, constant).
-Data files: `data.train_path` / `data.test_path` (wikihowAll.csv, or a Hugging Face export as
-JSON-lines / parquet); with one file, `data.test_fraction` splits it by title hash.
+(HMDLM-P, default: summary = level 1, body = level 0) or 'frequency' (HMDLM-F, τ = 1). Rows: GPT-2
+tokenizer, `BOS title\n summary\n body EOS`, the title given, articles longer than L dropped.
+Power schedule ω = (1, 2). Backbone: MDLM's DiT 12 × 768 from the MDLM-OWT checkpoint
+(`init.mdlm_checkpoint`: converted by `python -m hmdlm_jax.convert_mdlm`, or the safetensors /
+.ckpt itself); vocab_size = 50,257 + MASK = 50,258. Budget: global batch 128, `train.num_steps`
+from Appendix C, Table 7 (28,650 / 41,137 steps at L = 512 / 1024; L = 256 reuses L = 512's);
+optimiser MDLM's (AdamW 3e-4, 2,500 warm-up steps, constant). Data: `data.train_path` /
+`data.test_path` (wikihowAll.csv, or a Hugging Face export); one file splits by title hash.
 """
 
 from __future__ import annotations

