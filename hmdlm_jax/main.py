@@ -1,24 +1,14 @@
-r"""Command line: train, evaluate or sample.
+r"""Command line: train, evaluate or sample one experiment (docs/usage.md).
 
   python -m hmdlm_jax.main --config=configs/sudoku.py --workdir=/tmp/hmdlm_sudoku
   python -m hmdlm_jax.main --config=configs/sudoku.py --workdir=DIR --mode=eval [--out=OUT]
-  python -m hmdlm_jax.main --config=configs/sudoku.py --workdir=DIR --mode=sample \
-      --puzzles=..3.2.6..9..3.5..1..18.64....81.29..7.......8..67.82....26.95..8..2.3..9..5.1.3..
+  python -m hmdlm_jax.main --config=configs/sudoku.py --workdir=DIR --mode=sample --puzzles=...
 
-Any config field can be overridden: `--config.train.num_steps=200 --config.model.num_levels=1`
-(unknown keys and values of the wrong type are rejected). `--config` defaults to configs/sudoku.py
-and `--workdir` to /tmp/hmdlm_sudoku. Rerunning a train command resumes from DIR's latest
-checkpoint. Multi-host: add `--config.distributed.enabled=True` (see launch/).
-
-Every run is checked whole before it writes anything (hmdlm_jax/preflight.py): a bad config file,
-override or value, data that does not fit the model, an unusable workdir or checkpoint, bad puzzles
-or an output that an earlier run wrote end the run with ONE line `hmdlm_jax: error: ...` naming
-the file or field and what to do, exit code 1, no traceback (`--verbosity=1` prints it), and
-leave every file as it was. A run that starts records itself (hmdlm_jax/workdir.py): training
-writes DIR/config.json (fresh runs only) and a line of DIR/runs.jsonl; eval / sample write only
-into their output directory (`--out`, default DIR when it is writable): eval_<step>.json,
-samples_<step>.jsonl, pictures/ and a runs.jsonl line, never replacing an earlier run's outputs
-without `--overwrite`. README.md's "Troubleshooting" lists the common errors.
+Any field of hmdlm_jax/config/schema.py can be overridden (`--config.train.num_steps=200`). The
+config is loaded and resolved here, once (hmdlm_jax/config); the run is checked whole before it
+writes anything (hmdlm_jax/preflight.py): a mistake ends it with ONE line `hmdlm_jax: error: ...`
+naming the file or field, exit code 1, every file left as it was. Rerunning a train command
+resumes from DIR's latest checkpoint; SIGTERM checkpoints and exits.
 """
 
 from __future__ import annotations
@@ -79,7 +69,7 @@ def run(mode: str, config: Any, workdir: str, *, step: int | None = None,
 
   Args:
     mode: 'train' | 'eval' | 'sample'.
-    config: the experiment ConfigDict (resolved here by hmdlm_jax/config.py).
+    config: the experiment ConfigDict (hmdlm_jax.config.load), resolved here once.
     workdir: the run directory.
     step: eval/sample: checkpoint step (None = latest).
     puzzles, puzzle_file: sample mode (see the flags).

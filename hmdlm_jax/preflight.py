@@ -1,28 +1,11 @@
 """Everything a run checks before it writes anything (main.run calls `check` first).
 
-A mistake in the config, the data's shape, the workdir, the checkpoint or the inputs is reported as
-one ValueError naming the field or file and what to do, before a file is created or the model is
-initialised. In order:
-
-1. the config (hmdlm_jax/config.py resolves and validates every section), the task's data against
-   the model (`task.validate`: row length, vocabulary, levels, paths), the process
-   (`processes.build`: e.g. Appendix D's ordering with schedule.check_ordering='error'), the batch
-   against the process count;
-2. train: the workdir exists as a writable directory or can be created (nothing is created);
-   eval / sample: it exists, and the output directory (--out, default the workdir when writable)
-   is writable, and --puzzles / --out / --step fit the mode;
-3. the checkpoint: resuming, the latest step's stored config must agree with this run on the model,
-   process, schedule, loss, optimiser, seed and data layout (workdir.RESUME_FIELDS; overridable
-   with `resume_with_changes`) and its stored tree must match this model's state; eval / sample:
-   --step must exist (the steps that do are listed) and its tree must match;
-4. a fresh training run with init.mdlm_checkpoint or init.workdir: the source is readable and its
-   shapes fit the model (abstract parameters, nothing allocated; a warm start across processes
-   maps the vocabulary rows first, hmdlm_jax/warm_start.py), before the ~10 s of initialisation;
-5. sample: the puzzles parse and are solvable; eval / sample: the outputs of this run
-   (`task.outputs`) do not exist yet, unless `overwrite`.
-
-The data itself (the corpus' encoding, a puzzle file) is read by the task's pipeline, which main.run
-builds after these checks and before the run's record is written.
+A mistake is one ValueError naming the field or file and what to do, raised before a file is
+created or the model initialised. In order: the task's data against the model, the process, the
+batch against the process count; the workdir (train: creatable; eval / sample: exists, outputs
+writable); the checkpoint (resume: its stored config agrees on workdir.RESUME_FIELDS and its tree
+fits; eval / sample: --step exists and fits); a warm start's source fits the model (shapes only);
+sample inputs parse; eval / sample outputs do not exist yet unless `overwrite`.
 """
 
 from __future__ import annotations

@@ -333,7 +333,7 @@ def train_and_evaluate(config: config_lib.Config, workdir: str, *, train_iter: A
                        eval_fn: EvalFn | None = None) -> dict[str, Any]:
   """Trains (resuming from DIR/checkpoints when present) and evaluates; returns final metrics.
 
-  The caller (main.py) resolves the config (hmdlm_jax/config.py), initialises multi-host JAX and
+  The caller (main.py) resolves the config (hmdlm_jax/config), initialises multi-host JAX and
   injects the task's data and evaluation: `train_iter` is this process's checkpointable iterator
   of training batches, `eval_fn(config, state, step, workdir)` the task's evaluation (None: none).
 

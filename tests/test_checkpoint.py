@@ -103,8 +103,9 @@ def _abstract_state(hidden: int = 32):
   from configs import tiny_test  # pylint: disable=g-import-not-at-top
   from hmdlm_jax import config as config_lib  # pylint: disable=g-import-not-at-top
   from hmdlm_jax import models, sharding, train  # pylint: disable=g-import-not-at-top
-  cfg = config_lib.resolve(tiny_test.get_config())
-  cfg.model.hidden_size = hidden
+  c = tiny_test.get_config()
+  c.model.hidden_size = hidden
+  cfg = config_lib.resolve(c)
   mesh = sharding.make_mesh(cfg.mesh, jax.devices()[:1])
   abstract, _ = train.state_shardings(cfg, models.build_model(cfg.model), mesh)
   return cfg, abstract

@@ -26,6 +26,7 @@ from hmdlm_jax import train
 from hmdlm_jax.evaluation import reports
 from hmdlm_jax.evaluation import run as eval_run
 from tests.eval_helpers import puzzle_set
+from tests.config_helpers import resolved
 
 SCHEMA = {'step', 'kind', 'use_ema', 'num_examples', 'seconds', 'results', 'scalars'}
 
@@ -52,15 +53,15 @@ def test_tensorboard_tags_are_legal_without_a_log_line(tmp_path, caplog):
 def test_registry_keys_and_eval_kind_check():
   config = base_config.get_base_config()
   assert sorted(tasks.TASKS) == ['lm1b', 'sudoku', 'text', 'wikihow']
-  assert tasks.get(config).eval_kind == 'sudoku'
+  assert tasks.get(resolved(config)).eval_kind == 'sudoku'
   assert tasks.TASKS['wikihow'].prompted and not tasks.TASKS['lm1b'].prompted
   config.data.kind = 'text'
   with pytest.raises(ValueError, match=r"config.eval.kind='sudoku' does not fit data.kind='text'"
                                        r".*--config.eval.kind=perplexity"):
-    tasks.get(config)
+    tasks.get(resolved(config))
   config.data.kind = 'nonsense'
   with pytest.raises(ValueError, match=r"config.data.kind='nonsense' is not one of \['lm1b'"):
-    tasks.get(config)
+    tasks.get(resolved(config))
 
 
 class _FakeIterator:
@@ -141,7 +142,7 @@ def test_entry_points_from_a_checkpoint(tmp_path, capsys):
   assert printed.startswith(f'Evaluation of step 7 (sudoku, EMA params) -> {workdir}/eval_7.json')
 
   # The training hook: the same schema on eval.num_examples, compiled once for all its calls.
-  evaluator = eval_run.TrainingEvaluator(config, tasks.get(config))
+  evaluator = eval_run.TrainingEvaluator(config, tasks.get(resolved(config)))
   flat = evaluator(config, state, 7, workdir)
   assert flat['num_puzzles'] == 4 and 0.0 <= flat['greedy/mean/cell_accuracy'] <= 1.0
   assert all(isinstance(v, float) for v in flat.values())

@@ -316,7 +316,6 @@ def test_probe_driver_is_fast_enough(probe_results):
 def test_config_changes_name_only_real_changes():
   config = config_lib.resolve(tiny_test.get_config())
   stored = workdir_lib.config_to_dict(config)
-  stored['model']['mask_id'] = -1  # older records kept the unresolved value
   stored['train']['num_steps'] = 5  # not a resume field
   assert workdir_lib.config_changes(stored, config) == []
   stored['model']['hidden_size'] = 48
@@ -343,10 +342,10 @@ def test_check_ordering_modes_in_preflight(tmp_path, mode):
   workdir = str(tmp_path / 'run')
   if mode == 'error':
     with pytest.raises(ValueError, match='violates the reveal ordering'):
-      preflight.check('train', config, workdir)
+      preflight.check('train', config_lib.resolve(config), workdir)
   else:
     with pytest.warns(UserWarning):
-      plan = preflight.check('train', config, workdir)
+      plan = preflight.check('train', config_lib.resolve(config), workdir)
     assert plan.step is None and plan.config.schedule.check_ordering == mode
   assert not os.path.exists(workdir)
 
@@ -358,10 +357,10 @@ def test_selected_token_rows_on_several_devices_is_refused_before_writing(tmp_pa
   config.mesh.data = 8
   workdir = str(tmp_path / 'run')
   config.loss.token_rows = 'auto'  # resolves to 'all' on 8 devices
-  assert preflight.check('train', config, workdir).step is None
+  assert preflight.check('train', config_lib.resolve(config), workdir).step is None
   config.loss.token_rows = 'selected'
   with pytest.raises(ValueError, match="loss.token_rows='selected'.*this mesh has 8"):
-    preflight.check('train', config, workdir)
+    preflight.check('train', config_lib.resolve(config), workdir)
   assert not os.path.exists(workdir)
 
 

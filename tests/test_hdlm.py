@@ -13,6 +13,7 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 import numpy as np
+import ml_collections
 import pytest
 
 from configs.base import get_base_config
@@ -31,6 +32,7 @@ from hmdlm_jax.processes.hdlm_core import HDLMSchedule
 from hmdlm_jax.processes.schedules import Schedule
 from tests import oracle
 from tests.conftest import OPTIMISED
+from tests.config_helpers import resolved
 
 WORD_CLUSTERS = (0, 0, 1, 1)
 MASK = 4
@@ -460,14 +462,14 @@ def _hdlm_config(**kw):
 def test_config_resolves_ids_and_builds_the_process():
   r = config_lib.resolve(_hdlm_config())
   assert r.model.mask_id == 100 and r.model.extra_vocab_rows == 8
-  assert config_lib.resolve(r).model.mask_id == 100  # idempotent
-  proc = processes.build(_hdlm_config())
+  assert config_lib.resolve(ml_collections.ConfigDict(config_lib.to_dict(r))).model.mask_id == 100  # idempotent
+  proc = processes.build(resolved(_hdlm_config()))
   assert isinstance(proc, hdlm.HDLM) and proc.layout.cluster_offset == 101
   sizes = np.bincount(proc.layout.cluster_of[proc.layout.cluster_of >= 0])
   assert sizes.tolist() == [13, 12, 13, 12, 13, 12, 13, 12]  # the 'id' fallback: 100 words
   one = config_lib.resolve(_hdlm_config(num_clusters=1))
   assert one.model.extra_vocab_rows == 0 and one.model.mask_id == 108
-  assert config_lib.hdlm_config(_hdlm_config(xi=0.9)).force == 'between'
+  assert config_lib.hdlm_config(resolved(_hdlm_config(xi=0.9))).force == 'between'
 
 
 @pytest.mark.parametrize('field,value,match', [
@@ -502,9 +504,9 @@ def test_config_errors_for_inconsistent_settings():
   with pytest.raises(ValueError, match='model.vocab_size=9 must count'):
     config_lib.resolve(c)
   with pytest.raises(ValueError, match='process.hdlm.clusters'):
-    processes.build(_hdlm_config(clusters='/nonexistent/clusters.npz'))
+    processes.build(resolved(_hdlm_config(clusters='/nonexistent/clusters.npz')))
   with pytest.raises(ValueError, match="fallback='error'"):
-    processes.build(_hdlm_config(fallback='error'))
+    processes.build(resolved(_hdlm_config(fallback='error')))
 
 
 def test_sampling_settings_are_checked():
@@ -547,7 +549,7 @@ def test_real_backbone_trains_and_samples_through_the_registry():
   m.seq_len, m.num_layers, m.hidden_size, m.num_heads, m.mlp_dim, m.cond_dim = 8, 1, 32, 2, 64, 16
   c.data.seq_len = 8
   r = config_lib.resolve(c)
-  proc = processes.build(c)
+  proc = processes.build(resolved(c))
   assert (r.model.vocab_size, r.model.mask_id, proc.layout.cluster_offset) == (109, 100, 101)
   model = models.build_model(r.model)
   params = models.init_params(model, jax.random.key(0), 8)
@@ -560,7 +562,7 @@ def test_real_backbone_trains_and_samples_through_the_registry():
   loss, grads = jax.jit(jax.value_and_grad(loss_fn))(params)
   assert np.isfinite(float(loss))
   assert all(np.all(np.isfinite(g)) for g in jax.tree.leaves(grads))
-  cfg = config_lib.SampleConfig.from_config(c)
+  cfg = config_lib.SampleConfig.from_config(resolved(c))
   cfg = dataclasses.replace(cfg, num_steps=6)
   run = base.make_sampler(proc, lambda p: models.make_apply_fn(model, p, train=False), cfg,
                           batch_size=3, seq_len=8)

@@ -14,6 +14,7 @@ from configs.base import get_base_config
 from hmdlm_jax import config as config_lib
 from hmdlm_jax.data import clusters
 from hmdlm_jax.processes import hdlm
+from tests.config_helpers import resolved
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BERT_N64 = os.path.join(REPO, 'assets', 'hdlm_clusters', 'bert-base-uncased_minilm-l6_n64.npz')
@@ -167,7 +168,7 @@ def test_process_layout_from_the_bert_artefact(mask_token):
     c.model.vocab_size, c.model.mask_id = 30523 + 64, -1
   else:
     c.model.vocab_size, c.model.mask_id = 30522 + 64, 103
-  lay = hdlm.layout_from_config(config_lib.hdlm_config(c))
+  lay = hdlm.layout_from_config(config_lib.hdlm_config(resolved(c)))
   art = clusters.load(BERT_N64)
   words = lay.cluster_of >= 0
   assert words.sum() == 30522 - (mask_token == 'tokenizer')
@@ -177,4 +178,4 @@ def test_process_layout_from_the_bert_artefact(mask_token):
   c.process.hdlm.num_clusters = 32
   c.model.vocab_size -= 32
   with pytest.raises(ValueError, match='has 64 clusters'):
-    hdlm.layout_from_config(config_lib.hdlm_config(c))
+    hdlm.layout_from_config(config_lib.hdlm_config(resolved(c)))

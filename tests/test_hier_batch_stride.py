@@ -25,6 +25,7 @@ from hmdlm_jax.processes import hmdlm
 from hmdlm_jax.processes import level_objectives
 from hmdlm_jax.processes.schedules import Schedule
 from tests.test_losses import B, MASK, make_batch, make_net, np_log_softmax, np_schedule
+from tests.config_helpers import resolved
 
 K = 3
 OFFSETS = (0.0, 0.25, 0.5)
@@ -149,7 +150,7 @@ def test_config_checks_and_the_twin():
   assert config_lib.LossConfig().hier_batch_stride == 1
   c = sudoku_config.get_config()
   c.loss.hier_batch_stride = 4
-  assert config_lib.LossConfig.from_config(c).hier_batch_stride == 4
+  assert config_lib.LossConfig.from_config(resolved(c)).hier_batch_stride == 4
   c.model.num_levels = 1  # the MDLM twin has no pass 1 to thin
   assert config_lib.resolve(c).loss.hier_batch_stride == 1
   bad = [('loss.hier_batch_stride=3 must divide the batch', dict(hier_batch_stride=3)),

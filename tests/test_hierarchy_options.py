@@ -37,6 +37,7 @@ from hmdlm_jax.processes.schedules import Schedule
 from tests import model_helpers as mh
 from tests.test_losses import B, L, MASK, V, make_batch, make_net, np_log_softmax, np_schedule
 from tests.test_models_reference import _np64, _np_ddit_block
+from tests.config_helpers import resolved
 
 K = 3
 
@@ -359,7 +360,7 @@ def test_hier_lr_scale_multiplies_the_hierarchy_group_update_only():
   bad = get_base_config()
   bad.optim.hier_lr_scale = 0.0
   with pytest.raises(ValueError, match='optim.hier_lr_scale'):
-    optim.validate_optim_config(bad.optim)
+    config_lib.resolve(bad)
 
 
 def test_backbone_update_unchanged_by_a_huge_head_gradient():
@@ -369,23 +370,23 @@ def test_backbone_update_unchanged_by_a_huge_head_gradient():
   bad = get_base_config()
   bad.optim.hier_grad_clip = -1.0
   with pytest.raises(ValueError, match='optim.hier_grad_clip'):
-    optim.validate_optim_config(bad.optim)
+    config_lib.resolve(bad)
 
 
 def test_train_steps_T_defaults_to_the_sampling_grid():
   c = get_base_config()
   assert c.loss.train_steps_T == 0
-  assert config_lib.LossConfig.from_config(c).train_steps_T == c.sample.num_steps == 128
+  assert config_lib.LossConfig.from_config(resolved(c)).train_steps_T == c.sample.num_steps == 128
   c.loss.train_steps_T = 1000
-  assert config_lib.LossConfig.from_config(c).train_steps_T == 1000
-  assert config_lib.LossConfig.from_config(sudoku_config.get_config()).train_steps_T == 81
+  assert config_lib.LossConfig.from_config(resolved(c)).train_steps_T == 1000
+  assert config_lib.LossConfig.from_config(resolved(sudoku_config.get_config())).train_steps_T == 81
   c = get_base_config()
   c.loss.hier_objective = 'mse'
   with pytest.raises(ValueError, match='loss.hier_objective'):
     config_lib.resolve(c)
   c = get_base_config()
   c.model.hier_time_conditioning = True  # t reaches the network: no pass-1 logit reuse
-  assert config_lib.SampleConfig.from_config(c).time_conditioning
+  assert config_lib.SampleConfig.from_config(resolved(c)).time_conditioning
 
 
 def test_round_readout_is_stick_breaking():

@@ -16,6 +16,7 @@ from hmdlm_jax.processes import hmdlm
 from hmdlm_jax.processes import hmdlm_terms
 from hmdlm_jax.processes import parameterization
 from hmdlm_jax.processes.schedules import Schedule
+from tests.config_helpers import resolved
 
 V = 11  # vocabulary incl. MASK
 MASK = V - 1
@@ -391,22 +392,22 @@ def test_nan_is_not_averaged_away():
 
 def test_loss_config_from_config():
   c = get_base_config()
-  cfg = config_lib.LossConfig.from_config(c)
+  cfg = config_lib.LossConfig.from_config(resolved(c))
   assert cfg.mask_id == c.model.vocab_size - 1 and cfg.num_levels == 2
   assert cfg.variant == "two_pass" and cfg.prior_corrected
   assert cfg.train_steps_T == c.sample.num_steps  # loss.train_steps_T = 0: the sampling grid
   hash(cfg)
   c.model.variant = 'three_pass'
   with pytest.raises(ValueError, match='model.variant'):
-    config_lib.LossConfig.from_config(c)
+    config_lib.LossConfig.from_config(resolved(c))
   c = get_base_config()
   c.model.mask_id = c.model.vocab_size
   with pytest.raises(ValueError, match='model.mask_id'):
-    config_lib.LossConfig.from_config(c)
+    config_lib.LossConfig.from_config(resolved(c))
   c = get_base_config()
   c.loss.t_min = 1.0
   with pytest.raises(ValueError, match='loss.t_min'):
-    config_lib.LossConfig.from_config(c)
+    config_lib.LossConfig.from_config(resolved(c))
   with pytest.raises(ValueError, match='model.num_levels'):
     hmdlm.diffusion_loss(lambda *a, **kw: {}, make_batch(0, 2), jax.random.key(0),
                           Schedule('loglinear', (0.0,)), config_lib.LossConfig(mask_id=MASK))

@@ -25,6 +25,7 @@ from hmdlm_jax.processes import multimdm_math as mm
 from hmdlm_jax.processes.schedules import Schedule
 from tests import oracle
 from tests.conftest import OPTIMISED
+from tests.config_helpers import resolved
 
 V, M = 4, 2
 SCHEDULES = [dict(), dict(beta='alpha_power', beta_power=0.5),
@@ -309,7 +310,7 @@ def test_config_validation_names_the_field(field, value, match):
     node = node[k]
   node[rest[-1]] = value
   with pytest.raises(ValueError, match=match):
-    processes.build(c)
+    processes.build(resolved(c))
 
 
 def test_designation_from_a_file(tmp_path):

@@ -13,6 +13,7 @@ from hmdlm_jax import tasks
 from hmdlm_jax.data import sudoku
 from hmdlm_jax.data import sudoku_csv
 from hmdlm_jax.data import sudoku_generator
+from tests.config_helpers import resolved
 
 N_TRAIN, N_TEST = 60, 21
 
@@ -39,7 +40,7 @@ def _config(paths: tuple[str, str], *, batch: int = 6, eval_batch: int = 4, augm
 
 
 def _dataset(config, split: str, **kw):
-  return tasks.get(config).dataset(config, split, **kw)
+  return tasks.get(resolved(config)).dataset(config, split, **kw)
 
 
 def _take(it, n: int) -> list[dict[str, np.ndarray]]:

@@ -16,6 +16,7 @@ import functools
 import jax
 import jax.numpy as jnp
 import numpy as np
+import ml_collections
 import pytest
 
 from configs import sudoku_base as sudoku_config
@@ -26,6 +27,7 @@ from hmdlm_jax.processes import hmdlm
 from hmdlm_jax.processes.schedules import Schedule
 from tests import model_helpers as mh
 from tests.test_losses import B, L, MASK, V, make_batch, np_log_softmax
+from tests.config_helpers import resolved
 
 K = 3  # R = K - 1 = 2 rounds
 ROUNDS = dict(hier_layers=1, hier_repeats=K - 1, hier_readout='rounds')
@@ -128,9 +130,9 @@ def test_round_tokens_config_is_derived_and_checked():
   c.model.update(hier_layers=1, hier_repeats=c.model.num_levels - 1, hier_readout='rounds')
   c.loss.beta_rounds = 0.5
   r = config_lib.resolve(c)
-  assert r.model.hier_round_tokens and config_lib.resolve(r).model.hier_round_tokens
-  assert config_lib.LossConfig.from_config(c).beta_rounds == 0.5
-  assert config_lib.ModelConfig.from_config(c).hier_round_tokens
+  assert r.model.hier_round_tokens and config_lib.resolve(ml_collections.ConfigDict(config_lib.to_dict(r))).model.hier_round_tokens
+  assert config_lib.LossConfig.from_config(resolved(c)).beta_rounds == 0.5
+  assert resolved(c).model.hier_round_tokens
   bad = sudoku_config.get_config()
   bad.loss.beta_rounds = 0.5  # the default level head: no rounds to read
   with pytest.raises(ValueError, match="loss.beta_rounds.*hier_readout='rounds'"):

@@ -396,14 +396,14 @@ def test_confidence_ordering_solves_a_deterministic_puzzle(num_levels):
 
 def test_sample_config_from_config():
   c = base_config.get_base_config()
-  cfg = config_lib.SampleConfig.from_config(c)
+  cfg = config_lib.SampleConfig.from_config(config_lib.resolve(c))
   assert cfg == config_lib.SampleConfig(
       num_steps=128, num_levels=2, mask_id=c.model.vocab_size - 1, temperature=1.0, greedy=False,
       ordering='ancestral', use_cache=True, prior_corrected=True, variant='two_pass',
       time_conditioning=False)
   hash(cfg)  # static jit argument
   c.model.mask_id = 7
-  assert config_lib.SampleConfig.from_config(c).mask_id == 7
+  assert config_lib.SampleConfig.from_config(config_lib.resolve(c)).mask_id == 7
 
 
 @pytest.mark.parametrize('section,field,value', [
@@ -420,7 +420,7 @@ def test_sample_config_rejects_bad_values(section, field, value):
   with c.unlocked():
     c[section][field] = value
   with pytest.raises(ValueError, match=f'{section}.{field}|SampleConfig.{field}'):
-    config_lib.SampleConfig.from_config(c)
+    config_lib.resolve(c)
 
 
 def test_sample_config_rejects_non_bool_flags():

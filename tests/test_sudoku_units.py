@@ -22,6 +22,7 @@ from hmdlm_jax import models
 from hmdlm_jax.models import sudoku_units
 from scripts import step_cost
 from tests import model_helpers as mh
+from tests.config_helpers import resolved
 
 
 def _np_units() -> list[list[list[int]]]:
@@ -89,13 +90,13 @@ def test_pathway_blocks_attend_over_units(monkeypatch):
   """The pathway's blocks read a unit bias and no [81, 81] relation table; the token trunk
   keeps its relation table; the pathway's output equals the blocks' re-derivation through
   the numpy oracle (one block, one repeat)."""
-  cfg = config_lib.ModelConfig.from_config(_cfg(hier_attention='sudoku_units'))
+  cfg = resolved(_cfg(hier_attention='sudoku_units')).model
   model = models.build_model(cfg)
   abstract = models.abstract_params(model, 81)
   assert abstract['hier_blocks_0']['relation']['unit_bias'].shape == (3, 2, 2)
   assert abstract['blocks_0']['relation']['relation_bias'].shape == (8, 2)
   full = models.abstract_params(
-      models.build_model(config_lib.ModelConfig.from_config(_cfg())), 81)
+      models.build_model(resolved(_cfg()).model), 81)
   assert full['hier_blocks_0']['relation']['relation_bias'].shape == (8, 2)
   # The block's attention output, intercepted, equals the numpy oracle on its q, k, v.
   params = mh.random_params(model, 81, 8, scale=0.3)
@@ -128,4 +129,4 @@ def test_unit_attention_cuts_matrix_flops():
 ])
 def test_bad_settings_are_refused(over, match):
   with pytest.raises(ValueError, match=match):
-    config_lib.ModelConfig.from_config(_cfg(**over))
+    resolved(_cfg(**over)).model

@@ -9,6 +9,7 @@ import unicodedata
 import ml_collections
 import pytest
 
+from hmdlm_jax import config as config_lib
 from hmdlm_jax.data import tokenizers as T
 
 FIXTURES = pathlib.Path(__file__).parent / 'fixtures'
@@ -187,24 +188,21 @@ def test_missing_offline_package(monkeypatch):
     T.load_tokenizer(T.OFFLINE_BERT)
 
 
+def _model(**fields) -> config_lib.ModelConfig:
+  return config_lib.ModelConfig(**fields)
+
+
 def test_check_vocab(bert):
-  m = ml_collections.ConfigDict({'vocab_size': 30523, 'mask_id': -1})
-  T.check_vocab(m, bert)
-  m.mask_id = 30522
-  T.check_vocab(m, bert)
-  m.vocab_size = 30522
+  T.check_vocab(_model(vocab_size=30523, mask_id=-1), bert)
+  T.check_vocab(_model(vocab_size=30523, mask_id=30522), bert)
   with pytest.raises(ValueError, match=r'config.model.vocab_size=30522 .* need 30523 rows'):
-    T.check_vocab(m, bert)
-  m.vocab_size, m.mask_id = 30523, 103
+    T.check_vocab(_model(vocab_size=30522, mask_id=30522), bert)
   with pytest.raises(ValueError, match='config.model.mask_id=103'):
-    T.check_vocab(m, bert)
+    T.check_vocab(_model(vocab_size=30523, mask_id=103), bert)
   # HDLM: the cluster rows after MASK (model.extra_vocab_rows, derived by config.resolve).
-  h = ml_collections.ConfigDict({'vocab_size': 30523 + 64, 'mask_id': 30522,
-                                 'extra_vocab_rows': 64})
-  T.check_vocab(h, bert)
-  h.vocab_size = 30523
+  T.check_vocab(_model(vocab_size=30523 + 64, mask_id=30522, extra_vocab_rows=64), bert)
   with pytest.raises(ValueError, match=r'\+ 64 cluster rows need 30587 rows'):
-    T.check_vocab(h, bert)
+    T.check_vocab(_model(vocab_size=30523, mask_id=30522, extra_vocab_rows=64), bert)
 
 
 def test_reused_tokenizer_mask_matches_mdlm_lm1b():
@@ -214,10 +212,10 @@ def test_reused_tokenizer_mask_matches_mdlm_lm1b():
   # A literal "[MASK]" in the text must not collide with the MASK token.
   ids = tok.encode('the [MASK] sat')
   assert 103 not in ids and tok.hf.unk_token_id in ids
-  T.check_vocab(ml_collections.ConfigDict({'vocab_size': 30522, 'mask_id': 103}), tok)
+  T.check_vocab(_model(vocab_size=30522, mask_id=103), tok)
   with pytest.raises(ValueError, match='mask_id=-1'):
-    T.check_vocab(ml_collections.ConfigDict({'vocab_size': 30522, 'mask_id': -1}), tok)
+    T.check_vocab(_model(vocab_size=30522, mask_id=-1), tok)
   with pytest.raises(ValueError, match='vocab_size=30523'):
-    T.check_vocab(ml_collections.ConfigDict({'vocab_size': 30523, 'mask_id': 103}), tok)
+    T.check_vocab(_model(vocab_size=30523, mask_id=103), tok)
   with pytest.raises(ValueError, match='data.mask_token'):
     T.load_tokenizer(T.OFFLINE_BERT, mask_token='reuse')

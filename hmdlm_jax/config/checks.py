@@ -1,4 +1,4 @@
-"""Field checks shared by the config views (hmdlm_jax/config.py, hmdlm_jax/config_hdlm.py).
+"""Field checks shared by the config views (hmdlm_jax/config/).
 
 Each raises ValueError naming the field and what is allowed. A leaf module: it imports nothing of
 the package, so every view module can use it without an import cycle.

@@ -1,6 +1,6 @@
 """The HDLM section of the config (`process.hdlm.*`, docs/method.md §13.1): its frozen view.
 
-A leaf of hmdlm_jax/config.py, which re-exports `HDLMConfig` and `hdlm_cluster_rows` and lists
+A leaf of hmdlm_jax/config, which re-exports `HDLMConfig` and `hdlm_cluster_rows` and lists
 `derived_model_fields` and `check_section` in its table of process kinds (so `config.resolve`
 derives and validates the section with the rest of the config); `processes/hdlm.py` builds the
 process from it.

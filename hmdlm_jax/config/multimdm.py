@@ -1,6 +1,6 @@
 """The MultiMDM section of the config (`process.multimdm.*`, docs/method.md §13.2): its frozen view.
 
-A leaf of hmdlm_jax/config.py, which re-exports `MultiMDMConfig` and lists `noise_ids` and
+A leaf of hmdlm_jax/config, which re-exports `MultiMDMConfig` and lists `noise_ids` and
 `check_section` in its table of process kinds; processes/multimdm.py builds the process from it.
 """
 

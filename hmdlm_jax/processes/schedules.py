@@ -159,7 +159,7 @@ def schedule_from_config(cfg_schedule: Any, num_levels: int) -> Schedule:
   """Builds and validates a `Schedule` from the config's `schedule` section (docs/method.md §2).
 
   Args:
-    cfg_schedule: object with fields kind, offsets, exponents, eps (configs/base.py).
+    cfg_schedule: object with fields kind, offsets, exponents, eps (config/schema.py).
     num_levels: K, the config's `model.num_levels`.
   Returns:
     The schedule. Raises ValueError naming the field on bad values; warns when a higher level
