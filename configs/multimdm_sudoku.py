@@ -15,7 +15,7 @@ Recipes (config string after the file name; DIR_* are run directories):
   python -m hmdlm_jax.main --config=configs/multimdm_sudoku.py --workdir=DIR_RAND
 
 The few-step table (solve rate and cell accuracy at 1, 2, 4, 8, 16, 81 network calls) is
-`python scripts/few_step.py --task=sudoku` (docs/multimdm_results.md), which runs all of the above.
+`python -m scripts.few_step --task=sudoku` (docs/multimdm_results.md), which runs all of the above.
 
 Choices (docs/method.md §13.2): M = 3, m_x = x mod 3 (each mask class holds 3 digits; the paper's
 rule M ≳ N^{1/L} asks for little here, and M = 9 would make the designated mask the digit itself);

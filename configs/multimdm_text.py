@@ -14,7 +14,7 @@ Recipes (config string after the file name):
 
 The paper's Table 1 shape offline (generative perplexity under a small autoregressive judge
 trained on the same split, hmdlm_jax/ar_judge.py, and sample entropy at K = 2..32 steps) is
-`python scripts/few_step.py --task=text --archive=...` (docs/multimdm_results.md), which runs the
+`python -m scripts.few_step --task=text --archive=...` (docs/multimdm_results.md), which runs the
 recipes above with a 512-piece WordPiece vocabulary trained on the train split.
 
 Choices: K = 1 (no levels, data.hierarchy='none'); M = 16 masks for a 512-piece vocabulary
