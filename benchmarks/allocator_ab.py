@@ -28,8 +28,6 @@ import time
 from typing import Any
 
 _REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-if _REPO not in sys.path:
-  sys.path.insert(0, _REPO)
 
 from hmdlm_jax import runtime  # pylint: disable=g-import-not-at-top  (no JAX import)
 

@@ -43,8 +43,6 @@ import time
 from typing import Any
 
 _REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-if _REPO not in sys.path:
-  sys.path.insert(0, _REPO)
 
 GLOBAL_BATCH = 512
 # (devices, mesh name, (data, fsdp, tensor)); mesh name 'data' = pure data parallelism.
@@ -150,13 +148,11 @@ def _compile_adapter(mode: str, mesh_shape: tuple[int, int, int]) -> tuple[Any, 
   from hmdlm_jax import config as config_lib  # pylint: disable=g-import-not-at-top
   from hmdlm_jax import models, processes, train  # pylint: disable=g-import-not-at-top
   from hmdlm_jax import sharding as shd  # pylint: disable=g-import-not-at-top
-  if mode == 'mdlm':
-    from configs import lm1b_mdlm as cfg_mod  # pylint: disable=g-import-not-at-top
-  else:
-    from configs import lm1b as cfg_mod  # pylint: disable=g-import-not-at-top
-  config = cfg_mod.get_config()
-  config.data.batch_size = GLOBAL_BATCH
-  config.mesh.data, config.mesh.fsdp, config.mesh.tensor = mesh_shape
+  from benchmarks import common  # pylint: disable=g-import-not-at-top
+  data, fsdp, tensor = mesh_shape
+  config = common.experiment('lm1b_mdlm.py' if mode == 'mdlm' else 'lm1b.py', [
+      f'--config.data.batch_size={GLOBAL_BATCH}', f'--config.mesh.data={data}',
+      f'--config.mesh.fsdp={fsdp}', f'--config.mesh.tensor={tensor}'])
   config = config_lib.resolve(config)
   train.validate_config(config)
   mesh = shd.make_mesh(config.mesh)

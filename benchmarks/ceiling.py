@@ -34,8 +34,6 @@ import time
 from typing import Any
 
 _REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-if _REPO not in sys.path:
-  sys.path.insert(0, _REPO)
 
 from benchmarks import machine  # pylint: disable=g-import-not-at-top
 from benchmarks import side_by_side as sbs

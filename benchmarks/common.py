@@ -1,4 +1,4 @@
-"""Running a benchmark module in a fresh process, and printing tables.
+"""Running a benchmark module in a fresh process, printing tables, reading experiment overrides.
 
 Every measurement runs in its own Python process: XLA flags and the fake-device count must be set
 before JAX starts, and the process's peak RSS is then the peak of that configuration alone.
@@ -6,6 +6,7 @@ before JAX starts, and the process's peak RSS is then the peak of that configura
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import subprocess
@@ -44,6 +45,31 @@ def run_module(module: str, args: Sequence[str], *, devices: int = 1, xla_flags:
                            f'{proc.stderr[-3000:]}')
     with open(out, encoding='utf-8') as f:
       return json.load(f)
+
+
+def experiment(name: str, overrides: Sequence[str] = ()) -> Any:
+  """configs/<name> of this repository (`lm1b.py`, or `multimdm_sudoku.py:cont`) with
+  `--config.section.field=value` overrides: `hmdlm_jax.config.load`, the one loader (not yet
+  resolved: change it before `config_lib.resolve`, never after)."""
+  from hmdlm_jax import config as config_lib  # pylint: disable=g-import-not-at-top
+  return config_lib.load(os.path.join(REPO, 'configs', name), list(overrides))
+
+
+def parse_with_overrides(parser: argparse.ArgumentParser, argv: Sequence[str] | None = None
+                         ) -> tuple[argparse.Namespace, list[str]]:
+  """A tool's own flags plus the experiment overrides `--config.section.field=value`, in order.
+
+  The overrides are the dialect of `python -m hmdlm_jax.main` and are read by
+  `hmdlm_jax.config.load(spec, overrides)`, the one loader; any other unknown argument is the
+  parser's usage error (exit 2).
+  """
+  from hmdlm_jax.config import loading  # pylint: disable=g-import-not-at-top  (no JAX import)
+  args, rest = parser.parse_known_args(argv)
+  bad = [a for a in rest if not a.startswith(loading.OVERRIDE_PREFIXES)]
+  if bad:
+    parser.error(f'unrecognized arguments: {" ".join(bad)} (experiment fields are overridden as '
+                 '--config.section.field=value)')
+  return args, rest
 
 
 def table(title: str, header: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:

@@ -29,10 +29,6 @@ import sys
 import time
 from typing import Any, Callable
 
-_REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-if _REPO not in sys.path:
-  sys.path.insert(0, _REPO)
-
 import jax  # pylint: disable=g-import-not-at-top
 import numpy as np
 
@@ -61,9 +57,10 @@ def _timed(fn: Callable[[], Any], steps: int, warmup: int) -> tuple[float, list[
 
 
 def _config(name: str, dry: bool, dtype: str | None) -> Any:
-  from configs import lm1b, lm1b_mdlm, sudoku_25m  # pylint: disable=g-import-not-at-top
-  c = {'lm1b_mdlm': lm1b_mdlm, 'lm1b_hmdlm': lm1b, 'sudoku_25m_hmdlm': sudoku_25m,
-       'sudoku_25m_mdlm': sudoku_25m, 'sampling_alg2': lm1b}[name].get_config()
+  from benchmarks import common  # pylint: disable=g-import-not-at-top
+  c = common.experiment({'lm1b_mdlm': 'lm1b_mdlm.py', 'lm1b_hmdlm': 'lm1b.py',
+                         'sudoku_25m_hmdlm': 'sudoku_25m.py', 'sudoku_25m_mdlm': 'sudoku_25m.py',
+                         'sampling_alg2': 'lm1b.py'}[name])
   if name == 'sudoku_25m_mdlm':
     c.model.num_levels = 1
     c.schedule.offsets = (0.0,)

@@ -3,7 +3,7 @@ r"""Where the train step's time goes: XLA ops ranked by time, with the JAX sourc
   python -m benchmarks.profile --shape=tiny --mode=mdlm --batch_size=8 [--patch=subs_nll] \
       [--top=25] [--json=OUT.json]
   python -m benchmarks.profile --config=configs/sudoku_learned_hierarchy.py \
-      --set model.hier_width=32 --set loss.hier_batch_stride=4     # any experiment config
+      --config.model.hier_width=32 --config.loss.hier_batch_stride=4     # any experiment config
 
 Traces `--steps` real train steps (hmdlm_jax/train.py) with `jax.profiler.trace`, reads the trace
 back with `jax.profiler.ProfileData`, sums each XLA op's duration over all threads and steps, and
@@ -14,8 +14,10 @@ the ops by the module that made them (forward / backward, the first two levels o
 path, layer indices merged: `blocks_3` -> `blocks_N`), so a part of the network is one row; its
 "ops" are distinct traced names (an op in a loop body counts once; the few executor events that
 `_SKIP` keeps, e.g. `PjitFunction`, land in "forward other"). The
-process starts under the allocator settings of `hmdlm_jax.main` (hmdlm_jax/runtime.py), which
-change the step's time (by 17% for the Sudoku twin on the 2-core Intel VM).
+process starts under the allocator settings of `hmdlm_jax.main` (hmdlm_jax/runtime.py: on a
+CPU-only host by default, else as HMDLM_ALLOCATOR says), which change the step's time (by 17% for
+the Sudoku twin on the 2-core Intel VM). `--config` and its `--config.section.field=value`
+overrides are those of `python -m hmdlm_jax.main` (read by `hmdlm_jax.config.load`).
 """
 
 from __future__ import annotations
@@ -28,14 +30,9 @@ import json
 import os
 import re
 import statistics
-import sys
 import tempfile
 import time
 from typing import Any
-
-_REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-if _REPO not in sys.path:
-  sys.path.insert(0, _REPO)
 
 from hmdlm_jax import runtime  # pylint: disable=g-import-not-at-top
 
@@ -53,8 +50,6 @@ from hmdlm_jax import processes
 from hmdlm_jax import sharding as shd
 from hmdlm_jax import config as config_lib
 from hmdlm_jax import train
-from benchmarks.config_args import load_config
-from benchmarks.config_args import override
 
 # Trace events that are not XLA ops (executor bookkeeping, Python frames).
 _SKIP = re.compile(r'ThunkExecutor|^\$|PjRt|Execute|^end:|TraceMe')
@@ -97,10 +92,10 @@ def by_module(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
   return [{'module': k, 'ms_per_step': v, 'ops': ops[k]} for k, v in ms.most_common()]
 
 
-def experiment_config(path: str, sets: list[str]) -> Any:
-  """A configs/*.py experiment with `--set section.field=value` overrides, resolved and
-  validated as the entry point does."""
-  config = config_lib.resolve(override(load_config(path), sets))
+def experiment_config(path: str, overrides: list[str]) -> Any:
+  """A configs/*.py experiment with `--config.section.field=value` overrides, resolved and
+  validated as the entry point does. Raises ValueError naming the file or field."""
+  config = config_lib.resolve(config_lib.load(path, overrides))
   train.validate_config(config)
   return config
 
@@ -161,21 +156,24 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
   p.add_argument('--patch', action='append', default=[], choices=sorted(patches.PATCHES))
   p.add_argument('--json', default=None)
   p.add_argument('--config', default='',
-                 help='a configs/*.py experiment instead of --shape/--mode/--batch_size')
-  p.add_argument('--set', action='append', default=[], help='with --config: section.field=value')
-  a = p.parse_args(argv)
-  if a.set and not a.config:
-    p.error('--set overrides a --config experiment: give --config=configs/NAME.py')
-  config = experiment_config(a.config, a.set) if a.config else None
+                 help='a configs/*.py experiment instead of --shape/--mode/--batch_size; '
+                 '--config.section.field=value overrides it')
+  a, overrides = common.parse_with_overrides(p, argv)
+  if overrides and not a.config:
+    p.error(f'{overrides[0]} overrides a --config experiment: give --config=configs/NAME.py')
+  try:
+    config = experiment_config(a.config, overrides) if a.config else None
+  except ValueError as e:
+    p.error(str(e))
   with contextlib.ExitStack() as stack:
     for name in a.patch:
       stack.enter_context(patches.PATCHES[name]())
     rec = profile(a.shape, a.mode, a.batch_size, a.steps, a.top, config)
   rec.update(patches=a.patch, xla_flags=os.environ.get('XLA_FLAGS', ''), config=a.config,
-             sets=a.set, allocator=os.environ.get(runtime.MARKER) or 'default')
+             sets=overrides, allocator=os.environ.get(runtime.MARKER) or 'default')
   if config is not None:  # the shape arguments were not used
     rec.update(shape=None, mode=None, batch_size=int(config.data.batch_size))
-  what = (f'{a.config} {" ".join(a.set)}' if a.config
+  what = (f'{a.config} {" ".join(overrides)}' if a.config
           else f'{a.shape} {a.mode} B={a.batch_size}')
   print(f'{what} patches={a.patch} XLA_FLAGS={rec["xla_flags"]!r} allocator {rec["allocator"]}: '
         f'{rec["median_step_s"]:.3f} s/step (wall), {rec["ops_per_step"]} ops, '

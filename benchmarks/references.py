@@ -2,7 +2,9 @@ r"""Reference training steps from the public md4 and MDLM trees (benchmarks/side
 
 Nothing of either tree is copied here: the user points `--reference_tree=md4:PATH` /
 `--reference_tree=mdlm:PATH` at a checkout, and this module imports THEIR code from it and times
-THEIR step at our shape. Modules that the trees import but that the training step never uses
+THEIR step at our shape. The tree is importable because benchmarks/side_by_side.py starts the
+reference's child process with it on PYTHONPATH (`_child_env`); nothing here changes sys.path, and
+each of the tree's modules is checked to come from that tree (`_import_from_tree`). Modules that the trees import but that the training step never uses
 (data pipelines, metric writers, Lightning/Hydra glue, CUDA-only kernels) are replaced by
 stand-ins only when they cannot be imported, and each stand-in is named in the record
 (`stand_ins`):
@@ -33,6 +35,7 @@ import functools
 import importlib
 import importlib.machinery
 import importlib.util
+import os
 import sys
 import time
 import types
@@ -113,12 +116,24 @@ def _stand_in_packages(roots: list[str]) -> list[str]:
   return absent
 
 
+def _import_from_tree(name: str, tree: str) -> types.ModuleType:
+  """`import name`, which must resolve inside the reference checkout `tree` (on this process's
+  PYTHONPATH: benchmarks/side_by_side.py `_child_env`); anything else is an error naming both."""
+  mod = importlib.import_module(name)
+  where = os.path.realpath(getattr(mod, '__file__', None) or '')
+  if not where.startswith(os.path.realpath(tree) + os.sep):
+    raise RuntimeError(f'{name!r} was imported from {where or "(no file)"}, not from the reference '
+                       f'tree {tree}: run the reference with the tree on PYTHONPATH (benchmarks/'
+                       'side_by_side.py --reference_tree=NAME:PATH starts its child so).')
+  return mod
+
+
 # ----------------------------------------------------------------------------- md4
 
 
 def _md4(d: Any, tree: str, warmup: int, steps: int, time_steps: Callable[..., Any]
          ) -> dict[str, Any]:
-  sys.path.insert(0, tree)
+  _import_from_tree('md4', tree)
   import flax.jax_utils as flax_utils  # pylint: disable=g-import-not-at-top
   import jax  # pylint: disable=g-import-not-at-top
   import numpy as np  # pylint: disable=g-import-not-at-top
@@ -222,7 +237,6 @@ class _Cfg(dict):
 def _mdlm(name: str, d: Any, tree: str, warmup: int, steps: int,
           time_steps: Callable[..., Any]) -> dict[str, Any]:
   import torch  # pylint: disable=g-import-not-at-top
-  sys.path.insert(0, tree)
   fa = _flash_attn_stand_ins()
   stubs = _stand_in(list(fa), fa)
   lightning = types.ModuleType('lightning')
@@ -231,9 +245,9 @@ def _mdlm(name: str, d: Any, tree: str, warmup: int, steps: int,
   stubs += _stand_in_packages(['hydra', 'torchmetrics', 'timm', 'omegaconf', 'mamba_ssm',
                                'causal_conv1d'])
   stubs += _stand_in(['dataloader'])  # the tree's own data module (datasets, tokenizers)
-  import diffusion  # pylint: disable=g-import-not-at-top
-  import models  # pylint: disable=g-import-not-at-top
-  import noise_schedule  # pylint: disable=g-import-not-at-top
+  diffusion = _import_from_tree('diffusion', tree)
+  models = _import_from_tree('models', tree)
+  noise_schedule = _import_from_tree('noise_schedule', tree)
   torch.manual_seed(0)
   cfg = _Cfg(model=_Cfg(hidden_size=d.hidden, cond_dim=d.cond, length=d.length,
                         n_blocks=d.num_layers, n_heads=d.heads, scale_by_sigma=True, dropout=0.1))

@@ -25,13 +25,10 @@ import argparse
 import json
 import os
 import statistics
-import sys
 import time
 from typing import Any
 
 _REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-if _REPO not in sys.path:
-  sys.path.insert(0, _REPO)
 os.environ.setdefault('JAX_PLATFORMS', 'cpu')
 
 from benchmarks import common  # pylint: disable=g-import-not-at-top

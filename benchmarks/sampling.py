@@ -24,15 +24,9 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
-import sys
 import time
 from typing import Any
-
-_REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-if _REPO not in sys.path:
-  sys.path.insert(0, _REPO)
 
 import jax  # pylint: disable=g-import-not-at-top
 import jax.numpy as jnp

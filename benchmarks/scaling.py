@@ -14,14 +14,8 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import sys
 import time
 from typing import Any
-
-_REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-if _REPO not in sys.path:
-  sys.path.insert(0, _REPO)
 
 from benchmarks import common  # pylint: disable=g-import-not-at-top
 

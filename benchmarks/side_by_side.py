@@ -15,7 +15,9 @@ r"""Side by side: the project's training step and reference steps, timed in one 
 Runners (`--runners`, comma-separated; a runner may carry options after ':' joined by '+'):
   ours_mdlm, ours_hmdlm   the project's real step (`hmdlm_jax.train.make_train_step`: diffusion
                           loss, grad, clipped AdamW, EMA, NaN guard, donation), K = 1 / K = 2;
-                          options are config overrides, e.g. `ours_mdlm:model.dropout=0+optim.grad_clip=0`
+                          options are config overrides `section.field=value`, applied as
+                          `--config.section.field=value` (hmdlm_jax.config.load), e.g.
+                          `ours_mdlm:model.dropout=0+optim.grad_clip=0`
   bare[:features]         benchmarks/bare_step.py: MDLM's step definition in plain JAX, written
                           here (the in-repo reference); features e.g. `bare:clip+ema`, `bare:all`
   md4                     google-deepmind/md4's own `train.train_step` under its own `jax.pmap`,
@@ -60,8 +62,6 @@ import time
 from typing import Any, Callable
 
 _REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-if _REPO not in sys.path:
-  sys.path.insert(0, _REPO)
 
 # name: (layers, hidden, heads, mlp, cond, vocab, CPU batch, length)
 SHAPES: dict[str, tuple[int, ...]] = {
@@ -143,17 +143,10 @@ def _ours_adapter(shape: str, mode: str, overrides: dict[str, str]) -> tuple[Any
   import jax  # pylint: disable=g-import-not-at-top
   import numpy as np  # pylint: disable=g-import-not-at-top
   from benchmarks import train_step as ts  # pylint: disable=g-import-not-at-top
-  from hmdlm_jax import config as config_lib  # pylint: disable=g-import-not-at-top
   from hmdlm_jax import models, processes, train  # pylint: disable=g-import-not-at-top
   from hmdlm_jax import sharding as shd  # pylint: disable=g-import-not-at-top
-  config = ts.shape_config(shape, mode, 'float32', batch_size=SHAPES[shape][6])
-  for key, val in overrides.items():
-    sec, _, field = key.partition('.')
-    cur = config[sec][field]
-    with config.unlocked():
-      config[sec][field] = type(cur)(float(val)) if isinstance(cur, (int, float)) and not \
-          isinstance(cur, bool) else (val.lower() == 'true' if isinstance(cur, bool) else val)
-  config = config_lib.resolve(config)
+  config = ts.shape_config(shape, mode, 'float32', batch_size=SHAPES[shape][6],
+                          overrides=[f'--config.{k}={v}' for k, v in overrides.items()])
   mesh = shd.make_mesh(config.mesh)
   model = models.build_model(config.model)
   process = processes.build(config)
@@ -205,10 +198,9 @@ def run_child(runner: str, shape: str, warmup: int, steps: int, trees: dict[str,
   elif name in OURS:
     rec = _run_ours(shape, 'mdlm' if name == 'ours_mdlm' else 'hmdlm', opts, warmup, steps)
   elif name in ('md4', 'mdlm_eager', 'mdlm_compile'):
-    tree = trees.get('md4' if name == 'md4' else 'mdlm')
+    tree = trees.get(REFERENCE_TREES[name])
     if not tree:
-      raise SystemExit(f'runner {name} needs --reference_tree='
-                       f'{"md4" if name == "md4" else "mdlm"}:PATH')
+      raise SystemExit(f'runner {name} needs --reference_tree={REFERENCE_TREES[name]}:PATH')
     rec = _run_reference(name, shape, tree, warmup, steps)
   else:
     raise SystemExit(f'unknown runner {runner!r}')
@@ -221,6 +213,7 @@ def run_child(runner: str, shape: str, warmup: int, steps: int, trees: dict[str,
 
 
 ALLOCATORS = ('default', 'glibc', 'tcmalloc', 'mallopt')
+REFERENCE_TREES = {'md4': 'md4', 'mdlm_eager': 'mdlm', 'mdlm_compile': 'mdlm'}  # runner -> tree
 BEFORE = 'before/'  # runner prefix: the same runner from --before_tree
 
 
@@ -231,16 +224,19 @@ def apply_requested_allocator() -> None:
     runtime.configure_allocator()
 
 
-def _child_env(allocator: str, root: str = _REPO) -> dict[str, str]:
+def _child_env(allocator: str, root: str = _REPO, tree: str | None = None) -> dict[str, str]:
   """The child's environment: the allocator settings of hmdlm_jax.runtime, or none ('default').
 
   'glibc': GLIBC_TUNABLES; 'tcmalloc': LD_PRELOAD (error if not installed); 'mallopt': the child
-  calls runtime.configure_allocator() before importing JAX.
+  calls runtime.configure_allocator() before importing JAX. PYTHONPATH: `root` (this project, or
+  the before tree), then the reference checkout `tree` of a reference runner
+  (benchmarks/references.py imports the reference's modules from it).
   """
   from hmdlm_jax import runtime  # pylint: disable=g-import-not-at-top  (no JAX import)
   env = dict(os.environ)
   env.setdefault('JAX_PLATFORMS', 'cpu')
-  env['PYTHONPATH'] = root + os.pathsep + env.get('PYTHONPATH', '')
+  env['PYTHONPATH'] = os.pathsep.join([root] + ([tree] if tree else [])
+                                      + [env.get('PYTHONPATH', '')])
   env['TF_CPP_MIN_LOG_LEVEL'] = '2'
   for k in ('GLIBC_TUNABLES', 'LD_PRELOAD', 'MALLOC_CONF', runtime.MARKER):
     env.pop(k, None)
@@ -270,8 +266,9 @@ def spawn(runner: str, shape: str, warmup: int, steps: int, trees: dict[str, str
     cmd += [f'--reference_tree={k}:{v}' for k, v in trees.items()]
     t0 = time.perf_counter()
     ru0 = resource.getrusage(resource.RUSAGE_CHILDREN)
-    proc = subprocess.Popen(cmd, cwd=root, env=_child_env(allocator, root), stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True)
+    tree = trees.get(REFERENCE_TREES.get(runner.partition(':')[0], ''))
+    proc = subprocess.Popen(cmd, cwd=root, env=_child_env(allocator, root, tree),
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
       text, _ = proc.communicate(timeout=timeout_s)
     except subprocess.TimeoutExpired:

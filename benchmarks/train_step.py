@@ -30,13 +30,8 @@ import json
 import os
 import resource
 import statistics
-import sys
 import time
-from typing import Any, Callable, Mapping
-
-_REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-if _REPO not in sys.path:
-  sys.path.insert(0, _REPO)
+from typing import Any, Callable, Mapping, Sequence
 
 import jax  # pylint: disable=g-import-not-at-top
 import jax.numpy as jnp
@@ -44,6 +39,7 @@ import ml_collections
 import numpy as np
 import optax
 
+from benchmarks import common
 from benchmarks import compile_count
 from benchmarks import flops as flops_lib
 from benchmarks.patches import PATCHES
@@ -66,42 +62,39 @@ BATCH = {'tiny': (32, 32), 'small': (8, 512), 'sudoku_6m': (32, 256), 'sudoku_25
 
 
 def shape_config(shape: str, mode: str, dtype: str, *, batch_size: int | None = None,
-                 seq_len: int | None = None, dropout: float | None = None
-                 ) -> ml_collections.ConfigDict:
-  """The resolved experiment config of a benchmark shape (see the module docstring)."""
+                 seq_len: int | None = None, dropout: float | None = None,
+                 overrides: Sequence[str] = ()) -> ml_collections.ConfigDict:
+  """The resolved experiment config of a benchmark shape (see the module docstring).
+
+  The shape's settings are `--config.section.field=value` overrides of its configs/*.py file,
+  read by `hmdlm_jax.config.load`; `overrides` (same dialect) come last and win.
+  """
   if shape not in SHAPES:
     raise ValueError(f'--shape={shape!r}: allowed {SHAPES}')
   if mode not in MODES:
     raise ValueError(f'--mode={mode!r}: allowed {MODES}')
   if dtype not in DTYPES:
     raise ValueError(f'--dtype={dtype!r}: allowed {DTYPES}')
-  if shape in ('tiny', 'small'):
-    from configs import lm1b  # pylint: disable=g-import-not-at-top
-    c = lm1b.get_config()
-    if shape == 'tiny':
-      m = c.model
-      m.num_layers, m.hidden_size, m.num_heads, m.mlp_dim = 4, 256, 4, 1024
-      m.vocab_size = 30522  # the issue's tiny shape: V = 30,522 (MASK = the last row)
-  elif shape == 'sudoku_6m':
-    from configs import sudoku_6m  # pylint: disable=g-import-not-at-top
-    c = sudoku_6m.get_config()
-  else:
-    from configs import sudoku_25m  # pylint: disable=g-import-not-at-top
-    c = sudoku_25m.get_config()
   accel = jax.default_backend() != 'cpu'
-  c.data.batch_size = int(batch_size or BATCH[shape][1 if accel else 0])
-  c.model.dtype = dtype
+  sets = []
+  if shape == 'tiny':  # the issue's tiny shape: V = 30,522 (MASK = the last row)
+    sets += ['--config.model.num_layers=4', '--config.model.hidden_size=256',
+             '--config.model.num_heads=4', '--config.model.mlp_dim=1024',
+             '--config.model.vocab_size=30522']
+  sets += [f'--config.data.batch_size={int(batch_size or BATCH[shape][1 if accel else 0])}',
+           f'--config.model.dtype={dtype}']
   if seq_len is not None:
-    if c.model.position_embedding == 'sudoku':
-      raise ValueError(f'--seq_len: shape {shape!r} has fixed Sudoku positions (L = 81)')
-    c.model.seq_len = int(seq_len)
+    sets.append(f'--config.model.seq_len={int(seq_len)}')
   if dropout is not None:
-    c.model.dropout = float(dropout)
+    sets.append(f'--config.model.dropout={float(dropout)}')
   if mode == 'mdlm':
-    c.model.num_levels = 1
-    c.schedule.offsets = (0.0,)
-  c.train.num_steps = 1000  # the lr schedule only
-  c.train.grad_accum = 1
+    sets += ['--config.model.num_levels=1', '--config.schedule.offsets=(0.0,)']
+  sets += ['--config.train.num_steps=1000',  # the lr schedule only
+           '--config.train.grad_accum=1']
+  c = common.experiment('lm1b.py' if shape in ('tiny', 'small') else f'{shape}.py',
+                        sets + list(overrides))
+  if seq_len is not None and c.model.position_embedding == 'sudoku':
+    raise ValueError(f'--seq_len: shape {shape!r} has fixed Sudoku positions (L = 81)')
   c = config_lib.resolve(c)
   train.validate_config(c)
   return c

@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 SETUP = '''\
-# Setup: find the repository and read the test switches.
+# Setup: find the repository, work in it, and read the test switches.
 import os
 import pathlib
-import sys
 
 # tests/test_notebooks.py sets HMDLM_NOTEBOOK_TEST=1: smallest settings, nothing installed.
 TEST = os.environ.get('HMDLM_NOTEBOOK_TEST') == '1'
@@ -28,8 +27,9 @@ def find_repo_root() -> pathlib.Path:
 
 
 ROOT = find_repo_root()
-if str(ROOT) not in sys.path:
-  sys.path.insert(0, str(ROOT))
+# A notebook kernel imports from its working directory first: working in the repository root
+# makes `import hmdlm_jax` (and `configs`) this checkout, installed or not.
+os.chdir(ROOT)
 WORKDIR.mkdir(parents=True, exist_ok=True)
 print(f'repository: {ROOT}\\nworkdir:    {WORKDIR}\\ntest mode:  {TEST}')
 '''
@@ -68,20 +68,23 @@ else:
 '''
 
 IMPORTS = '''\
-import importlib
-
 import jax
 import numpy as np
 from IPython.display import Image, display
 
+import hmdlm_jax
 from hmdlm_jax import config as config_lib
 from hmdlm_jax import visualize
 
+if pathlib.Path(hmdlm_jax.__file__).resolve().parents[1] != ROOT:
+  raise ImportError(f'hmdlm_jax was imported from {hmdlm_jax.__file__}, not from {ROOT}: restart '
+                    'the runtime and run the setup cell first.')
 
-def load_config(path: str):
-  """`get_config()` of a config file of the repository, e.g. 'configs/sudoku.py'."""
-  module = path.removesuffix('.py').replace('/', '.')
-  return importlib.import_module(module).get_config()
+
+def load_config(path: str, *overrides: str):
+  """The experiment `path` of the repository (e.g. 'configs/sudoku.py') with `--config.a.b=value`
+  overrides, read as `python -m hmdlm_jax.main --config=path` reads it (hmdlm_jax.config.load)."""
+  return config_lib.load(str(ROOT / path), list(overrides))
 
 
 def show(path) -> None:

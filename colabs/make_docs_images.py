@@ -17,7 +17,6 @@ ordering) and writes
 from __future__ import annotations
 
 import argparse
-import importlib
 import pathlib
 import sys
 
@@ -25,6 +24,7 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 import numpy as np
 
+from hmdlm_jax import config as config_lib
 from hmdlm_jax.processes import schedules
 from hmdlm_jax import main as hmdlm_main
 from hmdlm_jax import visualize
@@ -60,7 +60,7 @@ def main(argv: list[str] | None = None) -> int:
   parser.add_argument('--out', default=str(ROOT / 'docs' / 'images'))
   args = parser.parse_args(argv)
 
-  config = importlib.import_module(args.config.removesuffix('.py').replace('/', '.')).get_config()
+  config = config_lib.load(args.config)  # as `python -m hmdlm_jax.main --config=...` reads it
   workdir = pathlib.Path(args.workdir)
   if args.minutes is not None:
     config.train.num_steps = 10_000_000  # the time budget stops training

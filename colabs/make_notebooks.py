@@ -5,7 +5,8 @@ by hand, so that they stay reproducible and reviewable as plain Python. `--check
 a notebook on disk differs from what this script would write (CI / tests).
 
 Every notebook
-  * finds the repository root (the working directory or one of its parents) and puts it on sys.path;
+  * finds the repository root (the working directory or one of its parents) and works there, so
+    that the kernel imports this checkout (no sys.path changes);
   * skips `pip install -r requirements.txt` when the pinned packages are importable at their pins,
     and always under the test (HMDLM_NOTEBOOK_TEST=1), which also selects the smallest settings;
   * writes its pictures and checkpoints under WORKDIR = $HMDLM_NOTEBOOK_WORKDIR (default
@@ -23,7 +24,8 @@ import sys
 import nbformat
 from nbformat import v4
 
-# The cell sources, one module per notebook (colabs/ is on sys.path: this is run as a script).
+# The cell sources, one module per notebook (colabs/, the script's folder, is where Python looks
+# first: this is run as a script, `python colabs/make_notebooks.py`).
 import cells_checkpoints
 import cells_quickstart
 import cells_schedules

@@ -11,7 +11,7 @@ so the three runs of the script differ only in the process. Standalone it trains
 default data with the committed n = 64 MiniLM clusters (assets/hdlm_clusters/). For the script's
 vocabulary, n = `NUM_CLUSTERS_WORDPIECE` = 16 clusters of all-MiniLM-L6-v2's embeddings mapped onto
 its pieces (why: docs/results/hdlm.md). Reproduce:
-  python scripts/text_vs_unigram.py --archive=/tmp/shk --data_dir=/tmp/shakespeare_text \
+  python -m scripts.text_vs_unigram --archive=/tmp/shk --data_dir=/tmp/shakespeare_text \
       --workdir=/tmp/hdlm_text --runs=hdlm,hmdlm,mdlm --seeds=0,1,2
 """
 

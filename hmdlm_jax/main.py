@@ -20,8 +20,9 @@ from typing import Any, Sequence
 from hmdlm_jax import runtime
 
 # The allocator that keeps XLA:CPU's buffers resident (hmdlm_jax/runtime.py: page faults and kernel
-# time per step) acts at process start only, so the command re-executes itself once, before JAX
-# is imported. HMDLM_ALLOCATOR=none|glibc|tcmalloc|auto (default auto) chooses.
+# time per step) acts at process start only, so on a CPU-only host the command re-executes itself
+# once, before JAX is imported, and says so in one stderr line; an accelerator host is left alone.
+# HMDLM_ALLOCATOR=none|glibc|tcmalloc|auto overrides (unset: by the host).
 if __name__ == '__main__':
   runtime.set_up_entry_point()
 

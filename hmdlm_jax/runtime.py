@@ -28,7 +28,18 @@ None of this changes a single computed value: the allocator decides where buffer
 what is computed in them. On non-Linux systems, or a C library other than glibc, every function
 here is a no-op.
 
+Who gets it (issue 51): the entry points (`hmdlm_jax.main`, scripts/step_cost.py,
+benchmarks/profile.py) call `set_up_entry_point()` before JAX is imported. By default it
+re-executes only on a CPU-only host (`cpu_only_host`: JAX_PLATFORMS unset or cpu, and no GPU/TPU
+device node or TPU VM variable), where XLA:CPU's buffers are what it speeds up; on an accelerator
+host the process is left as it is (debuggers and profilers see the command they started).
+`HMDLM_ALLOCATOR=auto|tcmalloc|glibc` asks for it on any host; `HMDLM_ALLOCATOR=none` turns it off
+everywhere. A re-execution says so in one line on stderr (`startup_line`). The launch scripts
+(launch/*.sh) set HMDLM_ALLOCATOR explicitly: `auto` on fake CPU devices, `none` on GPU/TPU.
+
 Use (the entry point, first thing, before JAX is imported):
+    runtime.set_up_entry_point()            # the allocator HMDLM_ALLOCATOR / the host asks for
+or, by hand:
     runtime.reexec_with_allocator('auto')   # tcmalloc if installed (else glibc tunables): exec
     runtime.configure_allocator()           # glibc mallopt() fallback; no-op under tcmalloc
 """
@@ -42,9 +53,10 @@ import platform
 import runpy
 import shlex
 import sys
-from typing import Sequence
+from typing import Callable, Mapping, Sequence
 
 MARKER = 'HMDLM_JAX_ALLOCATOR'  # set in a re-executed process (and by the benchmarks' children)
+CHOICE = 'HMDLM_ALLOCATOR'  # the user's choice: none|glibc|tcmalloc|auto (unset: by the host)
 # glibc mallopt() parameter numbers (malloc.h).
 _M_TRIM_THRESHOLD, _M_MMAP_MAX, _M_ARENA_MAX = -1, -4, -8
 TRIM_THRESHOLD = 64 << 30  # 64 GiB: never trim
@@ -54,6 +66,13 @@ TCMALLOC_PATHS = ('/usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4',
                   '/usr/lib/aarch64-linux-gnu/libtcmalloc_minimal.so.4',
                   '/usr/lib64/libtcmalloc_minimal.so.4', '/usr/lib/libtcmalloc_minimal.so.4')
 KINDS = ('glibc', 'tcmalloc', 'auto')
+CHOICES = ('none',) + KINDS
+# What makes a host an accelerator host, seen before JAX is imported: the device nodes of NVIDIA
+# GPUs, AMD GPUs (ROCm), TPUs (v4 and older: /dev/accel*; v5e and newer: /dev/vfio), and the
+# variables of a Cloud TPU VM.
+ACCELERATOR_PATHS = ('/dev/nvidia0', '/dev/nvidiactl', '/dev/kfd', '/dev/accel0', '/dev/vfio')
+TPU_VARIABLES = ('TPU_NAME', 'TPU_ACCELERATOR_TYPE', 'TPU_WORKER_ID', 'TPU_WORKER_HOSTNAMES',
+                 'TPU_CHIPS_PER_HOST_BOUNDS', 'CLOUD_TPU_TASK_ID')
 
 
 def _is_glibc_linux() -> bool:
@@ -122,11 +141,75 @@ def configure_allocator() -> dict[str, int]:
   return done
 
 
-def reexec_with_allocator(kind: str = 'auto', argv: Sequence[str] | None = None) -> None:
+def accelerator_evidence(environ: Mapping[str, str] | None = None,
+                         exists: Callable[[str], bool] = os.path.exists) -> str:
+  """What says this host computes on an accelerator ('' on a CPU-only host), before JAX starts.
+
+  JAX_PLATFORMS decides when set: only 'cpu' is a CPU-only process (even on a GPU machine: XLA:CPU
+  holds the buffers), anything else (cuda, rocm, tpu, 'cuda,cpu') is not. Unset, a GPU/TPU device
+  node (`ACCELERATOR_PATHS`) or a Cloud TPU VM variable (`TPU_VARIABLES`) makes it an accelerator
+  host. `environ` and `exists` are os.environ and os.path.exists unless given (tests).
+  """
+  env = os.environ if environ is None else environ
+  platforms = [p.strip().lower() for p in env.get('JAX_PLATFORMS', '').split(',') if p.strip()]
+  if platforms:
+    others = [p for p in platforms if p != 'cpu']
+    return f'JAX_PLATFORMS={",".join(platforms)}' if others else ''
+  for name in TPU_VARIABLES:
+    if env.get(name):
+      return f'{name} is set'
+  for path in ACCELERATOR_PATHS:
+    if exists(path):
+      return f'{path} exists'
+  return ''
+
+
+def cpu_only_host(environ: Mapping[str, str] | None = None,
+                  exists: Callable[[str], bool] = os.path.exists) -> bool:
+  """True when nothing says this process computes on an accelerator (`accelerator_evidence`)."""
+  return not accelerator_evidence(environ, exists)
+
+
+def requested_allocator(environ: Mapping[str, str] | None = None,
+                        exists: Callable[[str], bool] = os.path.exists) -> tuple[str | None, str]:
+  """(allocator kind the entry point applies, or None to leave the process as it is; why).
+
+  HMDLM_ALLOCATOR=none: None. HMDLM_ALLOCATOR=glibc|tcmalloc|auto: that kind, on any host.
+  Unset (or empty): 'auto' on a CPU-only host, None on an accelerator host.
+
+  Raises:
+    ValueError: HMDLM_ALLOCATOR names no allocator (allowed: `CHOICES`).
+  """
+  env = os.environ if environ is None else environ
+  choice = env.get(CHOICE, '').strip().lower()
+  if choice:
+    if choice not in CHOICES:
+      raise ValueError(f'{CHOICE}={env.get(CHOICE)!r}: allowed {", ".join(CHOICES)}')
+    return (None if choice == 'none' else choice), f'{CHOICE}={choice}'
+  evidence = accelerator_evidence(env, exists)
+  if evidence:
+    return None, f'accelerator host ({evidence})'
+  return 'auto', 'CPU-only host'
+
+
+def startup_line(env: Mapping[str, str], reason: str) -> str:
+  """The one stderr line of a re-execution with the variables `env` (`allocator_env`)."""
+  if 'LD_PRELOAD' in env:
+    what = (f'tcmalloc (LD_PRELOAD={env["LD_PRELOAD"].split(":")[0]}, '
+            f'TCMALLOC_RELEASE_RATE={env.get("TCMALLOC_RELEASE_RATE", "")})')
+  else:
+    what = 'glibc malloc tunables (GLIBC_TUNABLES)'
+  return (f'hmdlm_jax: restarting this command once with {what} to keep XLA:CPU buffers '
+          f'resident ({reason}; speed only, same results); {CHOICE}=none turns this off.')
+
+
+def reexec_with_allocator(kind: str = 'auto', argv: Sequence[str] | None = None,
+                          reason: str = '') -> None:
   """Re-executes this Python command once with `allocator_env(kind)` (needed for LD_PRELOAD).
 
   Does nothing when the marker variable is set (already re-executed, or a parent chose the
-  allocator), when there is nothing to set, or off glibc/Linux. Otherwise does not return.
+  allocator), when there is nothing to set, or off glibc/Linux. Otherwise prints
+  `startup_line(..., reason)` to stderr (one line) and does not return.
   """
   if os.environ.get(MARKER) or not _is_glibc_linux():
     return
@@ -141,18 +224,29 @@ def reexec_with_allocator(kind: str = 'auto', argv: Sequence[str] | None = None)
   orig = getattr(sys, 'orig_argv', None)  # Python >= 3.10: the interpreter's own argv
   cmd = list(orig) if orig and argv is None else [sys.executable] + args
   sys.stdout.flush()
-  sys.stderr.flush()
+  print(startup_line(env, reason or f'allocator {kind!r}'), file=sys.stderr, flush=True)
   os.execv(sys.executable, cmd)
 
 
 def set_up_entry_point() -> None:
-  """What a command's `if __name__ == '__main__':` calls before importing JAX: the allocator that
-  `HMDLM_ALLOCATOR` names (none|glibc|tcmalloc|auto, default auto), by `reexec_with_allocator`
-  (may not return) and then `configure_allocator`; 'none' leaves the process as it is."""
-  kind = os.environ.get('HMDLM_ALLOCATOR', 'auto')
-  if kind != 'none':
-    reexec_with_allocator(kind)
-    configure_allocator()
+  """What a command's `if __name__ == '__main__':` calls before importing JAX.
+
+  A process whose parent already chose (the marker variable: a launch script's exports, a
+  benchmark's child, or this command after its re-execution) only adds mallopt() (no-op under
+  tcmalloc; nothing for the benchmarks' 'default' arm or with HMDLM_ALLOCATOR=none). Otherwise the
+  allocator `requested_allocator()` names: re-execution (may not return, one stderr line) and
+  mallopt(); None leaves the process as it is.
+  """
+  kind, reason = requested_allocator()
+  marker = os.environ.get(MARKER)
+  if marker:
+    if marker != 'default' and os.environ.get(CHOICE, '').strip().lower() != 'none':
+      configure_allocator()
+    return
+  if kind is None:
+    return
+  reexec_with_allocator(kind, reason=reason)
+  configure_allocator()
 
 
 def shell_exports(kind: str = 'auto') -> str:

@@ -18,12 +18,12 @@
 set -euo pipefail
 cd "${SLURM_SUBMIT_DIR:-$(dirname "$0")/..}"
 PYTHON="${PYTHON:-python}"  # a venv with jax[cuda13]==0.10.2 and requirements.txt
-# Keep XLA's large host buffers resident instead of mmap/munmap + page faults every step
-# (hmdlm_jax/runtime.py, benchmarks/README.md "Kernel time"):
-# tcmalloc (LD_PRELOAD, TCMALLOC_RELEASE_RATE=0) when installed (apt-get install
-# libtcmalloc-minimal4), else glibc malloc tunables; HMDLM_ALLOCATOR=glibc|tcmalloc|none.
-if [[ "${HMDLM_ALLOCATOR:-auto}" != none ]]; then
-  eval "$("${PYTHON}" -m hmdlm_jax.runtime "${HMDLM_ALLOCATOR:-auto}")"
+# The host allocator of hmdlm_jax/runtime.py keeps XLA:CPU's buffers resident; on GPUs the step's
+# buffers live on the device, so it is off here (HMDLM_ALLOCATOR=none, passed on to every task).
+# HMDLM_ALLOCATOR=auto|glibc|tcmalloc turns it on (tcmalloc needs libtcmalloc-minimal4).
+export HMDLM_ALLOCATOR="${HMDLM_ALLOCATOR:-none}"
+if [[ "${HMDLM_ALLOCATOR}" != none ]]; then
+  eval "$("${PYTHON}" -m hmdlm_jax.runtime "${HMDLM_ALLOCATOR}")"
 fi
 srun --kill-on-bad-exit=1 "${PYTHON}" -m hmdlm_jax.main \
   --config.distributed.enabled=True "$@"

@@ -10,13 +10,15 @@
 #
 # Assumes the repository is checked out at $REPO_DIR on every worker with the requirements
 # installed (jax[tpu]==0.10.2 instead of the CPU jax). Rerunning resumes from the checkpoint.
-# Each worker first applies the host allocator settings of hmdlm_jax/runtime.py (tcmalloc if
-# installed, else glibc malloc tunables; HMDLM_ALLOCATOR=glibc or =none to change or disable).
+# The host allocator settings of hmdlm_jax/runtime.py (for XLA:CPU's buffers) are off on the TPU
+# workers (HMDLM_ALLOCATOR=none, passed on to each worker); HMDLM_ALLOCATOR=auto|glibc|tcmalloc
+# applies them on every worker first (tcmalloc if installed, else glibc malloc tunables).
 set -euo pipefail
 : "${TPU_NAME:?set TPU_NAME}" "${ZONE:?set ZONE}" "${WORKDIR:?set WORKDIR (shared, e.g. gs://...)}"
 REPO_DIR="${REPO_DIR:-~/hmdlm_jax}"
 PYTHON="${PYTHON:-python3}"
+ALLOCATOR="${HMDLM_ALLOCATOR:-none}"
 ARGS=$(printf ' %q' "$@")
 gcloud compute tpus tpu-vm ssh "${TPU_NAME}" --zone="${ZONE}" --worker=all --command="
-  cd ${REPO_DIR} && if [ \"\${HMDLM_ALLOCATOR:-auto}\" != none ]; then eval \"\$(${PYTHON} -m hmdlm_jax.runtime \${HMDLM_ALLOCATOR:-auto})\"; fi && ${PYTHON} -m hmdlm_jax.main --workdir=${WORKDIR} \
+  cd ${REPO_DIR} && export HMDLM_ALLOCATOR=${ALLOCATOR} && if [ ${ALLOCATOR} != none ]; then eval \"\$(${PYTHON} -m hmdlm_jax.runtime ${ALLOCATOR})\"; fi && ${PYTHON} -m hmdlm_jax.main --workdir=${WORKDIR} \
     --config.distributed.enabled=True ${ARGS}"

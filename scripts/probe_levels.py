@@ -3,18 +3,21 @@
 The Sudoku levels are a deterministic function of the givens (rounds of naked / hidden singles,
 `data.sudoku.hierarchy_levels`), so predicting the level of a masked cell is a multi-round
 constraint-propagation problem on the clues. This probe trains ONLY the level prediction of a
-Sudoku config's model (`--config`, default configs/sudoku.py, with `--set` overrides) by
+Sudoku config's model (`--config`, default configs/sudoku.py, with `--config.section.field=value`
+overrides, as `python -m hmdlm_jax.main` reads them) by
 cross-entropy on the levels of the masked cells of freshly augmented training puzzles at t ~
 U(t_min, 1), and reports the held-out level accuracy on generated test puzzles against the prior
 (the majority level among the same cells):
 
-  nice -n 10 python scripts/probe_levels.py --steps 600 --set model.given_state=True \
-      --set model.hier_layers=2 --set model.hier_repeats=4 --out /tmp/probe.json
-  python scripts/probe_levels.py --config=configs/sudoku_learned_hierarchy.py --train hier \
-      --steps 2000 [--set optim.hier_lr_scale=3.0]
+  nice -n 10 python -m scripts.probe_levels --steps 600 --config.model.given_state=True \
+      --config.model.hier_layers=2 --config.model.hier_repeats=4 --out /tmp/probe.json
+  python -m scripts.probe_levels --config=configs/sudoku_learned_hierarchy.py --train hier \
+      --steps 2000 [--config.optim.hier_lr_scale=3.0]
+
+(from the repository root)
 
 `--train backbone` trains every parameter on the level loss (the backbone is the trunk);
-`--set loss.beta_rounds=W` (with model.hier_readout='rounds') adds W x the package's per-round
+`--config.loss.beta_rounds=W` (with model.hier_readout='rounds') adds W x the package's per-round
 token loss (`processes.level_objectives.round_token_loss`: the 'hier_round_tokens' head of repeat
 r trained on the solution digit of every masked blank cell that rounds 1..r of the labeller determine,
 level >= K - r), so each repeat gets a direct signal for what its round should know;
@@ -30,8 +33,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import sys
 import time
 
 import jax
@@ -39,10 +40,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-sys.path.insert(0, os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)),
-                                                 '..')))
-
-# pylint: disable=wrong-import-position
+from benchmarks import common
 from hmdlm_jax import config as config_lib
 from hmdlm_jax import models
 from hmdlm_jax import optim
@@ -55,10 +53,8 @@ from hmdlm_jax.processes import hmdlm
 from hmdlm_jax.processes import level_objectives
 from hmdlm_jax.processes import parameterization
 from hmdlm_jax.processes import schedules
-from benchmarks.config_args import DEFAULT_CONFIG
-from benchmarks.config_args import load_config
-from benchmarks.config_args import override
-# pylint: enable=wrong-import-position
+
+DEFAULT_CONFIG = 'configs/sudoku.py'  # relative to the repository root, where the tools run
 
 EVAL_TIMES = (0.25, 0.5, 0.75, 1.0)
 
@@ -73,17 +69,17 @@ def main() -> None:
   ap = argparse.ArgumentParser(description=__doc__.split('\n')[0])
   ap.add_argument('--steps', type=int, default=600)
   ap.add_argument('--batch', type=int, default=64)
-  ap.add_argument('--config', default=DEFAULT_CONFIG, help='a Sudoku configs/*.py file')
+  ap.add_argument('--config', default=DEFAULT_CONFIG,
+                  help='a Sudoku configs/*.py file; --config.section.field=value overrides it')
   ap.add_argument('--lr', type=float, default=None, help="default: the config's optim.lr")
   ap.add_argument('--train', choices=('backbone', 'hier'), default='backbone')
   ap.add_argument('--test_puzzles', type=int, default=500)
   ap.add_argument('--seed', type=int, default=0)
-  ap.add_argument('--set', action='append', default=[], help='config override a.b=value')
   ap.add_argument('--out', default='')
-  args = ap.parse_args()
+  args, overrides = common.parse_with_overrides(ap)
 
   try:
-    config = config_lib.resolve(override(load_config(args.config), args.set))
+    config = config_lib.resolve(config_lib.load(args.config, overrides))
   except ValueError as e:  # one line naming the field, nothing written
     raise SystemExit(f'probe_levels.py: {e}') from None
   cfg_m = config_lib.ModelConfig.from_section(config.model)
@@ -187,7 +183,7 @@ def main() -> None:
         rec.update(evaluate(params))
       log.append(rec)
       print(json.dumps(rec), flush=True)
-  result = {'config': args.config, 'overrides': args.set, 'train': args.train,
+  result = {'config': args.config, 'overrides': overrides, 'train': args.train,
             'steps': args.steps, 'batch': args.batch, 'lr': lr,
             'hier_lr_scale': float(config.optim.hier_lr_scale), 'beta_rounds': loss_cfg.beta_rounds, 'trained_params': num_params,
             'final': log[-1], 'log': log}

@@ -1,26 +1,30 @@
 r"""Cost of one training step of a Sudoku config with overrides: matmul FLOPs, and wall time.
 
   python -m scripts.step_cost [--config=configs/sudoku_learned_hierarchy.py] \
-      [--set model.hier_num_heads=1 ...] [--wall_rounds=5 --wall_steps=10] [--loop]
+      [--config.model.hier_num_heads=1 ...] [--wall_rounds=5 --wall_steps=10] [--loop]
+
+(from the repository root; the overrides are those of `python -m hmdlm_jax.main`, read by
+`hmdlm_jax.config.load`)
 
 prints the matrix FLOPs of one training step (loss + gradient) of the config and of its MDLM twin
 (`model.num_levels=1`), and their ratios to the default demo's step. FLOPs turn a wall budget into
 step budgets that do not depend on how loaded the machine is (scripts/twin_budget.py). They are a
 fair proxy only where the step's time is its matmuls: on a CPU the attention softmax and the
-elementwise ops of narrow blocks are not (docs/experiments/hierarchy_log.md item 18), so
---wall_rounds=N also times the real jitted training step (hmdlm_jax/train.py, a synthetic batch) of
-the config and of its twin in N interleaved rounds of --wall_steps steps each (default 5), on this
-machine, and prints the medians per round, the time ratio and the twin's step budget at equal wall
-time. Each model runs in a child process of its own in every round: two models in one process slow
-each other (the twin's step read 0.35 s beside the config against 0.31-0.33 s alone, and the ratio
+elementwise ops of narrow blocks are not (docs/experiments/hierarchy_log.md item 18), so --wall_rounds=N
+also times the real jitted training step (hmdlm_jax/train.py, a synthetic batch) of the config and
+of its twin in N interleaved rounds of --wall_steps steps each (default 5), on this machine, and
+prints the medians per round, the time ratio and the twin's step budget at equal wall time. Each
+model runs in a child process of its own in every round: two models in one process slow each
+other (the twin's step read 0.35 s beside the config against 0.31-0.33 s alone, and the ratio
 1.21 against 1.33 at loss.hier_batch_stride=4; docs/experiments/hierarchy_log.md items 29-30). With
---loop the rounds time the training loop itself instead (`python -m hmdlm_jax.main` for --wall_steps
-steps, no evaluation; seconds per step between its first and last logged step, so compilation is
-left out): what a training run pays, host batches and logging included. Pass the twin's budget it
-prints to `scripts.twin_budget --twin_steps`. Run it on a quiet machine: one machine drifts by
-15-30% between rounds. Both timings run under the allocator the entry point uses (`HMDLM_ALLOCATOR`,
-default auto; hmdlm_jax/runtime.py): the default glibc malloc adds page-fault time to every step of
-both models and so pulls their ratio towards 1 (item 29).
+--loop the rounds time the training loop itself instead (`python -m hmdlm_jax.main` for
+--wall_steps steps, no evaluation; seconds per step between its first and last logged step, so
+compilation is left out): what a training run pays, host batches and logging included. Pass the
+twin's budget it prints to `scripts.twin_budget --twin_steps`. Run it on a quiet machine: one
+machine drifts by 15-30% between rounds. Both timings run under the allocator the entry point
+uses (hmdlm_jax/runtime.py: on a CPU-only host by default, else as `HMDLM_ALLOCATOR` says): the
+default glibc malloc adds page-fault time to every step of both models and so pulls their ratio
+towards 1 (item 29).
 """
 
 from __future__ import annotations
@@ -47,11 +51,11 @@ import jax.numpy as jnp
 from benchmarks import flops
 from benchmarks import train_step as bench_step
 from hmdlm_jax import config as config_lib
+from benchmarks import common
 from hmdlm_jax import models
 from hmdlm_jax import processes
-from benchmarks.config_args import DEFAULT_CONFIG
-from benchmarks.config_args import load_config
-from benchmarks.config_args import override
+
+DEFAULT_CONFIG = 'configs/sudoku.py'  # relative to the repository root, where the tools run
 
 
 def step_flops(config) -> int:
@@ -86,14 +90,15 @@ def bare_seconds(config, steps: int) -> float:
 
 def step_seconds(config_path: str, variants: dict[str, list[str]], rounds: int, steps: int,
                  loop: bool = False) -> dict[str, list[float]]:
-  """Seconds per step for each named list of --set overrides of `config_path`, interleaved in
+  """Seconds per step for each named list of `--config.section.field=value` overrides of
+  `config_path`, interleaved in
   each of `rounds` rounds, every (round, variant) in a child process of its own: the bare step
   (`bare_seconds`, the median of `steps`) or, with `loop`, the training loop (`hmdlm_jax.main`
   for `steps` steps, no evaluation: (time of the last logged step - time of the first) / the
   steps between them)."""
   if loop:
     for sets in variants.values():
-      log_every = int(override(load_config(config_path), sets).train.log_every)
+      log_every = int(config_lib.load(config_path, sets).train.log_every)
       if steps < 2 * log_every:
         raise SystemExit(f'--wall_steps={steps}: the loop logs every train.log_every={log_every} '
                          f'steps; give at least {2 * log_every} so that two logged steps follow '
@@ -105,16 +110,15 @@ def step_seconds(config_path: str, variants: dict[str, list[str]], rounds: int, 
       with tempfile.TemporaryDirectory() as wd:
         if loop:
           cmd = ([sys.executable, '-m', 'hmdlm_jax.main', f'--config={config_path}',
-                  f'--workdir={wd}'] + [f'--config.{kv}' for kv in sets]
-                 # last, so that they win over a --set train.num_steps (the budget being timed)
+                  f'--workdir={wd}'] + list(sets)
+                 # last, so that they win over an override of train.num_steps (the budget timed)
                  + [f'--config.train.num_steps={steps}', '--config.train.final_eval=False'])
         else:
           cmd = ([sys.executable, '-m', 'scripts.step_cost', f'--config={config_path}',
-                  f'--wall_steps={steps}', f'--bare_child={wd}/seconds.json']
-                 + [f'--set={kv}' for kv in sets])
+                  f'--wall_steps={steps}', f'--bare_child={wd}/seconds.json'] + list(sets))
         r = subprocess.run(cmd, cwd=repo, check=False, stdout=subprocess.DEVNULL,
                            stderr=subprocess.PIPE, text=True)
-        if r.returncode:  # e.g. a bad --set value: the child's own one-line error
+        if r.returncode:  # e.g. a bad override value: the child's own one-line error
           last = (r.stderr.strip().splitlines() or ['(no output)'])[-1]
           raise SystemExit(f'--wall_rounds: the {"training run" if loop else "timed step"} '
                            f'{name!r} failed: {last}')
@@ -143,32 +147,37 @@ def equal_wall_steps(steps: int, config_s: list[float], twin_s: list[float]
   return ratios, int(steps * statistics.median(ratios))
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
   ap = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
-  ap.add_argument('--config', default=DEFAULT_CONFIG, help='a Sudoku configs/*.py file')
-  ap.add_argument('--set', action='append', default=[], help='FIELD=VALUE, e.g. model.hier_width=32')
+  ap.add_argument('--config', default=DEFAULT_CONFIG,
+                  help='a Sudoku configs/*.py file; --config.section.field=value overrides it, '
+                  'e.g. --config.model.hier_width=32')
   ap.add_argument('--wall_rounds', type=int, default=0, help='0 = FLOPs only')
   ap.add_argument('--wall_steps', type=int, default=5, help='timed steps per round and config')
   ap.add_argument('--loop', action='store_true',
                   help='time the training loop (hmdlm_jax.main) instead of the bare step')
   ap.add_argument('--bare_child', default='', help=argparse.SUPPRESS)  # step_seconds' child
-  args = ap.parse_args()
+  args, overrides = common.parse_with_overrides(ap, argv)
   if args.wall_rounds < 0 or args.wall_steps < 1:
     ap.error(f'--wall_rounds={args.wall_rounds} must be >= 0 and --wall_steps={args.wall_steps} '
              '>= 1')
-  mine = lambda extra=(): override(load_config(args.config), args.set + list(extra))
+  mine = lambda extra=(): config_lib.load(args.config, overrides + list(extra))
+  try:
+    mine()  # the file and every override checked first: one line naming the mistake
+  except ValueError as e:
+    raise SystemExit(f'step_cost: error: {e}') from None
   if args.bare_child:  # one (round, model) of step_seconds: write the median seconds and stop
     with open(args.bare_child, 'w', encoding='utf-8') as f:
       json.dump(bare_seconds(mine(), args.wall_steps), f)
     return
-  base = step_flops(load_config(DEFAULT_CONFIG))
-  for name, c in (('config', mine()), ('twin', mine(['model.num_levels=1']))):
+  base = step_flops(config_lib.load(DEFAULT_CONFIG))
+  for name, c in (('config', mine()), ('twin', mine(['--config.model.num_levels=1']))):
     f = step_flops(c)
     print(f'{name}: {f / 1e9:.2f} GFLOP per step; {f / base:.3f} x the default demo '
           f'({base / 1e9:.2f} GFLOP)')
   if args.wall_rounds > 0:
-    secs = step_seconds(args.config, {'config': args.set,
-                                      'twin': args.set + ['model.num_levels=1']},
+    secs = step_seconds(args.config, {'config': overrides,
+                                      'twin': overrides + ['--config.model.num_levels=1']},
                         args.wall_rounds, args.wall_steps, loop=args.loop)
     steps = int(mine().train.num_steps)
     ratios, twin_steps = equal_wall_steps(steps, secs['config'], secs['twin'])

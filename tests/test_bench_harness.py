@@ -2,19 +2,20 @@
 (issue 14)."""
 
 import os
+import subprocess
 import sys
 
 import jax
 import numpy as np
 import pytest
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, REPO)
-
-from benchmarks import aot  # pylint: disable=g-import-not-at-top
+from benchmarks import aot
 from benchmarks import bare_step
 from benchmarks import profile
+from benchmarks import references
 from benchmarks import side_by_side
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 HLO = """
   %all-reduce.3 = f32[768,3072]{1,0} all-reduce(f32[768,3072]{1,0} %x), channel_id=1, replica_groups=[1,8]<=[8], to_apply=%add
@@ -122,14 +123,25 @@ def test_profile_sums_ops_by_module():
   assert profile.module_of('GPT2/blocks_11/attn/dot_general') == 'forward GPT2/blocks_N'
 
 
-def test_profile_set_needs_a_config(capsys):
+def test_profile_overrides_need_a_config(capsys):
+  """--config.a.b=value overrides (hmdlm_jax.main's dialect, hmdlm_jax.config.load) apply to a
+  --config experiment only; a missing file, a misspelt field and the retired --set are refused
+  with a line naming them, before anything is traced."""
+  with pytest.raises(SystemExit):
+    profile.main(['--config.model.hier_width=32'])
+  assert ('--config.model.hier_width=32 overrides a --config experiment'
+          in capsys.readouterr().err)
   with pytest.raises(SystemExit):
     profile.main(['--set', 'model.hier_width=32'])
-  assert '--set overrides a --config experiment' in capsys.readouterr().err
-  with pytest.raises(SystemExit, match='configs/'):
+  assert 'unrecognized arguments: --set model.hier_width=32' in capsys.readouterr().err
+  with pytest.raises(SystemExit):
+    profile.main(['--config=configs/sudoku.py', '--config.model.hier_widht=32'])
+  assert 'model.hier_widht' in capsys.readouterr().err
+  with pytest.raises(ValueError, match='--config=sudoku.py: no such file'):
     profile.experiment_config('sudoku.py', [])
-  with pytest.raises(SystemExit, match='model.hier_widht'):
-    profile.experiment_config('configs/sudoku.py', ['model.hier_widht=32'])
+  config = profile.experiment_config('configs/sudoku.py', ['--config.model.hier_width=32',
+                                                           '--config.data.batch_size=4'])
+  assert config.model.hier_width == 32 and config.data.batch_size == 4
 
 
 def test_before_runners_need_a_before_tree(capsys, tmp_path):
@@ -141,6 +153,38 @@ def test_before_runners_need_a_before_tree(capsys, tmp_path):
     assert 'need --before_tree=PATH, a checkout of this project' in capsys.readouterr().err
   env = side_by_side._child_env('default', str(tmp_path))
   assert env['PYTHONPATH'].split(os.pathsep)[0] == str(tmp_path)
+
+
+def test_reference_children_import_the_tree_from_pythonpath(tmp_path):
+  """A reference runner's child gets its checkout on PYTHONPATH (after this project), never by
+  sys.path; references.py refuses a module of that name found anywhere else."""
+  tree = tmp_path / 'mdlm'
+  tree.mkdir()
+  (tree / 'noise_schedule_probe.py').write_text('X = 1\n')
+  env = side_by_side._child_env('default', '/repo', str(tree))
+  assert env['PYTHONPATH'].split(os.pathsep)[:2] == ['/repo', str(tree)]
+  assert side_by_side.REFERENCE_TREES['mdlm_eager'] == 'mdlm'
+  code = ('from benchmarks import references; '
+          f'print(references._import_from_tree("noise_schedule_probe", {str(tree)!r}).X)')
+  out = subprocess.run([sys.executable, '-c', code], cwd=REPO,
+                       env=side_by_side._child_env('default', REPO, str(tree)),
+                       capture_output=True, text=True, timeout=60, check=False)
+  assert out.returncode == 0 and out.stdout.strip() == '1', out.stderr[-2000:]
+  with pytest.raises(RuntimeError, match="'json' was imported from .*not from the reference tree"):
+    references._import_from_tree('json', str(tree))
+
+
+def test_runner_options_are_config_overrides_applied_before_resolve():
+  """side_by_side's `ours_mdlm:section.field=value` options reach the step as --config overrides
+  of the shape's experiment (hmdlm_jax.config.load, before resolve), after the shape's own
+  settings; a misspelt field is an error naming it."""
+  from benchmarks import train_step  # pylint: disable=g-import-not-at-top
+  c = train_step.shape_config('tiny', 'mdlm', 'float32', batch_size=2,
+                              overrides=['--config.model.dropout=0', '--config.model.num_layers=1'])
+  assert (c.model.dropout, c.model.num_layers, c.model.hidden_size) == (0.0, 1, 256)
+  assert c.data.batch_size == 2 and c.model.num_levels == 1
+  with pytest.raises(ValueError, match='model.dropuot'):
+    train_step.shape_config('tiny', 'mdlm', 'float32', overrides=['--config.model.dropuot=0'])
 
 
 @pytest.mark.parametrize('shape', sorted(side_by_side.SHAPES))

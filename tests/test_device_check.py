@@ -39,7 +39,6 @@ def test_device_check_dry_writes_every_item(tmp_path, jax_cache):
 
 
 def test_peak_table_matches_device_kinds():
-  sys.path.insert(0, REPO)
   from benchmarks import device_check  # pylint: disable=g-import-not-at-top
 
   class Dev:

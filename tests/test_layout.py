@@ -9,6 +9,9 @@
 * Package code states intent, not history: every module docstring of hmdlm_jax is at most 15
   lines (the detail lives in docs/method.md and docs/design.md), and no package file holds a date,
   an "item N" reference to a results page, or the name of the old results page.
+* No Python file or notebook of the repository changes sys.path: scripts and benchmarks
+  run as modules from the repository root (`python -m scripts.NAME`), their children get `cwd` and
+  PYTHONPATH, the notebooks work in the repository root.
 """
 
 from __future__ import annotations
@@ -163,7 +166,6 @@ def test_no_citation_of_an_external_specification():
 # Modules another change is rewriting; the two checks below skip them until it lands. The owner of
 # that change empties this list (every entry is a path relative to the repository root).
 _PENDING_DOCSTRING = frozenset({
-    'hmdlm_jax/runtime.py',
     'hmdlm_jax/models/hierarchy.py',
     'hmdlm_jax/models/__init__.py',
 })
@@ -218,3 +220,39 @@ def test_package_code_holds_no_history():
   assert not bad, ('dates, item references or docs/hierarchy_results.md in package code (say the '
                    'reason and point to docs/method.md or docs/results/sudoku.md):\n'
                    + '\n'.join(bad))
+
+
+# Written in pieces so that this file does not match itself.
+SYS_PATH_EDITS = tuple('sys.path' + tail for tail in ('.insert', '.append', '['))
+SKIPPED_DIRS = ('venv', 'site-packages', 'node_modules', 'build', 'dist', '__pycache__')
+
+
+def _sys_path_edits(root: pathlib.Path) -> list[str]:
+  """'file:line: text' of every line of a .py file or notebook under `root` that changes
+  sys.path (hidden folders such as .git, and virtual environments, left out)."""
+  found = []
+  for path in sorted(root.rglob('*')):
+    rel = path.relative_to(root)
+    if (path.suffix not in ('.py', '.ipynb') or not path.is_file()
+        or any(p.startswith('.') or p in SKIPPED_DIRS or p.endswith('venv') for p in rel.parts)):
+      continue
+    for n, line in enumerate(path.read_text(encoding='utf-8', errors='replace').splitlines(), 1):
+      if any(needle in line for needle in SYS_PATH_EDITS):
+        found.append(f'{rel}:{n}: {line.strip()}')
+  return found
+
+
+def test_sys_path_finder_finds_an_edit(tmp_path):
+  (tmp_path / 'pkg').mkdir()
+  (tmp_path / 'pkg' / 'bad.py').write_text('import sys\n' + SYS_PATH_EDITS[0] + "(0, '..')\n")
+  (tmp_path / 'nb.ipynb').write_text('{"source": ["' + SYS_PATH_EDITS[2] + ':0] = []"]}')
+  (tmp_path / 'ok.py').write_text('import sys\nprint(sys.path)\n')
+  (tmp_path / '.venv').mkdir()
+  (tmp_path / '.venv' / 'site.py').write_text(SYS_PATH_EDITS[1] + "('x')\n")
+  assert [f.split(':')[0] for f in _sys_path_edits(tmp_path)] == ['nb.ipynb', 'pkg/bad.py']
+
+
+def test_nothing_changes_sys_path():
+  found = _sys_path_edits(ROOT)
+  assert not found, ('sys.path is changed (run tools as `python -m scripts.NAME` from the '
+                     'repository root; give a child process cwd / PYTHONPATH):\n' + '\n'.join(found))

@@ -4,17 +4,15 @@ pathway setting; scripts/stats.py."""
 import json
 import math
 import os
-import sys
 
 import numpy as np
 import pytest
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, REPO)
+from hmdlm_jax import config as config_lib
+from scripts import stats
+from scripts import twin_budget
 
-from hmdlm_jax import config as config_lib  # pylint: disable=g-import-not-at-top,wrong-import-position
-from scripts import stats  # pylint: disable=g-import-not-at-top,wrong-import-position
-from scripts import twin_budget  # pylint: disable=g-import-not-at-top,wrong-import-position
+load = config_lib.load  # the one loader: configs/*.py plus --config.a.b=value overrides
 
 
 def test_mean_se_matches_numpy_and_is_nan_for_one_value():
@@ -61,8 +59,8 @@ def test_read_run_and_paired_table(tmp_path):
 
 
 def test_commands_differ_only_in_the_twin_flags():
-  h = twin_budget.command('/w/h', 1, 500, ['model.sudoku_candidates=True'], None)
-  t = twin_budget.command('/w/t', 1, 500, ['model.sudoku_candidates=True'], 1600)
+  h = twin_budget.command('/w/h', 1, 500, ['--config.model.sudoku_candidates=True'], None)
+  t = twin_budget.command('/w/t', 1, 500, ['--config.model.sudoku_candidates=True'], 1600)
   assert h[1:4] == ['-m', 'hmdlm_jax.main', '--config=configs/sudoku.py']
   assert '--config.model.sudoku_candidates=True' in h and '--config.seed=1' in h
   assert [a for a in t if a not in h] == ['--workdir=/w/t', '--config.model.num_levels=1',
@@ -73,40 +71,46 @@ def test_the_twin_of_a_pathway_setting_is_the_demos_twin():
   """`model.num_levels=1` turns any hierarchy setting into its twin: the per-round token loss is
   derived off, and with the candidates fed to the pathway only the twin's step has exactly the
   plain demo twin's matrix FLOPs (the pathway was its only extra)."""
-  setting = ['model.given_state=True', 'model.sudoku_candidates=True',
-             'model.candidates_pathway_only=True', 'model.hier_input_embed=True',
-             'model.hier_layers=1', 'model.hier_repeats=5', 'model.hier_readout=rounds',
-             'loss.beta_rounds=1.0', 'model.hier_source=input']
-  demo = lambda: twin_budget.load_config(twin_budget.DEFAULT_CONFIG)
-  cfg = lambda over: twin_budget.override(demo(), over)
-  twin = config_lib.resolve(cfg(setting + ['model.num_levels=1']))
+  setting = ['--config.model.given_state=True', '--config.model.sudoku_candidates=True',
+             '--config.model.candidates_pathway_only=True', '--config.model.hier_input_embed=True',
+             '--config.model.hier_layers=1', '--config.model.hier_repeats=5',
+             '--config.model.hier_readout=rounds', '--config.loss.beta_rounds=1.0',
+             '--config.model.hier_source=input']
+  cfg = lambda over: load(twin_budget.DEFAULT_CONFIG, over)
+  twin = config_lib.resolve(cfg(setting + [twin_budget.TWIN]))
   assert twin.loss.beta_rounds == 0.0 and not twin.model.hier_round_tokens
-  assert (twin_budget.step_cost.step_flops(cfg(setting + ['model.num_levels=1']))
-          == twin_budget.step_cost.step_flops(cfg(['model.num_levels=1'])))
+  assert (twin_budget.step_cost.step_flops(cfg(setting + [twin_budget.TWIN]))
+          == twin_budget.step_cost.step_flops(cfg([twin_budget.TWIN])))
 
 
 def test_the_learned_hierarchy_config_and_its_twin_budget():
   """--config names any Sudoku config: configs/sudoku_learned_hierarchy.py's twin is the demo's
-  twin (same step FLOPs), so it gets the step budget of its pathway setting; a path outside
-  configs/ is refused with one line."""
+  twin (same step FLOPs), so it gets the step budget of its pathway setting. The command line is
+  hmdlm_jax.main's: a missing file, a misspelt field, a value of the wrong type or the retired
+  `--set` stop the script with one line naming it, before anything is written."""
   path = 'configs/sudoku_learned_hierarchy.py'
-  own = twin_budget.load_config(path)
-  demo_twin = twin_budget.override(twin_budget.load_config(twin_budget.DEFAULT_CONFIG),
-                                    ['model.num_levels=1'])
+  own = load(path)
+  demo_twin = load(twin_budget.DEFAULT_CONFIG, [twin_budget.TWIN])
   flops = twin_budget.step_cost.step_flops
   steps = twin_budget.twin_steps(own.train.num_steps, [], path)
   assert steps == own.train.num_steps * flops(own) // flops(demo_twin)
   assert steps > 1.5 * own.train.num_steps  # the pathway is 40% of HMDLM's step (46 G vs 27 G)
   cmd = twin_budget.command('/w/t', 0, 500, [], steps, path)
   assert cmd[3] == f'--config={path}' and f'--config.train.num_steps={steps}' in cmd
-  for bad in ('sudoku_learned_hierarchy.py', 'configs/nope.py', '/tmp/configs/sudoku.py'):
-    with pytest.raises(SystemExit, match=r'--config=.*configs/'):
-      twin_budget.load_config(bad)
-  demo = twin_budget.load_config(twin_budget.DEFAULT_CONFIG)
-  assert twin_budget.override(demo, ['optim.hier_lr_scale=3.0']).optim.hier_lr_scale == 3.0
-  for bad in ('optim.hier_lr_scal=3', 'nope.lr=1', 'optim.lr', 'lr=1', 'a.b.c=1'):
-    with pytest.raises(SystemExit, match='--set'):  # a typo never becomes a silent new field
-      twin_budget.override(demo, [bad])
+  assert load(twin_budget.DEFAULT_CONFIG,
+              ['--config.optim.hier_lr_scale=3.0']).optim.hier_lr_scale == 3.0
+  never = lambda *args, **kwargs: pytest.fail(f'ran a command: {args}')
+  with pytest.MonkeyPatch.context() as mp:
+    mp.setattr(twin_budget.subprocess, 'run', never)
+    for bad, says in ((['--config=configs/nope.py'], 'configs/nope.py: no such file'),
+                      (['--config.optim.hier_lr_scal=3'], 'optim.hier_lr_scal'),
+                      (['--config.nope.lr=1'], 'config.nope.lr'),
+                      (['--config.optim.hier_lr_scale=fast'], 'hier_lr_scale')):
+      with pytest.raises(SystemExit, match=f'twin_budget: error: .*{says}'):
+        twin_budget.main(['--workdir=/nonexistent/twin_budget', '--seeds=0', *bad])
+    with pytest.raises(SystemExit):  # argparse: exit 2, usage on stderr
+      twin_budget.main(['--workdir=/nonexistent/twin_budget', '--set', 'optim.lr=1'])
+  assert not os.path.exists('/nonexistent/twin_budget')
 
 
 def test_pathway_heads_keep_the_flops_and_equal_wall_budget():
@@ -116,23 +120,24 @@ def test_pathway_heads_keep_the_flops_and_equal_wall_budget():
   runs each config's real step in every round, each in a child process of its own; a child's
   failure stops it with the child's own error line."""
   path = 'configs/sudoku_learned_hierarchy.py'
-  cfg = lambda over: twin_budget.override(twin_budget.load_config(path), over)
-  tiny = ['model.num_layers=1', 'model.hidden_size=32', 'model.num_heads=2', 'model.mlp_dim=32',
-          'data.batch_size=2', 'model.hier_width=16']
+  cfg = lambda over: load(path, over)
+  tiny = ['--config.model.num_layers=1', '--config.model.hidden_size=32',
+          '--config.model.num_heads=2', '--config.model.mlp_dim=32', '--config.data.batch_size=2',
+          '--config.model.hier_width=16']
   flops = twin_budget.step_cost.step_flops
-  assert flops(cfg(tiny + ['model.hier_num_heads=1'])) == flops(cfg(tiny)) > 0
+  assert flops(cfg(tiny + ['--config.model.hier_num_heads=1'])) == flops(cfg(tiny)) > 0
   ratios, steps = twin_budget.step_cost.equal_wall_steps(2000, [0.6, 0.9, 0.5], [0.3, 0.3, 0.2])
   np.testing.assert_allclose(ratios, [2.0, 3.0, 2.5])
   assert steps == 5000
   with pytest.raises(ValueError):
     twin_budget.step_cost.equal_wall_steps(2000, [0.6], [0.3, 0.3])
-  secs = twin_budget.step_cost.step_seconds(path, {'a': tiny, 'b': tiny + ['model.num_levels=1']},
+  secs = twin_budget.step_cost.step_seconds(path, {'a': tiny, 'b': tiny + [twin_budget.TWIN]},
                                             rounds=2, steps=1)
   assert list(secs) == ['a', 'b'] and all(len(v) == 2 and all(0 < x < 5 for x in v)
                                           for v in secs.values())
   with pytest.raises(SystemExit, match="--wall_rounds: the timed step 'a' failed: .*hier_lr_scale"):
-    twin_budget.step_cost.step_seconds(path, {'a': tiny + ['optim.hier_lr_scale=0.0']}, rounds=1,
-                                       steps=1)
+    twin_budget.step_cost.step_seconds(path, {'a': tiny + ['--config.optim.hier_lr_scale=0.0']},
+                                       rounds=1, steps=1)
 
 
 def test_the_loop_timer_reads_seconds_per_step_after_compilation():
@@ -144,8 +149,9 @@ def test_the_loop_timer_reads_seconds_per_step_after_compilation():
           {'step': 50, 'split': 'eval', 'time': 200.0},
           {'step': 100, 'split': 'train', 'time': 121.0}]
   assert twin_budget.step_cost.logged_seconds_per_step(rows) == pytest.approx(21.0 / 75)
-  tiny = ['model.num_layers=1', 'model.hidden_size=32', 'model.num_heads=2', 'model.mlp_dim=32',
-          'data.batch_size=2', 'train.log_every=2', 'data.num_test_puzzles=4']
+  tiny = ['--config.model.num_layers=1', '--config.model.hidden_size=32',
+          '--config.model.num_heads=2', '--config.model.mlp_dim=32', '--config.data.batch_size=2',
+          '--config.train.log_every=2', '--config.data.num_test_puzzles=4']
   with pytest.raises(SystemExit, match='--wall_steps=3.*train.log_every=2'):
     twin_budget.step_cost.step_seconds(twin_budget.DEFAULT_CONFIG, {'a': tiny}, rounds=1, steps=3,
                                        loop=True)
@@ -155,15 +161,15 @@ def test_the_loop_timer_reads_seconds_per_step_after_compilation():
   with pytest.raises(SystemExit,
                      match="--wall_rounds: the training run 'a' failed: .*hier_lr_scale"):
     twin_budget.step_cost.step_seconds(twin_budget.DEFAULT_CONFIG,
-                                       {'a': tiny + ['optim.hier_lr_scale=0.0']}, rounds=1, steps=4,
-                                       loop=True)
+                                       {'a': tiny + ['--config.optim.hier_lr_scale=0.0']},
+                                       rounds=1, steps=4, loop=True)
 
 
 def test_a_given_twin_budget_is_used_and_a_run_of_another_budget_is_refused(tmp_path):
   """--twin_steps sets the twin's budget (recorded as 'given'); a finished run in the workdir
   whose step count is not the one this comparison needs stops the script with one line, before
   any run trains and without touching what is there."""
-  demo = int(twin_budget.load_config(twin_budget.DEFAULT_CONFIG).train.num_steps)
+  demo = int(load(twin_budget.DEFAULT_CONFIG).train.num_steps)
   _write_run(str(tmp_path / 'hmdlm_s0'), demo, (0.6, 0.8), (0.5, 0.7), 100.0)
   _write_run(str(tmp_path / 'twin_s0'), 2000, (0.5, 0.8), (0.4, 0.7), 100.0)
   r = twin_budget.main([f'--workdir={tmp_path}', '--seeds=0', '--twin_steps=2000'])

@@ -357,7 +357,7 @@ class HierarchicalBackbone(nn.Module):
       return hx, hc, []
     mlp_dim = self.mlp_dim * width // self.hidden_size
     # Fewer heads cost the same matmul FLOPs but fewer [B, heads, L, L] softmax elements, which
-    # dominate a narrow pathway's time on CPU (docs/hierarchy_results.md item 18).
+    # dominate a narrow pathway's time on CPU (docs/experiments/hierarchy_log.md item 18).
     heads = self.hier_num_heads or self.num_heads
     blocks = [self.block(f'{HIER_PREFIX}blocks_{i}', mlp_dim, heads)
               for i in range(self.hier_layers)]

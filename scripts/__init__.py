@@ -1,0 +1,1 @@
+"""Experiment scripts, run as modules from the repository root: `python -m scripts.NAME ...`."""
