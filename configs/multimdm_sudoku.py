@@ -9,7 +9,7 @@ Recipes (config string after the file name; the MDLM stage is configs/sudoku_mdl
   :distill       consistency distillation (Algorithm 3) of a MultiMDM run (init.workdir=DIR_MM)
   :mdlm_distill  MDLM with shared-Gumbel paths (--config.init.workdir=DIR_MDLM)
   :rand          MultiMDM from scratch at sudoku_base's budget (the default)
-`python scripts/few_step.py --task=sudoku` runs all of them. Choices (M, α = β = 1 - t, the
+`python -m scripts.few_step --task=sudoku` runs all of them. Choices (M, α = β = 1 - t, the
 curriculum, the distillation schedule): docs/results/multimdm.md, docs/method.md §13.2.
 """
 

@@ -7,7 +7,7 @@ within the seed spread; distillation raises the K = 2 entropy (docs/results/mult
 Recipes (config string after the file name): the default (or `:rand`) 2,000 steps from scratch;
 `:mdlm` with --config.train.num_steps=1500, the MDLM stage; `:cont` 500 more steps from it
 (--config.init.workdir=DIR_MDLM); `:distill` / `:mdlm_distill` consistency distillation of
-MultiMDM-cont / of MDLM (--config.init.workdir=...). `python scripts/few_step.py --task=text
+MultiMDM-cont / of MDLM (--config.init.workdir=...). `python -m scripts.few_step --task=text
 --archive=...` runs them all with a 512-piece WordPiece vocabulary trained on the train split.
 Choices: K = 1; M = 16 masks appended after the words (data.mask_token='append'); α = β = 1 - t;
 '-cont' 3:1 as the paper's 150K + 50K (docs/results/multimdm.md).
