@@ -35,7 +35,6 @@ from typing import Any, Callable, Mapping, Sequence
 
 import jax  # pylint: disable=g-import-not-at-top
 import jax.numpy as jnp
-import ml_collections
 import numpy as np
 import optax
 
@@ -63,7 +62,7 @@ BATCH = {'tiny': (32, 32), 'small': (8, 512), 'sudoku_6m': (32, 256), 'sudoku_25
 
 def shape_config(shape: str, mode: str, dtype: str, *, batch_size: int | None = None,
                  seq_len: int | None = None, dropout: float | None = None,
-                 overrides: Sequence[str] = ()) -> ml_collections.ConfigDict:
+                 overrides: Sequence[str] = ()) -> config_lib.Config:
   """The resolved experiment config of a benchmark shape (see the module docstring).
 
   The shape's settings are `--config.section.field=value` overrides of its configs/*.py file,
@@ -100,7 +99,7 @@ def shape_config(shape: str, mode: str, dtype: str, *, batch_size: int | None = 
   return c
 
 
-def synthetic_batch(config: ml_collections.ConfigDict, seed: int = 0) -> dict[str, np.ndarray]:
+def synthetic_batch(config: config_lib.Config, seed: int = 0) -> dict[str, np.ndarray]:
   """A host batch of the pipeline contract (docs/design.md): random tokens and levels.
 
   Text shapes: every position carries loss. Sudoku shapes: ~30% given cells (clues, no loss).
@@ -108,7 +107,7 @@ def synthetic_batch(config: ml_collections.ConfigDict, seed: int = 0) -> dict[st
   m = config.model
   b, l = int(config.data.batch_size), int(m.seq_len)
   v, k = int(m.vocab_size), int(m.num_levels)
-  mask_id = config_lib.resolve(config).model.mask_id
+  mask_id = config.model.mask_id
   rng = np.random.default_rng(seed)
   tokens = rng.integers(0, v - 1, (b, l)).astype(np.int32)
   tokens = np.where(tokens >= mask_id, tokens + 1, tokens).astype(np.int32)  # never MASK
@@ -121,11 +120,10 @@ def synthetic_batch(config: ml_collections.ConfigDict, seed: int = 0) -> dict[st
                                                 'given': given, 'loss_mask': ~given})
 
 
-def real_step(config: ml_collections.ConfigDict) -> tuple[Callable[..., Any], Any, Any]:
+def real_step(config: config_lib.Config) -> tuple[Callable[..., Any], Any, Any]:
   """The package's real jitted train step (hmdlm_jax/train.py) on a synthetic batch of `config`
-  (resolved and validated here): (step(state, batch) -> (state, metrics), initial state, global
-  batch). Nothing is compiled until the first call."""
-  config = config_lib.resolve(config)
+  (a resolved config): (step(state, batch) -> (state, metrics), initial state, global batch).
+  Nothing is compiled until the first call."""
   train.validate_config(config)
   mesh = shd.make_mesh(config.mesh)
   model = models.build_model(config.model)
@@ -137,7 +135,7 @@ def real_step(config: ml_collections.ConfigDict) -> tuple[Callable[..., Any], An
 # ----------------------------------------------------------------------------- patch check
 
 
-def patch_check(config: ml_collections.ConfigDict, patches: list[str]) -> dict[str, float]:
+def patch_check(config: config_lib.Config, patches: list[str]) -> dict[str, float]:
   """Loss and gradient with and without `patches` at the initial parameters (exactness check).
 
   Returns the loss difference and the relative L2 difference of the gradients; the parameters
@@ -170,7 +168,7 @@ def patch_check(config: ml_collections.ConfigDict, patches: list[str]) -> dict[s
 # ----------------------------------------------------------------------------- steps
 
 
-def _bare_step(config: ml_collections.ConfigDict, model: Any, process: processes.Process
+def _bare_step(config: config_lib.Config, model: Any, process: processes.Process
                ) -> Callable[..., Any]:
   """jit((params, opt_state, batch, key) -> (params, opt_state, loss)): loss + grad + AdamW."""
   optimizer = optim.make_optimizer(config.optim, config.train.num_steps)
@@ -243,7 +241,7 @@ def _device_peak_bytes() -> int | None:
   return int(stats['peak_bytes_in_use']) if stats and 'peak_bytes_in_use' in stats else None
 
 
-def _profile_parts(config: ml_collections.ConfigDict, model: Any, process: processes.Process,
+def _profile_parts(config: config_lib.Config, model: Any, process: processes.Process,
                    state: train.TrainState, batch: Mapping[str, jax.Array], steps: int
                    ) -> dict[str, float]:
   """Median seconds of the step's parts, each jitted on its own."""
@@ -268,7 +266,7 @@ def _profile_parts(config: ml_collections.ConfigDict, model: Any, process: proce
   return out
 
 
-def run(config: ml_collections.ConfigDict, *, steps: int = 5, warmup: int = 1,
+def run(config: config_lib.Config, *, steps: int = 5, warmup: int = 1,
         variant: str = 'real', profile: bool = False, adjacent_peak: bool = False
         ) -> dict[str, Any]:
   """Times `steps` train steps after `warmup` (>= 1; the first compiles). Returns the record."""
@@ -383,7 +381,7 @@ def parse_candidate(spec: str) -> tuple[tuple[str, ...], dict[str, Any]]:
   return tuple(patches), options
 
 
-def compare(config: ml_collections.ConfigDict,
+def compare(config: config_lib.Config,
             candidates: list[tuple[tuple[str, ...], dict[str, Any]]], rounds: int
             ) -> dict[str, Any]:
   """Real steps built under each (patches, XLA compiler options), timed interleaved.

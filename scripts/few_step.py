@@ -123,20 +123,20 @@ def train(config: ml_collections.ConfigDict, workdir: str, log: Callable[[str], 
   log(f'  {workdir}: trained to {want} steps in {time.monotonic() - t0:.0f} s')
 
 
-def load(workdir: str) -> tuple[ml_collections.ConfigDict, Any]:
-  """(resolved config, EMA parameters) of a finished run."""
+def load(workdir: str) -> tuple[config_lib.Config, Any]:
+  """(recorded config, EMA parameters) of a finished run."""
   with open(os.path.join(workdir, 'config.json'), encoding='utf-8') as f:
-    config = ml_collections.ConfigDict(json.load(f))
+    config = config_lib.from_record(json.load(f))
   params, _, _ = warm_start.read_workdir(workdir, use_ema=True)
   return config, params
 
 
-def sampler_process(config: ml_collections.ConfigDict) -> multimdm.MultiMDM:
+def sampler_process(config: config_lib.Config) -> multimdm.MultiMDM:
   """The MultiMDM sampler of a run (its words, masks, schedule and designation; the training
   settings dropped, so a run and its distilled version share one compiled sampler), or M = 1
   (= MDLM's ancestral sampler, same vocabulary layout: words, then MASK) for an MDLM run."""
   if config.process.kind == 'multimdm':
-    proc = multimdm.build(config_lib.resolve(config))
+    proc = multimdm.build(config)
     return multimdm.MultiMDM(proc.sched, proc.des, config_lib.MultiMDMConfig(
         num_masks=proc.num_masks, num_words=proc.num_words))
   return multimdm.make(int(config.model.vocab_size) - 1, 1)
@@ -145,11 +145,11 @@ def sampler_process(config: ml_collections.ConfigDict) -> multimdm.MultiMDM:
 _SAMPLERS: dict[Any, Callable[..., Any]] = {}
 
 
-def make_sampler(config: ml_collections.ConfigDict, process: base.Process,
+def make_sampler(config: config_lib.Config, process: base.Process,
                  cfg: config_lib.SampleConfig, batch_size: int) -> Callable[..., Any]:
   """A jitted sampler with the parameters as an argument, compiled once per architecture,
   process, settings and batch size (models of the same shape share it)."""
-  key = (json.dumps(config.model.to_dict(), sort_keys=True, default=str), process, cfg,
+  key = (json.dumps(config_lib.to_dict(config.model), sort_keys=True, default=str), process, cfg,
          batch_size)
   if key not in _SAMPLERS:
     model = models.build_model(config.model)
@@ -179,7 +179,7 @@ def sudoku_puzzles(num: int) -> list[dict[str, np.ndarray]]:
                                                 process_count=1)]
 
 
-def solve(config: ml_collections.ConfigDict, params: Any, puzzles: list[dict[str, np.ndarray]],
+def solve(config: config_lib.Config, params: Any, puzzles: list[dict[str, np.ndarray]],
           nfe: int, seed: int, ordering: str = 'ancestral') -> dict[str, float]:
   """Solve rate and cell accuracy (blank cells) of one model at T = nfe steps, argmax tokens;
   'confidence' reveals the most confident cells (for MDLM: the demo's top-k decoding)."""

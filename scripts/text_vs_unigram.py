@@ -209,12 +209,14 @@ def aggregate(per_seed: dict[str, dict[str, Any]]) -> dict[str, Any]:
 
 def unigram_baseline(config: ml_collections.ConfigDict, smoothing: str) -> dict[str, Any]:
   """Unigram fit on the train split's rows, scored on the test split's, through the pipeline."""
+  from hmdlm_jax import config as config_lib  # pylint: disable=g-import-not-at-top
   from hmdlm_jax import tasks  # pylint: disable=g-import-not-at-top
   from hmdlm_jax.evaluation import unigram  # pylint: disable=g-import-not-at-top
   from hmdlm_jax.data import tokenizers  # pylint: disable=g-import-not-at-top
 
   def one_pass(c: ml_collections.ConfigDict) -> Any:  # the 'test' chain: one pass, in order
-    return tasks.get(c).test_batches(c)
+    resolved = config_lib.resolve(c)
+    return tasks.get(resolved).test_batches(resolved)
 
   d = config.data
   if not d.test_path:

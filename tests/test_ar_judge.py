@@ -47,7 +47,7 @@ def _config(tmp_path, **data):
   c.model.seq_len = c.data.seq_len = 32
   for k, v in data.items():
     c.data[k] = v
-  return c, n
+  return config_lib.resolve(c), n
 
 
 @pytest.fixture(scope='module')
@@ -87,12 +87,12 @@ def test_cache_is_read_and_keyed_by_data_and_settings(judged, tmp_path, monkeypa
   monkeypatch.setattr(ar_judge, 'train_judge', lambda *a, **k: pytest.fail('retrained'))
   again = ar_judge.load_or_train(config, SMALL, cache_dir=cache)
   assert again.name == judge.name
-  c = config_lib.resolve(config)
+  c = config
   key = ar_judge.fingerprint(ar_judge.judge_data_config(c, SMALL), SMALL)
   other = ar_judge.fingerprint(ar_judge.judge_data_config(c, SMALL),
                                ar_judge.JudgeConfig(steps=151))
   moved = tmp_path / 'data.txt'
   moved.write_text(open(FIXTURE, encoding='utf-8').read() + 'one more line\n', encoding='utf-8')
   c2, _ = _config(tmp_path, train_path=str(moved))
-  data = ar_judge.fingerprint(ar_judge.judge_data_config(config_lib.resolve(c2), SMALL), SMALL)
+  data = ar_judge.fingerprint(ar_judge.judge_data_config(c2, SMALL), SMALL)
   assert len({key, other, data}) == 3

@@ -123,7 +123,7 @@ def test_fixed_levels_on_some_cells_keep_the_head_elsewhere():
 @pytest.mark.parametrize('value', [(), ('greedy', 'beam')])
 def test_decoding_kinds_are_checked(field, value):
   from configs import sudoku_learned_hierarchy  # pylint: disable=g-import-not-at-top
-  config = config_lib.resolve(sudoku_learned_hierarchy.get_config())
-  config.eval[field] = value
+  config = config_lib.resolve(sudoku_learned_hierarchy.get_config()).replace(
+      **{f'eval.{field}': value})
   with pytest.raises(ValueError, match=rf'eval\.{field}=.*subset'):
     sudoku_task.SudokuTask().validate(config)
