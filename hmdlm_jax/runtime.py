@@ -1,47 +1,14 @@
-"""Process start-up settings: keep XLA:CPU's large buffers resident (issue 14, item 3).
+"""Process start-up settings: keep XLA:CPU's large buffers resident (docs/results/performance.md).
 
-Why: XLA:CPU allocates every buffer of a step (parameters, optimiser state, activations, the
-[B, L, V] logits) with the C library's malloc. glibc serves any request above its mmap threshold
-(dynamic, at most 32 MiB on 64-bit) with a fresh mmap and unmaps it on free(), so every step
-maps, zero-fills (one minor page fault per 4 KiB page) and unmaps the same gigabytes again.
-Measured with benchmarks/side_by_side.py on this 2-core VM: the real MDLM step makes 0.58 M
-(tiny) / 0.59 M (small) minor faults per step and spends 19% (tiny) of its CPU time in the
-kernel; the plain-JAX bare step 0.96 M faults, 24%.
+XLA:CPU allocates every buffer of a step with the C library's malloc; glibc serves large requests
+by mmap and unmaps them on free, so each step faults the same gigabytes in again. tcmalloc (never
+releasing spans) or glibc tunables (no mmap, no trim, one arena) keep them resident. Nothing
+computed changes: the allocator decides where buffers live, never what is computed in them.
 
-What keeps them resident (benchmarks/README.md, "Kernel time"):
-  * tcmalloc (Debian's libtcmalloc-minimal4) by LD_PRELOAD with TCMALLOC_RELEASE_RATE=0 (never
-    give free spans back): 0 faults and 0.03 s system time per step at both shapes (small: 0.03 s
-    of 18 s CPU). The measured choice. LD_PRELOAD acts at process start only, hence
-    `reexec_with_allocator()` (re-executes the same command once) or the launch scripts'
-    `eval "$(python -m hmdlm_jax.runtime)"`.
-  * glibc without installing anything: tunables `mmap_max=0` (big chunks from the brk heap),
-    `trim_threshold` (never shrink the heap), `arena_max=1` (one heap for all threads). The 32 MiB
-    cap concerns `mmap_threshold` only (mallopt and GLIBC_TUNABLES reject more alike), which is
-    why the threshold is not the knob used. Measured on the step of 2026-12-01 (selected token
-    rows; 2-core Intel VM, 3 / 2 interleaved rounds): GLIBC_TUNABLES alone makes 0 faults per
-    step and 0.18% (tiny) / 0.23% (small) system time, against 14.7% / 11.4% by default, at
-    +80% / +40% peak RSS (3.6 / 7.2 GB). (On the older step of November the same settings only
-    halved the faults at tiny: the allocation pattern decides.) What `auto` uses without
-    tcmalloc.
-
-None of this changes a single computed value: the allocator decides where buffers live, never
-what is computed in them. On non-Linux systems, or a C library other than glibc, every function
-here is a no-op.
-
-Who gets it (issue 51): the entry points (`hmdlm_jax.main`, scripts/step_cost.py,
-benchmarks/profile.py) call `set_up_entry_point()` before JAX is imported. By default it
-re-executes only on a CPU-only host (`cpu_only_host`: JAX_PLATFORMS unset or cpu, and no GPU/TPU
-device node or TPU VM variable), where XLA:CPU's buffers are what it speeds up; on an accelerator
-host the process is left as it is (debuggers and profilers see the command they started).
-`HMDLM_ALLOCATOR=auto|tcmalloc|glibc` asks for it on any host; `HMDLM_ALLOCATOR=none` turns it off
-everywhere. A re-execution says so in one line on stderr (`startup_line`). The launch scripts
-(launch/*.sh) set HMDLM_ALLOCATOR explicitly: `auto` on fake CPU devices, `none` on GPU/TPU.
-
-Use (the entry point, first thing, before JAX is imported):
-    runtime.set_up_entry_point()            # the allocator HMDLM_ALLOCATOR / the host asks for
-or, by hand:
-    runtime.reexec_with_allocator('auto')   # tcmalloc if installed (else glibc tunables): exec
-    runtime.configure_allocator()           # glibc mallopt() fallback; no-op under tcmalloc
+The entry points call `set_up_entry_point()` before JAX is imported. By default it re-executes
+once only on a CPU-only host (`cpu_only_host`), saying so in one line on stderr;
+`HMDLM_ALLOCATOR=auto|tcmalloc|glibc` asks for it on any host, `none` turns it off. The launch
+scripts set it explicitly. Measurements: docs/results/performance.md. No-op off Linux / glibc.
 """
 
 from __future__ import annotations

@@ -77,7 +77,7 @@ def step_flops(config) -> int:
 def bare_seconds(config, steps: int) -> float:
   """Median seconds of `steps` real training steps of `config` (a synthetic batch, blocked on
   each step), after one compiling step, in this process."""
-  step, state, batch = bench_step.real_step(config)
+  step, state, batch = bench_step.real_step(config_lib.resolve(config))
   state = jax.block_until_ready(step(state, batch)[0])
   times = []
   for _ in range(steps):
