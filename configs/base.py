@@ -98,11 +98,8 @@ def get_base_config() -> ml_collections.ConfigDict:
   m.hier_readout = 'head'
   m.hier_width = 0  # width of the trunk's blocks (0 = hidden_size); narrower = cheaper pass 1
   m.hier_num_heads = 0  # attention heads of the trunk's blocks (0 = num_heads); fewer = cheaper
-  m.hier_attention = 'full'  # 'full' | 'sudoku_units': the trunk's blocks attend over row/col/box
   # What the pathway reads: 'features' (the backbone's final hidden state, the paper) | 'input'
-  # (the embedded input before the backbone's blocks: a level network of its own beside it) |
-  # 'givens' (that embedded input with every non-given cell shown as MASK; needs given_state) |
-  # 'given_digits' (only the non-given digits hidden: revealed cells still show their level).
+  # (the embedded input before the backbone's blocks: a level network of its own beside it).
   m.hier_source = 'features'
   # Given cells (Sudoku clues, prompts) carry their own input state h_g = K+1 instead of their
   # level: the level tables get a (K+2)-th row (docs/design.md). False: givens show their level.
@@ -146,10 +143,6 @@ def get_base_config() -> ml_collections.ConfigDict:
   # repeat r of the hierarchy trunk reads the tokens of the masked positions whose level rounds
   # 1..r decide (level >= K - r), so each round learns what it should know (docs/method.md §5.1).
   l.beta_rounds = 0.0
-  # k > 1: pass 1 of the training loss (the level head's terms) reads every k-th example of the
-  # batch only (a random offset per step; two_pass): the pathway's FLOPs fall about k-fold,
-  # the token network still trains on the whole batch. Must divide the batch of one step.
-  l.hier_batch_stride = 1
   # Where the loss evaluates the token head (hmdlm_jax/models/token_head.py): 'selected' = only at
   # the masked loss positions (same values, about half the head's cost; one device only), 'all'
   # = dense logits at every position, 'auto' = 'selected' when the train step runs on one device.
@@ -243,8 +236,6 @@ def get_base_config() -> ml_collections.ConfigDict:
   sm.use_cache = True
   sm.level_context = 'candidates'  # 'candidates' | 'none': levels pass 2 sees (confidence ordering)
   sm.hierarchy_weight = 1.0  # confidence score = w · log π + log max f (1: the ancestral move)
-  sm.hierarchy_sure = 0.0  # > 0: positions whose head is this sure of revealing now go first
-  sm.level0_guard = 0.0  # > 0: a position whose head gives level 0 this much waits as level 0
   sm.num_samples = 16
   sm.seeds = (0,)
   sm.pictures = True  # --mode=sample writes reveal-order pictures into DIR/pictures

@@ -9,8 +9,8 @@ derived values computed, each in exactly one place:
   `(0,)` for K = 1, so `--config.model.num_levels=1` alone turns HMDLM into its MDLM twin
   (docs/method.md §2: K = 1 with δ = 0 is MDLM);
 * `loss.train_steps_T = 0` -> `sample.num_steps` (Algorithm 1's T_train on the sampling grid);
-* `model.num_levels = 1` -> `data.hierarchy = 'none'`, `loss.beta_rounds = 0`,
-  `loss.hier_batch_stride = 1`: with one level every position is level 0 whatever the rule, which
+* `model.num_levels = 1` -> `data.hierarchy = 'none'`, `loss.beta_rounds = 0`:
+  with one level every position is level 0 whatever the rule, which
   is moot, and so are its rounds and pass 1;
 * per process kind (config_kinds.PROCESS_RULES): `process.kind = 'mdlm'` requires K = 1 (MDLM
   is HMDLM's K = 1 case, reachable by name); `process.kind = 'hdlm'` (docs/method.md §13.1):
@@ -96,7 +96,6 @@ class ModelConfig:
   hier_readout: str = 'head'
   hier_width: int = 0
   hier_num_heads: int = 0
-  hier_attention: str = 'full'
   cluster_head: int = 0  # outputs of HDLM's auxiliary cluster head (derived; 0 = none)
   sudoku_candidates: bool = False
   candidates_pathway_only: bool = False
@@ -190,9 +189,6 @@ class LossConfig:
     beta_rounds: weight of the per-round token loss L_rounds (training only, never in the bound;
       0 = off; needs model.hier_readout='rounds', which derives model.hier_round_tokens;
       docs/method.md §5.1).
-    hier_batch_stride: k >= 1; k > 1 trains pass 1 (the level head's terms) on every k-th example
-      of the batch only, at a random offset per step (two_pass, K > 1; the token terms keep the
-      whole batch; processes/level_objectives.py). The pathway's FLOPs fall about k-fold.
     token_rows: where the training loss evaluates the token head: 'all' positions (dense logits,
       then the masked ones are read) or only the 'selected' ones (masked loss positions;
       models/token_head.py: same values, about half the head's cost, one device only); 'auto'
@@ -211,7 +207,6 @@ class LossConfig:
   hier_objective: str = 'bound'
   given_state: bool = False
   beta_rounds: float = 0.0
-  hier_batch_stride: int = 1
   token_rows: str = 'all'
 
   def __post_init__(self) -> None:
@@ -229,10 +224,6 @@ class LossConfig:
     if self.hier_objective not in HIER_OBJECTIVES:
       raise ValueError(f'loss.hier_objective={self.hier_objective!r} is not one of '
                        f'{HIER_OBJECTIVES}.')
-    _check_int('loss.hier_batch_stride', self.hier_batch_stride, minimum=1)
-    if self.hier_batch_stride > 1 and (self.variant != 'two_pass' or self.num_levels == 1):
-      raise ValueError(f'loss.hier_batch_stride={self.hier_batch_stride} thins pass 1 of '
-                       "model.variant='two_pass' with model.num_levels > 1; set it to 1.")
     if self.token_rows not in TOKEN_ROWS:
       raise ValueError(f'loss.token_rows={self.token_rows!r} is not one of {TOKEN_ROWS}.')
 
@@ -251,7 +242,6 @@ class LossConfig:
                hier_objective=str(l.get('hier_objective', 'bound')),
                given_state=bool(m.get('given_state', False)),
                beta_rounds=float(l.get('beta_rounds', 0.0)),
-               hier_batch_stride=l.get('hier_batch_stride', 1),
                token_rows=str(l.get('token_rows', 'auto')))
 
 
@@ -273,9 +263,6 @@ class SampleConfig:
     level_context: confidence ordering only: 'candidates' (pass 2 sees ĥ at every masked
       position) | 'none' (pass 2 sees h_m there; one call computes both heads).
     hierarchy_weight: confidence ordering only: w >= 0 in score = w · log π + log max f.
-    hierarchy_sure: confidence ordering only: τ in [0, 1]; π >= τ · max_k λ_k goes first; 0 = off.
-    level0_guard: confidence ordering only: ρ in [0, 1]; a masked position whose g_0 >= ρ is
-      treated as level 0 (g := one-hot 0); 0 = off.
     given_state: given positions enter the network as h_g = K+1 (model.given_state).
   """
   num_steps: int
@@ -290,8 +277,6 @@ class SampleConfig:
   time_conditioning: bool = True
   level_context: str = 'candidates'
   hierarchy_weight: float = 1.0
-  hierarchy_sure: float = 0.0
-  level0_guard: float = 0.0
   given_state: bool = False
 
   def __post_init__(self) -> None:
@@ -311,11 +296,6 @@ class SampleConfig:
       raise ValueError(f'sample.level_context must be one of {LEVEL_CONTEXTS}, got '
                        f'{self.level_context!r}.')
     _check_number('sample.hierarchy_weight', self.hierarchy_weight, lo=0.0)
-    _check_number('sample.hierarchy_sure', self.hierarchy_sure, lo=0.0, hi=1.0, hi_open=False)
-    _check_number('sample.level0_guard', self.level0_guard, lo=0.0, hi=1.0, hi_open=False)
-    if self.level0_guard > 0 and self.ordering != 'confidence':
-      raise ValueError(f'sample.level0_guard={self.level0_guard} acts on confidence ordering only; '
-                       "set sample.ordering='confidence' or sample.level0_guard=0.")
     if self.variant not in VARIANTS:
       raise ValueError(f'model.variant must be one of {VARIANTS}, got {self.variant!r}.')
 
@@ -339,8 +319,6 @@ class SampleConfig:
                time_conditioning=bool(m.time_conditioning or m.get('hier_time_conditioning',
                                                                    False)),
                level_context=sm.level_context, hierarchy_weight=float(sm.hierarchy_weight),
-               hierarchy_sure=float(sm.hierarchy_sure),
-               level0_guard=float(sm.level0_guard),
                given_state=bool(m.get('given_state', False)))
 
 
@@ -377,10 +355,6 @@ def _check_train(config: ml_collections.ConfigDict) -> None:
   if b % t.grad_accum:
     raise ValueError(f'data.batch_size={b} must be a multiple of train.grad_accum='
                      f'{t.grad_accum}.')
-  k = config.loss.get('hier_batch_stride', 1)
-  if _is_int(k) and k > 1 and (b // t.grad_accum) % k:
-    raise ValueError(f'loss.hier_batch_stride={k} must divide the batch of one step '
-                     f'(data.batch_size / train.grad_accum = {b // t.grad_accum}).')
   for s in t.debug_nan_steps:
     if not _is_int(s) or s < 0:
       raise ValueError(f'train.debug_nan_steps must hold step numbers >= 0, got {s!r}.')
@@ -480,7 +454,6 @@ def resolve(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
       config.loss.train_steps_T = config.sample.num_steps
     if config.model.num_levels == 1:  # the twin of any setting: no levels, rounds or pass 1
       config.data.hierarchy, config.loss.beta_rounds = 'none', 0.0
-      config.loss.hier_batch_stride = 1
     _derive_round_tokens(config)
   config_kinds.check_process(config)
   _check_train(config)

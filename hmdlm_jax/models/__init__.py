@@ -50,7 +50,7 @@ def build_model(cfg_model: Any) -> nn.Module:
       hier_repeats=cfg.hier_repeats, hier_time_conditioning=cfg.hier_time_conditioning,
       hier_input_embed=cfg.hier_input_embed, given_state=cfg.given_state,
       hier_readout=cfg.hier_readout, hier_width=cfg.hier_width,
-      hier_num_heads=cfg.hier_num_heads, hier_attention=cfg.hier_attention,
+      hier_num_heads=cfg.hier_num_heads,
       cluster_head=cfg.cluster_head, sudoku_candidates=cfg.sudoku_candidates,
       candidates_pathway_only=cfg.candidates_pathway_only, hier_round_tokens=cfg.hier_round_tokens,
       hier_source=cfg.hier_source, mask_id=cfg.mask_id)

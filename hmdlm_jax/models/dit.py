@@ -73,7 +73,6 @@ import jax.numpy as jnp
 from hmdlm_jax.models import hierarchy
 from hmdlm_jax.models import layers
 from hmdlm_jax.models import sudoku_positions
-from hmdlm_jax.models import sudoku_units
 from hmdlm_jax.models import token_head
 
 Array = jax.Array
@@ -87,7 +86,6 @@ class DDiTBlock(nn.Module):
   rotary: bool = True
   dtype: Any = jnp.float32
   relation_bias: bool = False  # Sudoku relation attention bias (position_embedding='sudoku_rel')
-  unit_attention: bool = False  # attend over the cell's Sudoku units only (sudoku_units.py)
 
   @nn.compact
   def __call__(self, x: Array, c: Array, rope: tuple[Array, Array] | None,
@@ -109,14 +107,9 @@ class DDiTBlock(nn.Module):
       q = layers.apply_rotary(q, *rope)
       k = layers.apply_rotary(k, *rope)
     bias = None
-    if self.unit_attention:
-      if self.relation_bias:
-        bias = sudoku_units.SudokuUnitBias(self.num_heads, name='relation')()
-      y = sudoku_units.unit_attention(q, k, v, self.dtype, bias)
-    else:
-      if self.relation_bias:
-        bias = sudoku_positions.SudokuRelationBias(self.num_heads, name='relation')()
-      y = layers.attention(q, k, v, self.dtype, bias)
+    if self.relation_bias:
+      bias = sudoku_positions.SudokuRelationBias(self.num_heads, name='relation')()
+    y = layers.attention(q, k, v, self.dtype, bias)
     y = layers.Dense((h,), ('heads', 'kv', 'embed'), n_in=2, use_bias=False, dtype=self.dtype,
                      out_dtype=jnp.float32, name='attn_out')(y)
     y = nn.Dropout(self.dropout, deterministic=not train)(y)
@@ -181,5 +174,4 @@ class DiT(hierarchy.HierarchicalBackbone):
     """One adaLN-zero block like the trunk's (identity at init), for the hierarchy trunk."""
     return DDiTBlock(num_heads, mlp_dim, self.dropout,
                      self.position_embedding == 'rotary', self.compute_dtype,
-                     self.position_embedding == 'sudoku_rel',
-                     self.hier_attention == 'sudoku_units', name=name)
+                     self.position_embedding == 'sudoku_rel', name=name)

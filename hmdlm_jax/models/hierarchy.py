@@ -8,10 +8,7 @@
   x, c = trunk(x, t)                               backbone-specific: time conditioning, blocks
   hx, hc = x, c                                    stop-gradient'ed if hier_stop_gradient
                                                    (hx = the embedded input, before the trunk,
-                                                   if hier_source='input'; the embedded givens
-                                                   alone, every other cell shown as MASK, if
-                                                   hier_source='givens'; with only the other
-                                                   digits hidden if 'given_digits')
+                                                   if hier_source='input')
   hx += W_hin[levels]                              if hier_input_embed (own input-state table)
        (+ W_hcand · cand(givens)                    and sudoku_candidates; givens = all revealed
                                                     cells unless given_state)
@@ -49,7 +46,6 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from hmdlm_jax.config.pathway import GIVEN_SOURCES
 from hmdlm_jax.models import layers
 from hmdlm_jax.models import sudoku_candidates
 from hmdlm_jax.models import sudoku_positions
@@ -173,19 +169,15 @@ class HierarchicalBackbone(nn.Module):
   hier_readout: str = 'head'  # 'head' (the backbone's level head) | 'rounds' (_round_readout)
   hier_width: int = 0  # width of the trunk's blocks (0 = hidden_size); projections in and out
   hier_num_heads: int = 0  # attention heads of the trunk's blocks (0 = num_heads)
-  hier_attention: str = 'full'  # 'full' | 'sudoku_units' (the blocks attend over Sudoku units)
   cluster_head: int = 0  # n outputs of HDLM's auxiliary cluster head (0 = no such head)
   sudoku_candidates: bool = False  # add the grid's candidate features (sudoku_candidates.py)
   candidates_pathway_only: bool = False  # ... to the hierarchy pathway only, not the trunk
   # A token head on each repeat's features (hier_readout='rounds'; the per-round token loss).
   hier_round_tokens: bool = False
   # What the hierarchy pathway reads: 'features' (the trunk's output, the paper); 'input' (the
-  # embedded input before the trunk: the pathway is then a network of its own beside the trunk);
-  # 'givens' (the embedded input with every non-given position shown as MASK with the masked
-  # state: the levels of a labeller that reads the givens, Sudoku's, are then a function of what
-  # the pathway sees); 'given_digits' (only the non-given digits hidden, the states kept).
+  # embedded input before the trunk: the pathway is then a network of its own beside the trunk).
   hier_source: str = 'features'
-  mask_id: int = -1  # the MASK token, shown for the hidden digits of config_pathway.GIVEN_SOURCES
+  mask_id: int = -1  # the MASK token
 
   # Parameter name of the input token table ('vocab_embed' in MDLM's DiT, 'wte' in GPT-2).
   token_embed_name: ClassVar[str] = 'vocab_embed'
@@ -282,15 +274,7 @@ class HierarchicalBackbone(nn.Module):
 
     x, cand = embed(tokens, levels)
     hier_heads = ('hier' in heads or 'hier_round_tokens' in heads) and k > 1
-    h_tokens, h_levels, x_in = tokens, levels, x
-    if hier_heads and self.hier_source in GIVEN_SOURCES:
-      if self.mask_id < 0:  # build_model passes the config's resolved mask_id
-        raise ValueError(f'hier_source={self.hier_source!r} needs the MASK token id (mask_id '
-                         f'>= 0, got {self.mask_id}); build the model with models.build_model.')
-      given = levels == k + 1  # the non-given digits hidden as MASK (and their states, 'givens')
-      h_tokens = jnp.where(given, tokens, self.mask_id)
-      h_levels = jnp.where(given, levels, k) if self.hier_source == 'givens' else levels
-      x_in, cand = embed(h_tokens, h_levels)
+    x_in = x
     if self.hier_source != 'features' and not set(TRUNK_HEADS) & set(heads):
       x, c = None, self.conditioning(t)  # pass 1 of a pathway beside the trunk: no trunk to run
     else:
@@ -303,7 +287,7 @@ class HierarchicalBackbone(nn.Module):
         # L_hier and L_cons then train the head only (and pass 1 needs no backward through the
         # backbone); the backbone learns from the token loss alone.
         hx, hc = jax.lax.stop_gradient(hx), jax.lax.stop_gradient(hc)
-      hx, hc, per_round = self._hier_trunk(hx, hc, h_tokens, h_levels, t, rope, train, cand)
+      hx, hc, per_round = self._hier_trunk(hx, hc, tokens, levels, t, rope, train, cand)
       if self.hier_readout == 'rounds':
         normed = self._round_features(per_round)
         if 'hier' in heads:
@@ -339,9 +323,9 @@ class HierarchicalBackbone(nn.Module):
       hx = hx + layers.Embed(self.num_input_states, self.hidden_size, ('levels', 'embed'),
                              layers.zeros_init, name='hier_level_embed')(levels)
       if self.sudoku_candidates:  # and its own view of the candidate features: from the
-        # givens alone when it knows them, as the labeller computes the levels (a GIVEN_SOURCES
-        # view already shows the givens alone); `cand`: the view's, if the input computed them.
-        if self.given_state and self.hier_source not in GIVEN_SOURCES:
+        # givens alone when it knows them, as the labeller computes the levels; `cand`: the
+        # input's, if it computed them.
+        if self.given_state:
           givens = jnp.where(levels == self.num_levels + 1, tokens, sudoku_candidates.BLANK)
           cand = sudoku_candidates.candidate_features(givens)
         elif cand is None:

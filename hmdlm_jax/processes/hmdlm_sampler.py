@@ -46,12 +46,7 @@ Confidence ordering (Sudoku, typically T = L = 81; MDLM/MGDM-style top-k decodin
   w = 1 / 0.3 / 0 gave 75.5 / 80.1 / 82.9% cell accuracy, hence w = 0 there (the count k_n and
   the eligibility still come from π). Eligible =
   masked with π_i > 0 (a position the head puts only on levels that cannot be revealed yet
-  waits; the last step takes everyone). Ties go to the lower position index. With
-  `hierarchy_sure` τ > 0 the positions the head is sure of, π_i >= τ · max_k λ_k (its mass on
-  the levels that reveal fastest now), are taken first, by score among themselves, then the rest:
-  a head trusted only where it is sure (docs/hierarchy_results.md, item 17: no gain there). With
-  `level0_guard` ρ > 0 a masked position whose g_0 >= ρ takes g = one-hot level 0 before all of
-  this (π_i = λ_0, ĥ^i = 0): it waits for the level-0 steps.
+  waits; the last step takes everyone). Ties go to the lower position index.
   Level context: a candidate's level is its most probable level GIVEN that it is revealed now,
   ĥ^i = argmax_k λ_k g^i_k (argmax g over the active levels at the last step). Pass 2 is run once
   for all candidates, each conditioned on its candidate level: two_pass writes ĥ at every masked
@@ -117,14 +112,6 @@ def check_config(schedule: Schedule, cfg: SampleConfig) -> None:
 def _check_int(field: str, value: Any, *, minimum: int) -> None:
   if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
     raise ValueError(f'{field} must be an integer >= {minimum}, got {value!r}.')
-
-
-def _guard_level0(log_g: jax.Array, rho: float) -> jax.Array:
-  """log g [B, L, K] with g := one-hot level 0 where g_0 >= ρ: a position that may be level 0
-  waits as one (docs/hierarchy_results.md, item 25: promoting a level-0 cell is the costly error).
-  -1e4, not -inf, elsewhere, as `with_fixed_levels` writes fixed levels."""
-  onehot = jnp.where(jnp.arange(log_g.shape[-1]) == 0, 0.0, -1e4).astype(log_g.dtype)
-  return jnp.where(log_g[..., :1] >= jnp.log(rho), onehot, log_g)
 
 
 def _step_level_weights(log_g: jax.Array, lam: jax.Array, active: jax.Array,
@@ -318,8 +305,6 @@ def reverse_step(apply_fn: ApplyFn, schedule: Schedule, cfg: SampleConfig, key: 
     nan_calls = nan_calls + nan1.astype(jnp.int32)
     log_g = parameterization.level_log_probs(hier_logits, t_b, schedule,
                                              prior_corrected=cfg.prior_corrected)
-    if cfg.level0_guard > 0:  # SampleConfig allows it with confidence ordering only
-      log_g = _guard_level0(log_g, cfg.level0_guard)
   else:
     hier_logits = hier_cache
     log_g = jnp.zeros((batch_size, seq_len, 1), jnp.float32)
@@ -354,10 +339,6 @@ def reverse_step(apply_fn: ApplyFn, schedule: Schedule, cfg: SampleConfig, key: 
       conf = jnp.max(token_logp, axis=-1)  # log max_v f^i(v), untempered
       score = jnp.where(eligible, cfg.hierarchy_weight * base.log0(pi) + conf, -jnp.inf)
       order = jnp.argsort(-score, axis=-1, stable=True)
-      if cfg.hierarchy_sure > 0:  # the head's sure positions first, each group by score
-        sure = (eligible & (pi >= cfg.hierarchy_sure * jnp.max(lam))).astype(jnp.int32)
-        first = jnp.argsort(-jnp.take_along_axis(sure, order, -1), axis=-1, stable=True)
-        order = jnp.take_along_axis(order, first, -1)
       rank = jnp.argsort(order, axis=-1)
       chosen = eligible & (rank < count[:, None])
     new_tok = base.draw_tokens(k_token, token_logp, cfg)
