@@ -48,10 +48,10 @@ import numpy as np
 from benchmarks import common
 from benchmarks import patches
 from benchmarks import train_step as ts
-from hmdlm_jax import models
 from hmdlm_jax import processes
 from hmdlm_jax import sharding as shd
 from hmdlm_jax import config as config_lib
+from hmdlm_jax import tasks
 from hmdlm_jax import train
 from benchmarks.config_args import load_config
 from benchmarks.config_args import override
@@ -111,7 +111,7 @@ def profile(shape: str, mode: str, batch_size: int, steps: int, top: int,
   if config is None:
     config = ts.shape_config(shape, mode, 'float32', batch_size=batch_size)
   mesh = shd.make_mesh(config.mesh)
-  model = models.build_model(config.model)
+  model = tasks.build_model(config)
   process = processes.build(config)
   state, sh = train.create_train_state(config, mesh, model)
   step = train.make_train_step(config, model, process, mesh, sh)

@@ -144,7 +144,7 @@ def _ours_adapter(shape: str, mode: str, overrides: dict[str, str]) -> tuple[Any
   import numpy as np  # pylint: disable=g-import-not-at-top
   from benchmarks import train_step as ts  # pylint: disable=g-import-not-at-top
   from hmdlm_jax import config as config_lib  # pylint: disable=g-import-not-at-top
-  from hmdlm_jax import models, processes, train  # pylint: disable=g-import-not-at-top
+  from hmdlm_jax import processes, tasks, train  # pylint: disable=g-import-not-at-top
   from hmdlm_jax import sharding as shd  # pylint: disable=g-import-not-at-top
   config = ts.shape_config(shape, mode, 'float32', batch_size=SHAPES[shape][6])
   for key, val in overrides.items():
@@ -155,7 +155,7 @@ def _ours_adapter(shape: str, mode: str, overrides: dict[str, str]) -> tuple[Any
           isinstance(cur, bool) else (val.lower() == 'true' if isinstance(cur, bool) else val)
   config = config_lib.resolve(config)
   mesh = shd.make_mesh(config.mesh)
-  model = models.build_model(config.model)
+  model = tasks.build_model(config)
   process = processes.build(config)
   state, shardings = train.create_train_state(config, mesh, model)
   batch = shd.make_global_batch(ts.synthetic_batch(config), mesh)

@@ -106,7 +106,7 @@ def get_base_config() -> ml_collections.ConfigDict:
   m.given_state = False
   # Sudoku only: add each cell's candidate digits, candidate count and hidden singles, computed
   # from the revealed digits of the input grid, through zero-init projections (to the input and,
-  # with hier_input_embed, to the hierarchy pathway; models/sudoku_candidates.py).
+  # with hier_input_embed, to the hierarchy pathway; tasks/sudoku_model.py).
   m.sudoku_candidates = False
   # True: those features feed the hierarchy pathway only (needs hier_input_embed); the token
   # network, and so an MDLM twin, never sees them.

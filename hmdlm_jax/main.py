@@ -105,7 +105,8 @@ def run(mode: str, config: Any, workdir: str, *, step: int | None = None,
                               process_count=jax.process_count())  # reads the data: may fail
     workdir_lib.start_run(config, workdir, mode, workdir=workdir, step=plan.step or 0,
                           write_config=plan.step is None, argv=argv)
-    return train.train_and_evaluate(config, workdir, train_iter=iter(train_iter),
+    return train.train_and_evaluate(config, workdir, model=plan.model,
+                                    train_iter=iter(train_iter),
                                     eval_fn=eval_run.TrainingEvaluator(config, task))
   workdir_lib.start_run(config, plan.out_dir, mode, workdir=workdir, step=plan.step,
                         write_config=False, argv=argv)

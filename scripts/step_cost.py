@@ -49,6 +49,7 @@ from benchmarks import train_step as bench_step
 from hmdlm_jax import config as config_lib
 from hmdlm_jax import models
 from hmdlm_jax import processes
+from hmdlm_jax import tasks
 from benchmarks.config_args import DEFAULT_CONFIG
 from benchmarks.config_args import load_config
 from benchmarks.config_args import override
@@ -56,7 +57,7 @@ from benchmarks.config_args import override
 
 def step_flops(config) -> int:
   config = config_lib.resolve(config)
-  model = models.build_model(config.model)
+  model = tasks.build_model(config)
   process = processes.build(config)
   params = models.abstract_params(model, 81)
   b = config.data.batch_size

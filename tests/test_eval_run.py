@@ -86,7 +86,8 @@ def test_entry_points_from_a_checkpoint(tmp_path, capsys):
   config.train.async_checkpoint = False
   config = config_lib.resolve(config)
   workdir = str(tmp_path / 'run')
-  state, _ = train.create_train_state(config, sharding.make_mesh(config.mesh))
+  state, _ = train.create_train_state(config, sharding.make_mesh(config.mesh),
+                                     tasks.build_model(config))
   ck = checkpoint.Checkpointer(workdir, config.train)
   ck.save(7, state, _FakeIterator())
   ck.close()

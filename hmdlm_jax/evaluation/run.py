@@ -31,6 +31,7 @@ import sys
 import time
 from typing import Any, Mapping, Sequence
 
+import flax.linen as nn
 import jax
 import ml_collections
 
@@ -43,6 +44,11 @@ from hmdlm_jax import workdir as workdir_lib
 from hmdlm_jax.evaluation import compiled
 from hmdlm_jax.evaluation import reports
 from hmdlm_jax.tasks import base as tasks_base
+
+
+def task_model(config: ml_collections.ConfigDict, task: tasks_base.Task) -> nn.Module:
+  """The network of `config`, built with the task's features (tasks/base.py)."""
+  return models.build_model(config.model, task.model_features(config))
 
 
 def eval_params(config: ml_collections.ConfigDict, state: train.TrainState) -> Any:
@@ -78,11 +84,12 @@ def _print_summary(config: ml_collections.ConfigDict, task: tasks_base.Task,
     print(line, flush=True)
 
 
-def _restore(config: ml_collections.ConfigDict, task: tasks_base.Task, mode: str, workdir: str,
-             step: int | None, out_dir: str, overwrite: bool) -> tuple[Any, int]:
-  """(evaluation params, step) of checkpoint `step` (None: the latest) of DIR, once the run's
-  outputs are known not to replace an earlier run's (unless `overwrite`)."""
-  state, step = train.restore_for_eval(config, workdir, step)
+def _restore(config: ml_collections.ConfigDict, task: tasks_base.Task, model: nn.Module,
+             mode: str, workdir: str, step: int | None, out_dir: str, overwrite: bool
+             ) -> tuple[Any, int]:
+  """(evaluation params, step) of `model`'s checkpoint `step` (None: the latest) of DIR, once
+  the run's outputs are known not to replace an earlier run's (unless `overwrite`)."""
+  state, step = train.restore_for_eval(config, workdir, step, model=model)
   workdir_lib.check_outputs(out_dir, task.outputs(config, mode, step), overwrite)
   return eval_params(config, state), step
 
@@ -95,8 +102,9 @@ def run_eval(config: ml_collections.ConfigDict, workdir: str, step: int | None =
   config = config_lib.resolve(config)
   task = tasks.get(config)
   out_dir = out_dir or workdir
-  params, step = _restore(config, task, 'eval', workdir, step, out_dir, overwrite)
-  network = compiled.flax_network(models.build_model(config.model))
+  model = task_model(config, task)
+  params, step = _restore(config, task, model, 'eval', workdir, step, out_dir, overwrite)
+  network = compiled.flax_network(model)
   ctx = _context(config, network, params, step, out_dir, progress=progress)
   start = time.perf_counter()
   results = task.evaluate(ctx, None, True)
@@ -116,7 +124,7 @@ class TrainingEvaluator:
 
   def __init__(self, config: ml_collections.ConfigDict, task: tasks_base.Task) -> None:
     self._task = task
-    self._network = compiled.flax_network(models.build_model(config.model))
+    self._network = compiled.flax_network(task_model(config, task))
 
   def __call__(self, config: ml_collections.ConfigDict, state: train.TrainState, step: int,
                workdir: str) -> dict[str, float]:
@@ -148,8 +156,9 @@ def run_sample(config: ml_collections.ConfigDict, workdir: str,
   task = tasks.get(config)
   inputs = task.prepare_sample(config, puzzles, puzzle_file)  # bad input fails before restoring
   out_dir = out_dir or workdir
-  params, step = _restore(config, task, 'sample', workdir, step, out_dir, overwrite)
-  network = compiled.flax_network(models.build_model(config.model))
+  model = task_model(config, task)
+  params, step = _restore(config, task, model, 'sample', workdir, step, out_dir, overwrite)
+  network = compiled.flax_network(model)
   records, text = task.sample(_context(config, network, params, step, out_dir, progress=False),
                               inputs)
   path = os.path.join(out_dir, reports.samples_file(step))

@@ -32,9 +32,10 @@ MDLM uses bert-base-uncased's own [MASK] (id 103) as the mask token, so V = 30,5
   (V = 30,523, i.e. an appended MASK row, would give 139,294,523.)
 HMDLM K=2 adds the level table (K+1)·H = 2,304 and the hierarchy head H + (2HC + 2H) + (HK + K)
 = 200,450: 202,754 in all (≈ 0.2M, paper section 5.1).
-Sudoku "25M" (H=384, 6 heads, C=128, M=1536, 12 blocks): 2,069,376 per block, total
-24,981,376 + 769·V: 24,989,066 for V = 10 (digits 1–9 + MASK) or 24,989,835 for V = 11 (0–9 +
-MASK) ≈ 24.99M. K=6 adds 7·384 + 384 + (2·384·128 + 768) + (384·6 + 6) = 104,454 (≈104K, 25.09M).
+The paper's "25M" grid model (H=384, 6 heads, C=128, M=1536, 12 blocks): 2,069,376 per block,
+total 24,981,376 + 769·V: 24,989,066 for V = 10 (digits 1–9 + MASK) or 24,989,835 for V = 11
+(0–9 + MASK) ≈ 24.99M. K=6 adds 7·384 + 384 + (2·384·128 + 768) + (384·6 + 6) = 104,454
+(≈104K, 25.09M).
 
 Single-pass variant (docs/method.md §4): a separate learned table W_tok_lvl [(K+1), H]
 ('token_level_embed'; K levels + an h_m row for "level unknown") is indexed by `token_levels` and
@@ -50,7 +51,7 @@ HMDLM adds level_embed/embedding, hier_layer/..., and (single pass) token_level_
 the optional hierarchy pathway (hierarchy.py) adds hier_blocks_{i}/... (blocks of the trunk's form),
 hier_time_embed/..., hier_level_embed/embedding.
 The input level table is zero-initialised (the paper does not say): the network starts exactly as
-its MDLM twin and learns to use the levels. Measured on the Sudoku demo: with a random table (the
+its MDLM twin and learns to use the levels. Measured on the demo: with a random table (the
 scale of the token embedding) added to every input, training sat on its chance-level plateau for
 hundreds of steps longer.
 
@@ -72,8 +73,9 @@ import jax.numpy as jnp
 
 from hmdlm_jax.models import hierarchy
 from hmdlm_jax.models import layers
-from hmdlm_jax.models import sudoku_positions
 from hmdlm_jax.models import token_head
+from hmdlm_jax.models.features import RelationBias
+from hmdlm_jax.models.features import Relations
 
 Array = jax.Array
 
@@ -85,7 +87,7 @@ class DDiTBlock(nn.Module):
   dropout: float = 0.1
   rotary: bool = True
   dtype: Any = jnp.float32
-  relation_bias: bool = False  # Sudoku relation attention bias (position_embedding='sudoku_rel')
+  relations: Relations | None = None  # a task's relation classes: a learned attention bias
 
   @nn.compact
   def __call__(self, x: Array, c: Array, rope: tuple[Array, Array] | None,
@@ -107,8 +109,8 @@ class DDiTBlock(nn.Module):
       q = layers.apply_rotary(q, *rope)
       k = layers.apply_rotary(k, *rope)
     bias = None
-    if self.relation_bias:
-      bias = sudoku_positions.SudokuRelationBias(self.num_heads, name='relation')()
+    if self.relations is not None:
+      bias = RelationBias(self.num_heads, self.relations, name='relation')(l)
     y = layers.attention(q, k, v, self.dtype, bias)
     y = layers.Dense((h,), ('heads', 'kv', 'embed'), n_in=2, use_bias=False, dtype=self.dtype,
                      out_dtype=jnp.float32, name='attn_out')(y)
@@ -144,7 +146,7 @@ class DiT(hierarchy.HierarchicalBackbone):
     c = self.conditioning(t)
     for i in range(self.num_layers):
       x = DDiTBlock(self.num_heads, self.mlp_dim, self.dropout, rope is not None,
-                    self.compute_dtype, self.position_embedding == 'sudoku_rel',
+                    self.compute_dtype, self.features.relations,
                     name=f'blocks_{i}')(x, c, rope, train)
     return x, c
 
@@ -174,4 +176,4 @@ class DiT(hierarchy.HierarchicalBackbone):
     """One adaLN-zero block like the trunk's (identity at init), for the hierarchy trunk."""
     return DDiTBlock(num_heads, mlp_dim, self.dropout,
                      self.position_embedding == 'rotary', self.compute_dtype,
-                     self.position_embedding == 'sudoku_rel', name=name)
+                     self.features.relations, name=name)

@@ -1,4 +1,4 @@
-"""The compact Sudoku backbone: a bidirectional GPT-2-style transformer.
+"""The compact backbone of the paper's grid models: a bidirectional GPT-2-style transformer.
 
 The method: docs/method.md §4 (b), paper App. F; the hierarchy parts: hierarchy.py.
 
@@ -15,9 +15,9 @@ LayerNorm: level table 7·384 = 2,688 plus 384·6 + 6 = 2,310 gives 4,998. So th
 here is `hier_head` = Linear(LN_f(x)), the same form as the token head (LN_f then a linear map),
 with no adaLN (this backbone has no conditioning vector to modulate with).
 
-Positions: 'learned' (GPT-2's absolute table [seq_len, H], docs/method.md's choice), 'sudoku'
-(learned row / column / 3×3-box tables, 3 × [9, H]; sudoku_positions.py) or 'rotary' (rotate-half
-on q, k; no absolute table).
+Positions: 'learned' (GPT-2's absolute table [seq_len, H], docs/method.md's choice), a task's
+(models/features.py: e.g. learned row / column / box tables of a grid) or 'rotary' (rotate-half on
+q, k; no absolute table). A task's relation bias needs the DiT.
 Time conditioning (optional, default off like MDLM): c = SiLU(sigma_map(t)) as in the DiT, and
 `time_proj` (Linear cond -> H, zero-init so switching it on starts from the unconditioned model)
 adds c's projection to every input position. Built only when switched on.
@@ -100,11 +100,11 @@ class GPT2(hierarchy.HierarchicalBackbone):
   Call contract: `hierarchy.HierarchicalBackbone` (tokens [B,L], levels [B,L], t [B], heads,
   token_levels, train) -> {'hier': f32 [B,L,K], 'token': f32 [B,L,V]} (raw logits).
   """
-  # The paper's "6M" Sudoku model; the other fields and defaults: HierarchicalBackbone.
+  # The paper's "6M" grid model; the other fields and defaults: HierarchicalBackbone.
   num_layers: int = 3
   hidden_size: int = 384
   mlp_dim: int = 1536
-  position_embedding: str = 'learned'  # 'learned' | 'sudoku' | 'rotary'
+  position_embedding: str = 'learned'  # 'learned' | 'rotary' | a task's (features.positions)
   seq_len: int = 81
   tie_embeddings: bool = True
 

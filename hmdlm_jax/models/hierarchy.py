@@ -3,15 +3,16 @@
 `HierarchicalBackbone` is the call contract shared by the DiT and GPT-2 backbones:
 
   x = E_tok[tokens] (+ W_lvl[levels] if K > 1) (+ absolute positions unless rotary)     [B, L, H]
-  x += W_cand · cand(tokens)                       if sudoku_candidates (zero-init Linear) and
-                                                   not candidates_pathway_only
+  x += W_cand · f(tokens)                          if the task's input features f feed the
+                                                   trunk (models/features.py; zero-init Linear)
   x, c = trunk(x, t)                               backbone-specific: time conditioning, blocks
   hx, hc = x, c                                    stop-gradient'ed if hier_stop_gradient
                                                    (hx = the embedded input, before the trunk,
                                                    if hier_source='input')
   hx += W_hin[levels]                              if hier_input_embed (own input-state table)
-       (+ W_hcand · cand(givens)                    and sudoku_candidates; givens = all revealed
-                                                    cells unless given_state)
+       (+ W_hcand · f(givens)                       and input features f that feed the pathway;
+                                                    givens = all revealed positions unless
+                                                    given_state)
   hx += Linear(SiLU(embedding of t))               if hier_time_conditioning (zero-init Linear)
   hx = (hier_blocks_0 .. hier_blocks_{N-1})^R (hx) hierarchy trunk: N = hier_layers, R = hier_repeats
                                                    (at width hier_width between two projections)
@@ -23,7 +24,7 @@
                                                    cluster_head = n > 0 (the process's option)
 
 Input states (docs/design.md): levels 0..K-1, K = h_m (masked) and, with `given_state`, K+1 = h_g
-(a given cell: Sudoku clue, prompt); the level tables then have K+2 rows instead of K+1. The
+(a given position: a grid's clue, a prompt); the level tables then have K+2 rows instead of K+1. The
 process writes h_g at given positions just before each network call
 (`processes.base.with_given_state`), so noisy states and sampler outputs keep the data's levels.
 
@@ -47,9 +48,8 @@ import jax
 import jax.numpy as jnp
 
 from hmdlm_jax.models import layers
-from hmdlm_jax.models import sudoku_candidates
-from hmdlm_jax.models import sudoku_positions
 from hmdlm_jax.models import token_head
+from hmdlm_jax.models.features import ModelFeatures
 
 Array = jax.Array
 # head(x [B, L, H], c [B, C] | None) -> float32 logits [B, L, K], [B, L, V] or [B, L, n].
@@ -155,7 +155,7 @@ class HierarchicalBackbone(nn.Module):
   dropout: float = 0.1
   time_conditioning: bool = False
   single_pass: bool = False
-  position_embedding: str = 'rotary'  # 'rotary' | 'learned' | 'sudoku' | 'sudoku_rel'
+  position_embedding: str = 'rotary'  # 'rotary' | 'learned' | a task's (features.positions)
   seq_len: int = 128
   tie_embeddings: bool = False
   dtype: str = 'float32'
@@ -170,14 +170,13 @@ class HierarchicalBackbone(nn.Module):
   hier_width: int = 0  # width of the trunk's blocks (0 = hidden_size); projections in and out
   hier_num_heads: int = 0  # attention heads of the trunk's blocks (0 = num_heads)
   cluster_head: int = 0  # n outputs of HDLM's auxiliary cluster head (0 = no such head)
-  sudoku_candidates: bool = False  # add the grid's candidate features (sudoku_candidates.py)
-  candidates_pathway_only: bool = False  # ... to the hierarchy pathway only, not the trunk
   # A token head on each repeat's features (hier_readout='rounds'; the per-round token loss).
   hier_round_tokens: bool = False
   # What the hierarchy pathway reads: 'features' (the trunk's output, the paper); 'input' (the
   # embedded input before the trunk: the pathway is then a network of its own beside the trunk).
   hier_source: str = 'features'
-  mask_id: int = -1  # the MASK token
+  mask_id: int = -1  # the MASK token (the pathway's input features of the givens show it)
+  features: ModelFeatures = ModelFeatures()  # the task's positions, relations, input features
 
   # Parameter name of the input token table ('vocab_embed' in MDLM's DiT, 'wte' in GPT-2).
   token_embed_name: ClassVar[str] = 'vocab_embed'
@@ -252,9 +251,10 @@ class HierarchicalBackbone(nn.Module):
     # (K+1) × H table, row K = h_m (paper section 4.3.2); row K+1 = h_g if given_state.
     level_table = (layers.Embed(self.num_input_states, self.hidden_size, ('levels', 'embed'),
                                 layers.zeros_init, name='level_embed') if k > 1 else None)
-    # Zero-init: the network starts as it would without the candidate features.
+    # Zero-init: the network starts as it would without the task's input features.
+    inputs = self.features.inputs
     cand_proj = (self._candidate_proj('candidate_proj')
-                 if self.sudoku_candidates and not self.candidates_pathway_only else None)
+                 if inputs is not None and inputs.trunk else None)
     rope = positions = None
     if self.position_embedding == 'rotary':  # applied to q, k inside the trunk's attention
       rope = layers.rotary_cos_sin(l, self.hidden_size // self.num_heads)
@@ -268,7 +268,7 @@ class HierarchicalBackbone(nn.Module):
         x = x + level_table(lev)
       cand = None
       if cand_proj is not None:
-        cand = sudoku_candidates.candidate_features(tok)
+        cand = inputs.fn(tok)
         x = x + cand_proj(cand)
       return (x if positions is None else x + positions), cand
 
@@ -322,14 +322,17 @@ class HierarchicalBackbone(nn.Module):
     if self.hier_input_embed:  # the pathway's own view of the input states (given / masked / level)
       hx = hx + layers.Embed(self.num_input_states, self.hidden_size, ('levels', 'embed'),
                              layers.zeros_init, name='hier_level_embed')(levels)
-      if self.sudoku_candidates:  # and its own view of the candidate features: from the
-        # givens alone when it knows them, as the labeller computes the levels; `cand`: the
-        # input's, if it computed them.
+      inputs = self.features.inputs
+      if inputs is not None and inputs.pathway:  # and its own view of the input features:
+        # of the givens alone when it knows them (a labeller computes the levels from them);
+        # `cand`: the input's, if it computed them.
         if self.given_state:
-          givens = jnp.where(levels == self.num_levels + 1, tokens, sudoku_candidates.BLANK)
-          cand = sudoku_candidates.candidate_features(givens)
+          if self.mask_id < 0:  # build_model passes the config's resolved mask_id
+            raise ValueError('the pathway shows the non-given positions as MASK: build the '
+                             'model with models.build_model (mask_id >= 0).')
+          cand = inputs.fn(jnp.where(levels == self.num_levels + 1, tokens, self.mask_id))
         elif cand is None:
-          cand = sudoku_candidates.candidate_features(tokens)
+          cand = inputs.fn(tokens)
         hx = hx + self._candidate_proj(f'{HIER_PREFIX}candidate_proj')(cand)
     if self.hier_time_conditioning:  # zero-init projection of its own time embedding, added
       ct = nn.silu(layers.TimestepEmbedder(self.cond_dim, name='hier_time_embed')(t))
@@ -403,22 +406,20 @@ class HierarchicalBackbone(nn.Module):
     return jnp.concatenate([level0, decided[..., ::-1]], axis=-1)  # levels 0, 1, .., K-1
 
   def _candidate_proj(self, name: str) -> layers.Dense:
-    """Zero-init Linear of the candidate features [B, L, 28] -> float32 [B, L, H]."""
+    """Zero-init Linear of the task's input features [B, L, F] -> float32 [B, L, H]."""
     return layers.Dense((self.hidden_size,), (None, 'embed'), kernel_init=layers.zeros_init,
                         bias_init=layers.zeros_init, dtype=self.compute_dtype,
                         out_dtype=jnp.float32, name=name)
 
   def _positions(self, length: int) -> Array:
     """The absolute position embedding 'position' -> float32 [length, H]."""
-    if self.position_embedding in sudoku_positions.SUDOKU_KINDS:
-      return sudoku_positions.SudokuPositionEmbedding(
-          self.seq_len, self.hidden_size, self.embedding_init, self.position_embedding,
-          name='position')(length)
-    if self.position_embedding == 'learned':
-      return layers.LearnedPositionEmbedding(self.seq_len, self.hidden_size,
-                                             self.embedding_init, name='position')(length)
-    raise ValueError(f'unknown position embedding kind {self.position_embedding!r}; allowed '
-                     "'learned', 'sudoku', 'sudoku_rel' (or 'rotary', applied in attention)")
+    make = self.features.positions
+    if make is None and self.position_embedding == 'learned':
+      make = layers.LearnedPositionEmbedding
+    if make is None:
+      raise ValueError(f'position embedding {self.position_embedding!r}: neither rotary nor '
+                       "learned, and the task's features have none (models/features.py)")
+    return make(self.seq_len, self.hidden_size, self.embedding_init, name='position')(length)
 
   @property
   def embedding_init(self) -> layers.Init | None:

@@ -31,7 +31,7 @@ Ancestral ordering (Algorithm 2; the paper's sampler).
 MDLM (K == 1). No pass 1 (g ≡ 1); each masked position is revealed with λ_0(s, t) and one network
 call per step predicts its token; `variant` is irrelevant and the level state is 0 / 1 (= h_m).
 
-Confidence ordering (Sudoku, typically T = L = 81; MDLM/MGDM-style top-k decoding).
+Confidence ordering (grid puzzles, typically T = L = 81; MDLM/MGDM-style top-k decoding).
   Per step the number of positions to reveal is the number Algorithm 2 expects,
       k_n = clip(round(Σ_{i masked} π_i), 1, #eligible),  π_i = Σ_k λ_k(s,t) g^i_k  (eq. 8)
   (all remaining masked positions at the last step). The positions are the k_n masked ones with the
@@ -42,7 +42,7 @@ Confidence ordering (Sudoku, typically T = L = 81; MDLM/MGDM-style top-k decodin
   position the head puts on a high level, whose λ is larger, comes first; λ_k ≤ λ_{k'} for
   k < k', Appendix D) and log max f carries the token confidence; for K == 1, π_i = λ(s, t) is
   the same for every i and the rule is exactly MDLM/MGDM top-k confidence decoding. A hierarchy
-  head that predicts levels poorly spoils the order: on the Sudoku demo (level accuracy ~0.6)
+  head that predicts levels poorly spoils the order: on the demo (level accuracy ~0.6)
   w = 1 / 0.3 / 0 gave 75.5 / 80.1 / 82.9% cell accuracy, hence w = 0 there (the count k_n and
   the eligibility still come from π). Eligible =
   masked with π_i > 0 (a position the head puts only on levels that cannot be revealed yet
@@ -57,14 +57,14 @@ Confidence ordering (Sudoku, typically T = L = 81; MDLM/MGDM-style top-k decodin
   of its training (the single-pass variant has no such gap). `level_context='none'` closes that
   gap instead: pass 2 sees h as it is (h_m at every masked position, Algorithm 1's context outside
   R), so the hierarchy only orders the reveals; pass 2's inputs are then pass 1's, and ONE call
-  computes both heads (half the calls; measured on the Sudoku demo: +4.6 points of cell accuracy
+  computes both heads (half the calls; measured on the demo: +4.6 points of cell accuracy
   over 'candidates', README). A revealed position keeps ĥ^i as its level and takes the argmax
   token (greedy) or a draw from f^i at temperature τ. Confidence + greedy is fully deterministic.
 
-Given positions (infilling prompts, Sudoku clues) start revealed with their tokens and levels and
-are never resampled; their `reveal_step` is T + 1. With `given_state` (model.given_state) the
-network sees them as h_g = K+1 (`base.with_given_state` on reveal_step == T + 1); the state and
-the output keep their levels.
+Given positions (infilling prompts, the clues of a grid) start revealed with their tokens and
+levels and are never resampled; their `reveal_step` is T + 1. With `given_state`
+(model.given_state) the network sees them as h_g = K+1 (`base.with_given_state` on
+reveal_step == T + 1); the state and the output keep their levels.
 
 Cache (MDLM's idea, `use_cache`). With `use_cache=False` every pass is called at every step
 (nfe = 2T two-pass/single-pass, T for K == 1). With `use_cache=True`
@@ -163,7 +163,7 @@ def _validate_given(given_tokens, given_levels, given_mask, batch_size: int, seq
   if given_levels is None:
     if cfg.num_levels > 1:
       raise ValueError('sample: given_mask with K > 1 needs given_levels [B, L] (the level '
-                       'embedding of given positions, e.g. K-1 for Sudoku clues, '
+                       'embedding of given positions, e.g. K-1 for the clues of a grid, '
                        'docs/method.md §6).')
     given_levels = jnp.zeros(shape, jnp.int32)
   chex.assert_shape([given_tokens, given_levels, given_mask], shape)

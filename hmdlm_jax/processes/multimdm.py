@@ -22,9 +22,9 @@ Sampler (3.7): x_1 ~ u_M^L (drawn at the first reverse step, n = T: `sampler_ini
 per step t = n/T -> s = (n-1)/T, every masked position draws a clean-token hypothesis
 a ~ x_θ(· | x_t) (temperature / greedy as configured) and then x_s ~ p_{s|t}(· | x_t, a) of (3.4),
 which is the posterior-averaged kernel (3.7) drawn in two stages. Words stay (visible states are
-absorbing in reverse), so given positions (Sudoku clues, prompts) are respected. One network call
-per step; with `use_cache` the call is skipped once no position of the batch is masked.
-`sample.ordering='confidence'` (our extension, for Sudoku): the number of reveals is the expected
+absorbing in reverse), so given positions (a grid's clues, prompts) are respected. One network
+call per step; with `use_cache` the call is skipped once no position of the batch is masked.
+`sample.ordering='confidence'` (our extension, for grids): the number of reveals is the expected
 one, round(Σ_masked (α_s - α_t)/(1 - α_t)) (>= 1; all at the last step), taken at the masked
 positions with the largest max_v x_θ (ties: lower index); the others move among the masks by
 (3.4) conditioned on staying masked. For M = 1 this is MDLM's top-k confidence decoding exactly.

@@ -1,4 +1,4 @@
-"""What a task provides: its data, evaluation, sampling, printed summary and pictures.
+"""What a task provides: its data, model features, evaluation, sampling, summary and pictures.
 
 A task is one kind of data and what is measured on it (tasks/sudoku.py, tasks/text.py); the
 registry in tasks/__init__.py picks it by `config.data.kind`. main.py trains on `task.dataset`;
@@ -18,6 +18,7 @@ import ml_collections
 from hmdlm_jax.evaluation import batches as batches_lib
 from hmdlm_jax.evaluation import compiled
 from hmdlm_jax.evaluation import reports
+from hmdlm_jax.models import features as model_features
 from hmdlm_jax.processes import base as process_base
 
 # The data/ builder of a task: (config, split, *, seed, process_index, process_count) -> batches.
@@ -69,6 +70,12 @@ class Task(abc.ABC):
       raise ValueError(f'dataset seed must lie in [0, 2**32), got {seed}')
     return self.build_dataset(config, split, seed=seed, process_index=process_index,
                               process_count=process_count)
+
+  def model_features(self, config: ml_collections.ConfigDict) -> model_features.ModelFeatures:
+    """What the task adds to the model (positions, relations, input features;
+    models/features.py): none by default. Every model of a run is built with them."""
+    del config
+    return model_features.ModelFeatures()
 
   @abc.abstractmethod
   def validate(self, config: ml_collections.ConfigDict) -> None:

@@ -30,9 +30,11 @@ from hmdlm_jax.evaluation import batches as batches_lib
 from hmdlm_jax.evaluation import compiled
 from hmdlm_jax.evaluation import reports
 from hmdlm_jax.evaluation import samples
+from hmdlm_jax.models import features
 from hmdlm_jax.processes import base as process_base
 from hmdlm_jax.tasks import base
 from hmdlm_jax.tasks import sudoku_hierarchy
+from hmdlm_jax.tasks import sudoku_model
 from hmdlm_jax.tasks import sudoku_pictures
 
 DECODINGS = ('greedy', 'stochastic')
@@ -283,6 +285,10 @@ class SudokuTask(base.Task):
   """Sudoku: data/sudoku_pipeline.py batches, solved and scored by `evaluate_sudoku`."""
   build_dataset: base.DatasetBuilder = sudoku_pipeline.make_sudoku_dataset
   eval_kind = 'sudoku'
+
+  def model_features(self, config: ml_collections.ConfigDict) -> features.ModelFeatures:
+    """Grid positions, relations and candidate features as config.model asks (sudoku_model.py)."""
+    return sudoku_model.model_features(config.model)
 
   def validate(self, config: ml_collections.ConfigDict) -> None:
     m, d = config.model, config.data
