@@ -94,7 +94,7 @@ def get_base_config() -> ml_collections.ConfigDict:
   m.hier_time_conditioning = False  # the pathway reads its own embedding of t
   m.hier_input_embed = False  # the pathway adds its own table of input states (level, h_m, h_g)
   # 'head': the backbone's level head on the pathway's output; 'rounds': one hazard readout per
-  # repeat, levels by stick-breaking (needs hier_repeats = num_levels - 1; models/hierarchy.py).
+  # repeat, levels by stick-breaking (needs hier_repeats = num_levels - 1; models/pathway.py).
   m.hier_readout = 'head'
   m.hier_width = 0  # width of the trunk's blocks (0 = hidden_size); narrower = cheaper pass 1
   m.hier_num_heads = 0  # attention heads of the trunk's blocks (0 = num_heads); fewer = cheaper

@@ -429,7 +429,7 @@ def test_hier_source_input_reads_the_embedded_input(backbone):
   tokens, levels, t = _inputs(15)
   for m, same in ((model, True), (feats, False)):
     a, b = _hier(m, params, tokens, levels, t), _hier(m, moved, tokens, levels, t)
-    assert np.allclose(a, b, atol=1e-6) == same, m.hier_source
+    assert np.allclose(a, b, atol=1e-6) == same, m.pathway.source
   if backbone == 'dit':
     # ... and it is the 'features' model whose trunk is the identity (both blocks' gates at 0;
     # GPT-2's blocks are not the identity at init).

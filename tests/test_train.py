@@ -21,7 +21,6 @@ from tests.conftest import REF_STEPS, main_cmd, read_jsonl, run_cmd, train_losse
 from hmdlm_jax import accumulate
 from hmdlm_jax import config as config_lib
 from hmdlm_jax import metrics as metrics_lib
-from hmdlm_jax import models
 from hmdlm_jax import optim
 from hmdlm_jax import processes
 from hmdlm_jax import sharding as shd

@@ -9,9 +9,9 @@ Public API:
 The validated, hashable view of the `model` section is `hmdlm_jax.config.ModelConfig`.
 
 The models return raw float32 logits; SUBS and the hierarchy prior correction live in
-hmdlm_jax/processes/parameterization.py. The hierarchy parts shared by both backbones are in hierarchy.py;
-exact parameter counts are explained in dit.py and gpt2.py. The logical -> mesh axis rules live in
-hmdlm_jax/sharding.py (LOGICAL_RULES).
+hmdlm_jax/processes/parameterization.py. The parts shared by both backbones are in hierarchy.py,
+the level pathway in pathway.py; exact parameter counts are explained in dit.py and gpt2.py. The
+logical -> mesh axis rules live in hmdlm_jax/sharding.py (LOGICAL_RULES).
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ import numpy as np
 
 from hmdlm_jax.config import ModelConfig
 from hmdlm_jax.models import hierarchy
+from hmdlm_jax.models import pathway
 from hmdlm_jax.models import token_head
 from hmdlm_jax.models.dit import DiT
 from hmdlm_jax.models.features import ModelFeatures
@@ -49,7 +50,7 @@ def build_model(cfg_model: Any, features: ModelFeatures | None = None) -> nn.Mod
   through its task, `hmdlm_jax.tasks.build_model(config)`, which passes the task's.
   """
   cfg = ModelConfig.from_section(cfg_model)
-  features = features or ModelFeatures()
+  features = ModelFeatures() if features is None else features
   if cfg.position_embedding not in OWN_POSITIONS and features.positions is None:
     raise ValueError(f'model.position_embedding={cfg.position_embedding!r} is a task\'s: build '
                      "the model with the task's features (hmdlm_jax.tasks.build_model(config)).")
@@ -62,13 +63,8 @@ def build_model(cfg_model: Any, features: ModelFeatures | None = None) -> nn.Mod
       cond_dim=cfg.cond_dim, dropout=cfg.dropout, time_conditioning=cfg.time_conditioning,
       single_pass=cfg.variant == 'single_pass', position_embedding=cfg.position_embedding,
       seq_len=cfg.seq_len, tie_embeddings=cfg.tie_embeddings, dtype=cfg.dtype,
-      hier_stop_gradient=cfg.hier_stop_gradient, hier_layers=cfg.hier_layers,
-      hier_repeats=cfg.hier_repeats, hier_time_conditioning=cfg.hier_time_conditioning,
-      hier_input_embed=cfg.hier_input_embed, given_state=cfg.given_state,
-      hier_readout=cfg.hier_readout, hier_width=cfg.hier_width,
-      hier_num_heads=cfg.hier_num_heads,
-      cluster_head=cfg.cluster_head, hier_round_tokens=cfg.hier_round_tokens,
-      hier_source=cfg.hier_source, mask_id=cfg.mask_id, features=features)
+      given_state=cfg.given_state, cluster_head=cfg.cluster_head, mask_id=cfg.mask_id,
+      pathway=pathway.settings(cfg), features=features)
 
 
 def heads_salt(heads: tuple[str, ...]) -> int:

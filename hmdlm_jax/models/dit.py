@@ -48,7 +48,7 @@ vocab_embed/embedding, sigma_map/mlp_{0,2}, blocks_{i}/{norm1, attn_qkv, attn_ou
 mlp_2, adaLN_modulation}, output_layer/{norm_final, adaLN_modulation, linear}. attn_qkv's kernel is
 [H, 3, heads, head_dim] (MDLM's 'b s (three h d)' order) and attn_out's [heads, head_dim, H].
 HMDLM adds level_embed/embedding, hier_layer/..., and (single pass) token_level_embed/embedding;
-the optional hierarchy pathway (hierarchy.py) adds hier_blocks_{i}/... (blocks of the trunk's form),
+the optional level pathway (pathway.py) adds hier_blocks_{i}/... (blocks of the trunk's form),
 hier_time_embed/..., hier_level_embed/embedding.
 The input level table is zero-initialised (the paper does not say): the network starts exactly as
 its MDLM twin and learns to use the levels. Measured on the demo: with a random table (the

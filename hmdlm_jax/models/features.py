@@ -16,7 +16,7 @@ Every field is a function, class or number, so a backbone holding one stays hash
 from __future__ import annotations
 
 import dataclasses
-from typing import Callable
+from typing import Any, Callable
 
 import flax.linen as nn
 import jax
@@ -68,3 +68,10 @@ class RelationBias(nn.Module):
                        nn.with_logical_partitioning(layers.zeros_init, (None, 'heads')),
                        (self.relations.num_classes, self.num_heads), jnp.float32)
     return jnp.transpose(table[jnp.asarray(self.relations.classes(length))], (2, 0, 1))
+
+
+def feature_projection(hidden_size: int, dtype: Any, name: str) -> layers.Dense:
+  """Zero-init Linear of the input features [B, L, F] -> float32 [B, L, H] (the network starts as
+  it would without them)."""
+  return layers.Dense((hidden_size,), (None, 'embed'), kernel_init=layers.zeros_init,
+                      bias_init=layers.zeros_init, dtype=dtype, out_dtype=jnp.float32, name=name)
