@@ -3,7 +3,7 @@ r"""Command line: train, evaluate or sample.
   python -m hmdlm_jax.main --config=configs/sudoku.py --workdir=/tmp/hmdlm_sudoku
   python -m hmdlm_jax.main --config=configs/sudoku.py --workdir=DIR --mode=eval [--out=OUT]
   python -m hmdlm_jax.main --config=configs/sudoku.py --workdir=DIR --mode=sample \
-      --puzzles=..3.2.6..9..3.5..1..18.64....81.29..7.......8..67.82....26.95..8..2.3..9..5.1.3..
+      --inputs=..3.2.6..9..3.5..1..18.64....81.29..7.......8..67.82....26.95..8..2.3..9..5.1.3..
 
 Any config field can be overridden: `--config.train.num_steps=200 --config.model.num_levels=1`
 (unknown keys and values of the wrong type are rejected). `--config` defaults to configs/sudoku.py
@@ -11,7 +11,7 @@ and `--workdir` to /tmp/hmdlm_sudoku. Rerunning a train command resumes from DIR
 checkpoint. Multi-host: add `--config.distributed.enabled=True` (see launch/).
 
 Every run is checked whole before it writes anything (hmdlm_jax/preflight.py): a bad config file,
-override or value, data that does not fit the model, an unusable workdir or checkpoint, bad puzzles
+override or value, data that does not fit the model, an unusable workdir or checkpoint, bad inputs
 or an output that an earlier run wrote end the run with ONE line `hmdlm_jax: error: ...` naming
 the file or field and what to do, exit code 1, no traceback (`--verbosity=1` prints it), and
 leave every file as it was. A run that starts records itself (hmdlm_jax/workdir.py): training
@@ -57,10 +57,10 @@ _CONFIG = config_loading.define_config_flag(flags.FLAGS)
 _WORKDIR = flags.DEFINE_string('workdir', DEFAULT_WORKDIR,
                                'Run directory: checkpoints, metrics.jsonl, tb/, eval results.')
 _MODE = flags.DEFINE_enum('mode', 'train', MODES, 'What to do.')
-_PUZZLES = flags.DEFINE_list('puzzles', None, 'sample mode: comma-separated 81-character '
-                             "Sudoku strings, '.' or '0' for blanks.")
-_PUZZLE_FILE = flags.DEFINE_string('puzzle_file', None, 'sample mode: file with one puzzle per '
-                                   'line, or a quiz,solution CSV.')
+_INPUTS = flags.DEFINE_list('inputs', None, 'sample mode: comma-separated task inputs: Sudoku '
+                            "grids of 81 characters ('.' or '0' for blanks); for text, prompts.")
+_INPUT_FILE = flags.DEFINE_string('input_file', None, 'sample mode: file of task inputs, one per '
+                                  'line (Sudoku: or a quiz,solution CSV).')
 _OUT = flags.DEFINE_string('out', None, 'eval/sample mode: output directory (default: the '
                            'workdir, when it is writable).')
 _STEP = flags.DEFINE_integer('step', None, 'eval/sample mode: checkpoint step (default: latest).')
@@ -72,7 +72,7 @@ _RESUME_WITH_CHANGES = flags.DEFINE_bool(
 
 
 def run(mode: str, config: Any, workdir: str, *, step: int | None = None,
-        puzzles: Sequence[str] | None = None, puzzle_file: str | None = None,
+        inputs: Sequence[str] | None = None, input_file: str | None = None,
         out: str | None = None, overwrite: bool = False, resume_with_changes: bool = False,
         argv: Sequence[str] | None = None) -> Any:
   """Checks, records and runs one mode (importable: tests and notebooks call this, not the CLI).
@@ -82,7 +82,7 @@ def run(mode: str, config: Any, workdir: str, *, step: int | None = None,
     config: the experiment ConfigDict (resolved here by hmdlm_jax/config.py).
     workdir: the run directory.
     step: eval/sample: checkpoint step (None = latest).
-    puzzles, puzzle_file: sample mode (see the flags).
+    inputs, input_file: sample mode: the task's inputs (see the flags).
     out: eval/sample: output directory (None: the workdir, when writable).
     overwrite: eval/sample: replace the outputs of an earlier run.
     resume_with_changes: train: resume despite config changes (preflight.check_resume).
@@ -95,8 +95,8 @@ def run(mode: str, config: Any, workdir: str, *, step: int | None = None,
   """
   config = config_lib.resolve(config)
   sharding.maybe_initialize_distributed(config.distributed)
-  plan = preflight.check(mode, config, workdir, step=step, puzzles=puzzles,
-                         puzzle_file=puzzle_file, out=out, overwrite=overwrite,
+  plan = preflight.check(mode, config, workdir, step=step, inputs=inputs,
+                         input_file=input_file, out=out, overwrite=overwrite,
                          resume_with_changes=resume_with_changes)
   config, task, workdir = plan.config, plan.task, plan.workdir
   if mode == 'train':
@@ -113,7 +113,7 @@ def run(mode: str, config: Any, workdir: str, *, step: int | None = None,
   if mode == 'eval':
     return eval_run.run_eval(config, workdir, step=plan.step, out_dir=plan.out_dir,
                              overwrite=overwrite)
-  return eval_run.run_sample(config, workdir, puzzles=puzzles, puzzle_file=puzzle_file,
+  return eval_run.run_sample(config, workdir, inputs=inputs, input_file=input_file,
                              step=plan.step, out_dir=plan.out_dir, overwrite=overwrite)
 
 
@@ -139,8 +139,8 @@ def main(argv: list[str]) -> None:
     _fail(f'unexpected arguments {argv[1:]}: flags are written --name=value.')
   logging.get_absl_handler().addFilter(_QuietLibraries())
   try:
-    run(_MODE.value, _CONFIG.value, _WORKDIR.value, step=_STEP.value, puzzles=_PUZZLES.value,
-        puzzle_file=_PUZZLE_FILE.value, out=_OUT.value, overwrite=_OVERWRITE.value,
+    run(_MODE.value, _CONFIG.value, _WORKDIR.value, step=_STEP.value, inputs=_INPUTS.value,
+        input_file=_INPUT_FILE.value, out=_OUT.value, overwrite=_OVERWRITE.value,
         resume_with_changes=_RESUME_WITH_CHANGES.value, argv=sys.argv)
   except (ValueError, OSError, train.NonFiniteLossError) as e:
     # Config/data/workdir/checkpoint problems, a failing disk and the NaN guard: one clear line.

@@ -10,7 +10,7 @@ initialised. In order:
    against the process count;
 2. train: the workdir exists as a writable directory or can be created (nothing is created);
    eval / sample: it exists, and the output directory (--out, default the workdir when writable)
-   is writable, and --puzzles / --out / --step fit the mode;
+   is writable, and --inputs / --out / --step fit the mode;
 3. the checkpoint: resuming, the latest step's stored config must agree with this run on the model,
    process, schedule, loss, optimiser, seed and data layout (workdir.RESUME_FIELDS; overridable
    with `resume_with_changes`) and its stored tree must match this model's state; eval / sample:
@@ -18,8 +18,8 @@ initialised. In order:
 4. a fresh training run with init.mdlm_checkpoint or init.workdir: the source is readable and its
    shapes fit the model (abstract parameters, nothing allocated; a warm start across processes
    maps the vocabulary rows first, hmdlm_jax/warm_start.py), before the ~10 s of initialisation;
-5. sample: the puzzles parse and are solvable; eval / sample: the outputs of this run
-   (`task.outputs`) do not exist yet, unless `overwrite`.
+5. sample: the task's inputs are valid (Sudoku: the grids parse and are solvable); eval / sample:
+   the outputs of this run (`task.outputs`) do not exist yet, unless `overwrite`.
 
 The data itself (the corpus' encoding, a puzzle file) is read by the task's pipeline, which main.run
 builds after these checks and before the run's record is written.
@@ -136,8 +136,8 @@ def check_checkpoint(config: ml_collections.ConfigDict, workdir: str, step: int 
 
 
 def check(mode: str, config: ml_collections.ConfigDict, workdir: str, *,
-          step: int | None = None, puzzles: Sequence[str] | None = None,
-          puzzle_file: str | None = None, out: str | None = None, overwrite: bool = False,
+          step: int | None = None, inputs: Sequence[str] | None = None,
+          input_file: str | None = None, out: str | None = None, overwrite: bool = False,
           resume_with_changes: bool = False) -> Plan:
   """Checks a run of `mode` (module docstring); raises ValueError, writes nothing."""
   if mode not in MODES:
@@ -154,7 +154,7 @@ def check(mode: str, config: ml_collections.ConfigDict, workdir: str, *,
   workdir = os.path.abspath(workdir)
   if mode == 'train':
     extra = [f for f, v in (('--step', step is not None), ('--out', out),
-                            ('--puzzles', puzzles), ('--puzzle_file', puzzle_file)) if v]
+                            ('--inputs', inputs), ('--input_file', input_file)) if v]
     if extra:
       raise ValueError(f'{", ".join(extra)} apply to --mode=eval / --mode=sample, not to '
                        'training (a rerun of training resumes from the latest checkpoint).')
@@ -163,13 +163,13 @@ def check(mode: str, config: ml_collections.ConfigDict, workdir: str, *,
     if resumed is None:
       check_init(config, model)
     return Plan(mode, config, task, model, workdir, resumed, None)
-  if mode == 'eval' and (puzzles or puzzle_file):
-    raise ValueError('--puzzles / --puzzle_file apply to --mode=sample; --mode=eval evaluates the '
+  if mode == 'eval' and (inputs or input_file):
+    raise ValueError('--inputs / --input_file apply to --mode=sample; --mode=eval evaluates the '
                      'test split (data.test_path or the generated puzzles).')
   workdir_lib.check_run_dir(workdir)
   step = check_checkpoint(config, workdir, step, model)
   if mode == 'sample':
-    task.prepare_sample(config, puzzles, puzzle_file)
+    task.prepare_sample(config, inputs, input_file)
   out_dir = workdir_lib.output_dir(workdir, out, mode)
   workdir_lib.check_outputs(out_dir, task.outputs(config, mode, step), overwrite)
   return Plan(mode, config, task, model, workdir, step, out_dir)

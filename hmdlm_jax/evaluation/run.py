@@ -15,7 +15,7 @@ Both print the task's summary and write DIR/eval_<step>.json with one schema (`w
   scalars       the finite numbers of `results`, flat ('greedy/mean/cell_accuracy': float); the
                 training loop also logs them to metrics.jsonl / TensorBoard (split 'eval')
 
-`run_sample(config, workdir, puzzles=, puzzle_file=)` prints the task's samples (Sudoku grids,
+`run_sample(config, workdir, inputs=, input_file=)` prints the task's samples (Sudoku grids,
 texts), saves them with every token's reveal step to OUT/samples_<step>.jsonl and, with
 config.sample.pictures, their reveal-order pictures to OUT/pictures.
 
@@ -142,25 +142,25 @@ class TrainingEvaluator:
 
 
 def run_sample(config: ml_collections.ConfigDict, workdir: str,
-               puzzles: Sequence[str] | None = None, puzzle_file: str | None = None, *,
+               inputs: Sequence[str] | None = None, input_file: str | None = None, *,
                step: int | None = None, out_dir: str | None = None,
                overwrite: bool = False) -> tasks_base.Records:
   """Samples from checkpoint `step` (default: the latest) of DIR; prints and saves them.
 
-  Sudoku: solves `puzzles` (81-character strings, '.' or '0' = blank) and/or the puzzles of
-  `puzzle_file` (one per line, or the `quiz,solution` CSV). Text: `config.sample.num_samples`
+  Sudoku: solves the grids of `inputs` (81-character strings, '.' or '0' = blank) and/or of
+  `input_file` (one per line, or the `quiz,solution` CSV). Text: `config.sample.num_samples`
   samples (WikiHow: conditioned on test titles). Every record holds the tokens' reveal steps.
   Output: `out_dir` (default DIR)/samples_<step>.jsonl and pictures/.
   """
   config = config_lib.resolve(config)
   task = tasks.get(config)
-  inputs = task.prepare_sample(config, puzzles, puzzle_file)  # bad input fails before restoring
+  prepared = task.prepare_sample(config, inputs, input_file)  # bad input fails before restoring
   out_dir = out_dir or workdir
   model = task_model(config, task)
   params, step = _restore(config, task, model, 'sample', workdir, step, out_dir, overwrite)
   network = compiled.flax_network(model)
   records, text = task.sample(_context(config, network, params, step, out_dir, progress=False),
-                              inputs)
+                              prepared)
   path = os.path.join(out_dir, reports.samples_file(step))
   reports.write_jsonl(path, records)
   print(text)

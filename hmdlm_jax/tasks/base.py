@@ -101,9 +101,10 @@ class Task(abc.ABC):
     `with_samples` adds sample-based metrics that are too slow for evaluations in training."""
 
   @abc.abstractmethod
-  def prepare_sample(self, config: ml_collections.ConfigDict, puzzles: Sequence[str] | None,
-                     puzzle_file: str | None) -> Any:
-    """The validated inputs of `sample` (before any checkpoint is restored)."""
+  def prepare_sample(self, config: ml_collections.ConfigDict, inputs: Sequence[str] | None,
+                     input_file: str | None) -> Any:
+    """The validated inputs of `sample` (before any checkpoint is restored) from the command
+    line's `inputs` (--inputs: Sudoku grids, prompts) and / or an `input_file` (--input_file)."""
 
   @abc.abstractmethod
   def sample(self, ctx: EvalContext, inputs: Any) -> tuple[Records, str]:
