@@ -146,7 +146,7 @@ def _compile_adapter(mode: str, mesh_shape: tuple[int, int, int]) -> tuple[Any, 
   import jax  # pylint: disable=g-import-not-at-top
   import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
   from hmdlm_jax import config as config_lib  # pylint: disable=g-import-not-at-top
-  from hmdlm_jax import models, processes, train  # pylint: disable=g-import-not-at-top
+  from hmdlm_jax import processes, tasks, train  # pylint: disable=g-import-not-at-top
   from hmdlm_jax import sharding as shd  # pylint: disable=g-import-not-at-top
   from benchmarks import common  # pylint: disable=g-import-not-at-top
   data, fsdp, tensor = mesh_shape
@@ -156,7 +156,7 @@ def _compile_adapter(mode: str, mesh_shape: tuple[int, int, int]) -> tuple[Any, 
   config = config_lib.resolve(config)
   train.validate_config(config)
   mesh = shd.make_mesh(config.mesh)
-  model = models.build_model(config.model)
+  model = tasks.build_model(config)
   process = processes.build(config)
   abstract, shardings = train.state_shardings(config, model, mesh)
   b, l = GLOBAL_BATCH, int(config.model.seq_len)

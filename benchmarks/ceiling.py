@@ -116,9 +116,9 @@ def time_optimizer(shape: str, reps: int) -> dict[str, Any]:
   import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
   import optax  # pylint: disable=g-import-not-at-top
   from benchmarks import train_step as ts  # pylint: disable=g-import-not-at-top
-  from hmdlm_jax import models, optim  # pylint: disable=g-import-not-at-top
+  from hmdlm_jax import models, optim, tasks  # pylint: disable=g-import-not-at-top
   config = ts.shape_config(shape, 'mdlm', 'float32', batch_size=sbs.SHAPES[shape][6])
-  model = models.build_model(config.model)
+  model = tasks.build_model(config)
   shapes = models.abstract_params(model, int(config.model.seq_len))
   params = jax.tree.map(lambda s: jnp.full(s.shape, 0.01, s.dtype), shapes)
   tx = optim.make_optimizer(config.optim, int(config.train.num_steps))

@@ -139,11 +139,11 @@ def train_item(name: str, dry: bool, steps: int, dtype: str | None = None) -> di
 def sampling_item(dry: bool, repeats: int) -> dict[str, Any]:
   """Algorithm 2 throughput (ancestral ordering, K = 2): the package's public sampler."""
   from hmdlm_jax import config as config_lib  # pylint: disable=g-import-not-at-top
-  from hmdlm_jax import models, processes  # pylint: disable=g-import-not-at-top
+  from hmdlm_jax import models, processes, tasks  # pylint: disable=g-import-not-at-top
   config = config_lib.resolve(_config('sampling_alg2', dry, None))
   m = config.model
   t_steps, batch = (8, 2) if dry else (128, 64)
-  model = models.build_model(m)
+  model = tasks.build_model(config)
   params = models.init_params(model, jax.random.PRNGKey(0), int(m.seq_len))
   process = processes.build(config)
   cfg = config_lib.SampleConfig(num_steps=t_steps, num_levels=int(m.num_levels),

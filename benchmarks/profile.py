@@ -3,7 +3,7 @@ r"""Where the train step's time goes: XLA ops ranked by time, with the JAX sourc
   python -m benchmarks.profile --shape=tiny --mode=mdlm --batch_size=8 [--patch=subs_nll] \
       [--top=25] [--json=OUT.json]
   python -m benchmarks.profile --config=configs/sudoku_learned_hierarchy.py \
-      --config.model.hier_width=32 --config.loss.hier_batch_stride=4     # any experiment config
+      --config.model.hier_width=32 --config.model.hier_num_heads=1     # any experiment config
 
 Traces `--steps` real train steps (hmdlm_jax/train.py) with `jax.profiler.trace`, reads the trace
 back with `jax.profiler.ProfileData`, sums each XLA op's duration over all threads and steps, and
@@ -45,10 +45,10 @@ import numpy as np
 from benchmarks import common
 from benchmarks import patches
 from benchmarks import train_step as ts
-from hmdlm_jax import models
 from hmdlm_jax import processes
 from hmdlm_jax import sharding as shd
 from hmdlm_jax import config as config_lib
+from hmdlm_jax import tasks
 from hmdlm_jax import train
 
 # Trace events that are not XLA ops (executor bookkeeping, Python frames).
@@ -106,7 +106,7 @@ def profile(shape: str, mode: str, batch_size: int, steps: int, top: int,
   if config is None:
     config = ts.shape_config(shape, mode, 'float32', batch_size=batch_size)
   mesh = shd.make_mesh(config.mesh)
-  model = models.build_model(config.model)
+  model = tasks.build_model(config)
   process = processes.build(config)
   state, sh = train.create_train_state(config, mesh, model)
   step = train.make_train_step(config, model, process, mesh, sh)

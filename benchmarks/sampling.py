@@ -37,6 +37,7 @@ from hmdlm_jax import config as config_lib
 from hmdlm_jax.processes import base
 from hmdlm_jax import models
 from hmdlm_jax import processes
+from hmdlm_jax import tasks
 from hmdlm_jax.data import sudoku as sudoku_data
 from hmdlm_jax.data import sudoku_generator
 
@@ -46,7 +47,7 @@ TASKS = ('text', 'sudoku')
 def _sampler(config: Any, ordering: str, num_steps: int, batch_size: int, greedy: bool
              ) -> tuple[Any, Any, config_lib.SampleConfig]:
   m = config.model
-  model = models.build_model(m)
+  model = tasks.build_model(config)
   params = models.init_params(model, jax.random.PRNGKey(0), int(m.seq_len))
   process = processes.build(config)
   cfg = config_lib.SampleConfig(

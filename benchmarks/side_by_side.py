@@ -143,12 +143,12 @@ def _ours_adapter(shape: str, mode: str, overrides: dict[str, str]) -> tuple[Any
   import jax  # pylint: disable=g-import-not-at-top
   import numpy as np  # pylint: disable=g-import-not-at-top
   from benchmarks import train_step as ts  # pylint: disable=g-import-not-at-top
-  from hmdlm_jax import models, processes, train  # pylint: disable=g-import-not-at-top
+  from hmdlm_jax import processes, tasks, train  # pylint: disable=g-import-not-at-top
   from hmdlm_jax import sharding as shd  # pylint: disable=g-import-not-at-top
   config = ts.shape_config(shape, mode, 'float32', batch_size=SHAPES[shape][6],
                           overrides=[f'--config.{k}={v}' for k, v in overrides.items()])
   mesh = shd.make_mesh(config.mesh)
-  model = models.build_model(config.model)
+  model = tasks.build_model(config)
   process = processes.build(config)
   state, shardings = train.create_train_state(config, mesh, model)
   batch = shd.make_global_batch(ts.synthetic_batch(config), mesh)

@@ -47,6 +47,7 @@ from hmdlm_jax import models
 from hmdlm_jax import optim
 from hmdlm_jax import processes
 from hmdlm_jax import sharding as shd
+from hmdlm_jax import tasks
 from hmdlm_jax import train
 
 SHAPES = ('tiny', 'small', 'sudoku_6m', 'sudoku_25m')
@@ -126,7 +127,7 @@ def real_step(config: config_lib.Config) -> tuple[Callable[..., Any], Any, Any]:
   Nothing is compiled until the first call."""
   train.validate_config(config)
   mesh = shd.make_mesh(config.mesh)
-  model = models.build_model(config.model)
+  model = tasks.build_model(config)
   state, shardings = train.create_train_state(config, mesh, model)
   step = train.make_train_step(config, model, processes.build(config), mesh, shardings)
   return step, state, shd.make_global_batch(synthetic_batch(config), mesh)
@@ -142,7 +143,7 @@ def patch_check(config: config_lib.Config, patches: list[str]) -> dict[str, floa
   are perturbed (N(0, 0.02) added) so that the zero-initialised heads give non-trivial logits.
   """
   m = config.model
-  model = models.build_model(m)
+  model = tasks.build_model(config)
   process = processes.build(config)
   params = models.init_params(model, jax.random.PRNGKey(0), int(m.seq_len))
   leaves, tdef = jax.tree.flatten(params)
@@ -278,7 +279,7 @@ def run(config: config_lib.Config, *, steps: int = 5, warmup: int = 1,
   m = config.model
   b, l = int(config.data.batch_size), int(m.seq_len)
   mesh = shd.make_mesh(config.mesh)
-  model = models.build_model(m)
+  model = tasks.build_model(config)
   process = processes.build(config)
   state, shardings = train.create_train_state(config, mesh, model)
   batch = shd.make_global_batch(synthetic_batch(config), mesh)
@@ -392,7 +393,7 @@ def compare(config: config_lib.Config,
   Returns {'candidates', 'median_step_s', 'step_times_s', 'ratio_to_first'}.
   """
   mesh = shd.make_mesh(config.mesh)
-  model = models.build_model(config.model)
+  model = tasks.build_model(config)
   process = processes.build(config)
   batch = shd.make_global_batch(synthetic_batch(config), mesh)
   batch = {k: batch[k] for k in train.BATCH_KEYS}

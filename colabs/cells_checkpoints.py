@@ -27,6 +27,7 @@ TEXT_RUN = None  # None: WORKDIR/text_run'''),
 from hmdlm_jax import main
 from hmdlm_jax import models
 from hmdlm_jax import processes
+from hmdlm_jax import tasks
 from hmdlm_jax import train
 from hmdlm_jax.data import sudoku_generator
 from hmdlm_jax.data import sudoku_pipeline
@@ -53,10 +54,11 @@ else:
 if not has_checkpoint(sudoku_run):
   print('no checkpoint in', sudoku_run, '-> training one')
   main.run('train', sudoku_cfg, str(sudoku_run))
-state, step = train.restore_for_eval(sudoku_cfg, str(sudoku_run))
+model = tasks.build_model(sudoku_cfg)  # the network, with the task's features (grid positions)
+state, step = train.restore_for_eval(sudoku_cfg, str(sudoku_run), model=model)
 params = state.ema_params if sudoku_cfg.eval.use_ema else state.params
 print(f'restored step {step} from {sudoku_run}')
-print(models.param_count_report(sudoku_cfg.model))'''),
+print(models.param_count_report(sudoku_cfg.model, model.features))'''),
     ('md', '''\
 ## Sample grids
 
@@ -69,7 +71,6 @@ quiz, sol, _ = sudoku_generator.generate_dataset(seed=7, count=NUM_PUZZLES, spli
 batch = sudoku_pipeline.sudoku_batch(quiz, sol)
 process = processes.build(sudoku_cfg)  # HMDLM: schedules, losses, sampler (processes/)
 sample_cfg = config_lib.SampleConfig.from_config(sudoku_cfg)
-model = models.build_model(sudoku_cfg.model)
 
 
 @jax.jit

@@ -73,7 +73,7 @@ quizzes, _, _ = sudoku_generator.generate_dataset(0, 64, 'test', progress=False)
 PUZZLE = ''.join(map(str, quizzes[np.argmax((quizzes > 0).sum(-1))]))
 # Example 1 of the paper's Appendix F (sudoku-hard: almost every cell needs search, level 0):
 # PUZZLE = '506070800400000016000000000002000003070050400000900020960000500030002007000100000'
-records = main.run('sample', config, str(RUN_DIR), puzzles=[PUZZLE], overwrite=True)  # rerun: replace
+records = main.run('sample', config, str(RUN_DIR), inputs=[PUZZLE], overwrite=True)  # rerun: replace
 rec = records[0]
 num_solutions, solution = sudoku_data.count_solutions(sudoku_csv.parse_puzzle(PUZZLE))
 assert num_solutions == 1, 'the puzzle should have exactly one solution'

@@ -71,7 +71,7 @@ def main(argv: list[str] | None = None) -> int:
     print('trained to step', result['step'], '-', result['stop_reason'])
 
   puzzle = pick_puzzle(args.puzzle)
-  rec = hmdlm_main.run('sample', config, str(workdir), puzzles=[puzzle], overwrite=True)[0]
+  rec = hmdlm_main.run('sample', config, str(workdir), inputs=[puzzle], overwrite=True)[0]
   _, solution = sudoku_data.count_solutions(sudoku_csv.parse_puzzle(puzzle))
   tokens = np.array([int(c) for c in rec['prediction']]) - 1
   levels, steps = np.array(rec['levels']), np.array(rec['reveal_step'])

@@ -2,7 +2,7 @@ r"""Command line: train, evaluate or sample one experiment (docs/usage.md).
 
   python -m hmdlm_jax.main --config=configs/sudoku.py --workdir=/tmp/hmdlm_sudoku
   python -m hmdlm_jax.main --config=configs/sudoku.py --workdir=DIR --mode=eval [--out=OUT]
-  python -m hmdlm_jax.main --config=configs/sudoku.py --workdir=DIR --mode=sample --puzzles=...
+  python -m hmdlm_jax.main --config=configs/sudoku.py --workdir=DIR --mode=sample --inputs=...
 
 Any field of hmdlm_jax/config/schema.py can be overridden (`--config.train.num_steps=200`). The
 config is loaded and resolved here, once (hmdlm_jax/config); the run is checked whole before it
@@ -48,10 +48,10 @@ _CONFIG = config_loading.define_config_flag(flags.FLAGS)
 _WORKDIR = flags.DEFINE_string('workdir', DEFAULT_WORKDIR,
                                'Run directory: checkpoints, metrics.jsonl, tb/, eval results.')
 _MODE = flags.DEFINE_enum('mode', 'train', MODES, 'What to do.')
-_PUZZLES = flags.DEFINE_list('puzzles', None, 'sample mode: comma-separated 81-character '
-                             "Sudoku strings, '.' or '0' for blanks.")
-_PUZZLE_FILE = flags.DEFINE_string('puzzle_file', None, 'sample mode: file with one puzzle per '
-                                   'line, or a quiz,solution CSV.')
+_INPUTS = flags.DEFINE_list('inputs', None, 'sample mode: comma-separated task inputs: Sudoku '
+                            "grids of 81 characters ('.' or '0' for blanks); for text, prompts.")
+_INPUT_FILE = flags.DEFINE_string('input_file', None, 'sample mode: file of task inputs, one per '
+                                  'line (Sudoku: or a quiz,solution CSV).')
 _OUT = flags.DEFINE_string('out', None, 'eval/sample mode: output directory (default: the '
                            'workdir, when it is writable).')
 _STEP = flags.DEFINE_integer('step', None, 'eval/sample mode: checkpoint step (default: latest).')
@@ -63,7 +63,7 @@ _RESUME_WITH_CHANGES = flags.DEFINE_bool(
 
 
 def run(mode: str, config: Any, workdir: str, *, step: int | None = None,
-        puzzles: Sequence[str] | None = None, puzzle_file: str | None = None,
+        inputs: Sequence[str] | None = None, input_file: str | None = None,
         out: str | None = None, overwrite: bool = False, resume_with_changes: bool = False,
         argv: Sequence[str] | None = None) -> Any:
   """Checks, records and runs one mode (importable: tests and notebooks call this, not the CLI).
@@ -73,7 +73,7 @@ def run(mode: str, config: Any, workdir: str, *, step: int | None = None,
     config: the experiment ConfigDict (hmdlm_jax.config.load), resolved here once.
     workdir: the run directory.
     step: eval/sample: checkpoint step (None = latest).
-    puzzles, puzzle_file: sample mode (see the flags).
+    inputs, input_file: sample mode: the task's inputs (see the flags).
     out: eval/sample: output directory (None: the workdir, when writable).
     overwrite: eval/sample: replace the outputs of an earlier run.
     resume_with_changes: train: resume despite config changes (preflight.check_resume).
@@ -86,8 +86,8 @@ def run(mode: str, config: Any, workdir: str, *, step: int | None = None,
   """
   config = config_lib.resolve(config)
   sharding.maybe_initialize_distributed(config.distributed)
-  plan = preflight.check(mode, config, workdir, step=step, puzzles=puzzles,
-                         puzzle_file=puzzle_file, out=out, overwrite=overwrite,
+  plan = preflight.check(mode, config, workdir, step=step, inputs=inputs,
+                         input_file=input_file, out=out, overwrite=overwrite,
                          resume_with_changes=resume_with_changes)
   config, task, workdir = plan.config, plan.task, plan.workdir
   if mode == 'train':
@@ -96,14 +96,15 @@ def run(mode: str, config: Any, workdir: str, *, step: int | None = None,
                               process_count=jax.process_count())  # reads the data: may fail
     workdir_lib.start_run(config, workdir, mode, workdir=workdir, step=plan.step or 0,
                           write_config=plan.step is None, argv=argv)
-    return train.train_and_evaluate(config, workdir, train_iter=iter(train_iter),
+    return train.train_and_evaluate(config, workdir, model=plan.model,
+                                    train_iter=iter(train_iter),
                                     eval_fn=eval_run.TrainingEvaluator(config, task))
   workdir_lib.start_run(config, plan.out_dir, mode, workdir=workdir, step=plan.step,
                         write_config=False, argv=argv)
   if mode == 'eval':
     return eval_run.run_eval(config, workdir, step=plan.step, out_dir=plan.out_dir,
                              overwrite=overwrite)
-  return eval_run.run_sample(config, workdir, puzzles=puzzles, puzzle_file=puzzle_file,
+  return eval_run.run_sample(config, workdir, inputs=inputs, input_file=input_file,
                              step=plan.step, out_dir=plan.out_dir, overwrite=overwrite)
 
 
@@ -129,8 +130,8 @@ def main(argv: list[str]) -> None:
     _fail(f'unexpected arguments {argv[1:]}: flags are written --name=value.')
   logging.get_absl_handler().addFilter(_QuietLibraries())
   try:
-    run(_MODE.value, _CONFIG.value, _WORKDIR.value, step=_STEP.value, puzzles=_PUZZLES.value,
-        puzzle_file=_PUZZLE_FILE.value, out=_OUT.value, overwrite=_OVERWRITE.value,
+    run(_MODE.value, _CONFIG.value, _WORKDIR.value, step=_STEP.value, inputs=_INPUTS.value,
+        input_file=_INPUT_FILE.value, out=_OUT.value, overwrite=_OVERWRITE.value,
         resume_with_changes=_RESUME_WITH_CHANGES.value, argv=sys.argv)
   except (ValueError, OSError, train.NonFiniteLossError) as e:
     # Config/data/workdir/checkpoint problems, a failing disk and the NaN guard: one clear line.

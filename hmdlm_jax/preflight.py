@@ -15,6 +15,7 @@ import json
 import os
 from typing import Any, Sequence
 
+import flax.linen as nn
 import jax
 
 from hmdlm_jax import checkpoint as ckpt_lib
@@ -33,18 +34,19 @@ MODES = ('train', 'eval', 'sample')
 
 @dataclasses.dataclass(frozen=True)
 class Plan:
-  """A checked run. step: train, the checkpoint resumed from (None: a fresh start); eval / sample,
-  the checkpoint used. out_dir: eval / sample, where outputs go (None for train)."""
+  """A checked run. model: its network, built with the task's features (tasks.build_model).
+  step: train, the checkpoint resumed from (None: a fresh start); eval / sample, the checkpoint
+  used. out_dir: eval / sample, where outputs go (None for train)."""
   mode: str
   config: config_lib.Config
   task: tasks_base.Task
+  model: nn.Module
   workdir: str
   step: int | None
   out_dir: str | None
 
 
-def _abstract_state(config: config_lib.Config) -> Any:
-  model = models.build_model(config.model)
+def _abstract_state(config: config_lib.Config, model: nn.Module) -> Any:
   return train.state_shardings(config, model, sharding.make_mesh(config.mesh))[0]
 
 
@@ -61,9 +63,10 @@ def _stored_config(ckpt: ckpt_lib.Checkpointer, workdir: str, step: int) -> tupl
     return None, ''
 
 
-def check_resume(config: config_lib.Config, workdir: str, *,
+def check_resume(config: config_lib.Config, workdir: str, model: nn.Module, *,
                  resume_with_changes: bool = False) -> int | None:
-  """The step a training run in `workdir` resumes from (None: a fresh start), checked."""
+  """The step a training run of `model` in `workdir` resumes from (None: a fresh start),
+  checked."""
   if not os.path.isdir(os.path.join(workdir, 'checkpoints')):
     return None
   ckpt = ckpt_lib.Checkpointer(workdir, config.train, read_only=True)
@@ -79,26 +82,28 @@ def check_resume(config: config_lib.Config, workdir: str, *,
           f'config ({where}): ' + '; '.join(changes) + '. A rerun resumes that training: drop '
           'these overrides, use a new --workdir to start afresh, or pass --resume_with_changes '
           'to resume with them anyway.')
-    ckpt.check_compatible(_abstract_state(config), step)
+    ckpt.check_compatible(_abstract_state(config, model), step)
     return step
   finally:
     ckpt.close()
 
 
-def check_init(config: config_lib.Config) -> None:
-  """init.mdlm_checkpoint / init.workdir (when set) is readable and fits the model's parameters
+def check_init(config: config_lib.Config, model: nn.Module) -> None:
+  """init.mdlm_checkpoint / init.workdir (when set) is readable and fits `model`'s parameters
   (a warm start across processes, hmdlm_jax/warm_start.py, maps the vocabulary rows first)."""
   if warm_start.requested(config):
-    warm_start.check(config)
+    warm_start.check(config, model)
 
 
-def check_checkpoint(config: config_lib.Config, workdir: str, step: int | None) -> int:
-  """The checkpoint step an eval / sample run reads (`step`, None: the latest), checked."""
+def check_checkpoint(config: config_lib.Config, workdir: str, step: int | None,
+                     model: nn.Module) -> int:
+  """The checkpoint step of `model` an eval / sample run reads (`step`, None: the latest),
+  checked."""
   ckpt = ckpt_lib.Checkpointer(workdir, config.train, read_only=True)
   try:
     step = ckpt.select_step(step)
     try:
-      ckpt.check_compatible(_abstract_state(config), step)
+      ckpt.check_compatible(_abstract_state(config, model), step)
     except ckpt_lib.CheckpointError as e:
       stored, where = _stored_config(ckpt, workdir, step)
       changes = [c for c in workdir_lib.config_changes(stored, config) if c.startswith('model.')]
@@ -113,14 +118,15 @@ def check_checkpoint(config: config_lib.Config, workdir: str, step: int | None) 
 
 
 def check(mode: str, config: config_lib.Config, workdir: str, *,
-          step: int | None = None, puzzles: Sequence[str] | None = None,
-          puzzle_file: str | None = None, out: str | None = None, overwrite: bool = False,
+          step: int | None = None, inputs: Sequence[str] | None = None,
+          input_file: str | None = None, out: str | None = None, overwrite: bool = False,
           resume_with_changes: bool = False) -> Plan:
   """Checks a run of `mode` (module docstring); raises ValueError, writes nothing."""
   if mode not in MODES:
     raise ValueError(f'--mode={mode!r} is not one of {MODES}.')
   task = tasks.get(config)
   task.validate(config)
+  model = models.build_model(config.model, task.model_features(config))
   train.validate_config(config)
   sharding.resolve_mesh_shape(config.mesh, jax.device_count())
   # The process as the train step will run it on this mesh (e.g. loss.token_rows='selected' is
@@ -129,22 +135,22 @@ def check(mode: str, config: config_lib.Config, workdir: str, *,
   workdir = os.path.abspath(workdir)
   if mode == 'train':
     extra = [f for f, v in (('--step', step is not None), ('--out', out),
-                            ('--puzzles', puzzles), ('--puzzle_file', puzzle_file)) if v]
+                            ('--inputs', inputs), ('--input_file', input_file)) if v]
     if extra:
       raise ValueError(f'{", ".join(extra)} apply to --mode=eval / --mode=sample, not to '
                        'training (a rerun of training resumes from the latest checkpoint).')
     workdir_lib.check_creatable(workdir, '--workdir')
-    resumed = check_resume(config, workdir, resume_with_changes=resume_with_changes)
+    resumed = check_resume(config, workdir, model, resume_with_changes=resume_with_changes)
     if resumed is None:
-      check_init(config)
-    return Plan(mode, config, task, workdir, resumed, None)
-  if mode == 'eval' and (puzzles or puzzle_file):
-    raise ValueError('--puzzles / --puzzle_file apply to --mode=sample; --mode=eval evaluates the '
+      check_init(config, model)
+    return Plan(mode, config, task, model, workdir, resumed, None)
+  if mode == 'eval' and (inputs or input_file):
+    raise ValueError('--inputs / --input_file apply to --mode=sample; --mode=eval evaluates the '
                      'test split (data.test_path or the generated puzzles).')
   workdir_lib.check_run_dir(workdir)
-  step = check_checkpoint(config, workdir, step)
+  step = check_checkpoint(config, workdir, step, model)
   if mode == 'sample':
-    task.prepare_sample(config, puzzles, puzzle_file)
+    task.prepare_sample(config, inputs, input_file)
   out_dir = workdir_lib.output_dir(workdir, out, mode)
   workdir_lib.check_outputs(out_dir, task.outputs(config, mode, step), overwrite)
-  return Plan(mode, config, task, workdir, step, out_dir)
+  return Plan(mode, config, task, model, workdir, step, out_dir)

@@ -128,30 +128,31 @@ def state_shardings(config: config_lib.Config, model: nn.Module, mesh: jax.shard
 
 
 def create_train_state(config: config_lib.Config, mesh: jax.sharding.Mesh,
-                       model: nn.Module | None = None) -> tuple[TrainState, TrainState]:
-  """Initial TrainState, created directly in its shardings (eval_shape -> shardings -> jit).
+                       model: nn.Module) -> tuple[TrainState, TrainState]:
+  """Initial TrainState of `model` (the task's: tasks.build_model), created directly in its
+  shardings (eval_shape -> shardings -> jit).
 
   Returns:
     (state, sharding tree).
   """
-  model = model or models.build_model(config.model)
   optimizer = optim.make_optimizer(config.optim, config.train.num_steps)
   _, sh = state_shardings(config, model, mesh, optimizer)
   with shd.mesh_context(mesh):
     state = jax.jit(lambda: _init_state(config, model, optimizer), out_shardings=sh)()
   if warm_start.requested(config):  # init.workdir / init.mdlm_checkpoint (docs/method.md §13.2)
-    state = warm_start.apply(config, state, sh)
+    state = warm_start.apply(config, state, sh, model)
   return state, sh
 
 
-def restore_for_eval(config: config_lib.Config, workdir: str, step: int | None = None
-                     ) -> tuple[TrainState, int]:
+def restore_for_eval(config: config_lib.Config, workdir: str, step: int | None = None,
+                     *, model: nn.Module) -> tuple[TrainState, int]:
   """(TrainState, step) of checkpoint `step` (default latest) of DIR, for evaluation/sampling.
 
-  Restores on the config's mesh (`config.mesh`, all devices); nothing in DIR is written.
+  `model`: the run's network (tasks.build_model). Restores on the config's mesh (`config.mesh`,
+  all devices); nothing in DIR is written.
   """
   mesh = shd.make_mesh(config.mesh)
-  abstract, _ = state_shardings(config, models.build_model(config.model), mesh)
+  abstract, _ = state_shardings(config, model, mesh)
   ckpt = ckpt_lib.Checkpointer(workdir, config.train, read_only=True)
   try:
     if ckpt.latest_step() is None:
@@ -329,13 +330,14 @@ def _write_summary(workdir: str, step: int, stop_reason: str, train_step: Any,
 # ----------------------------------------------------------------------------- main loop
 
 
-def train_and_evaluate(config: config_lib.Config, workdir: str, *, train_iter: Any,
-                       eval_fn: EvalFn | None = None) -> dict[str, Any]:
+def train_and_evaluate(config: config_lib.Config, workdir: str, *, model: nn.Module,
+                       train_iter: Any, eval_fn: EvalFn | None = None) -> dict[str, Any]:
   """Trains (resuming from DIR/checkpoints when present) and evaluates; returns final metrics.
 
-  The caller (main.py) resolves the config (hmdlm_jax/config), initialises multi-host JAX and
-  injects the task's data and evaluation: `train_iter` is this process's checkpointable iterator
-  of training batches, `eval_fn(config, state, step, workdir)` the task's evaluation (None: none).
+  The caller (main.py) resolves the config (hmdlm_jax/config.py), initialises multi-host JAX and
+  injects the task's network, data and evaluation: `model` is the network (tasks.build_model),
+  `train_iter` this process's checkpointable iterator of training batches, `eval_fn(config, state,
+  step, workdir)` the task's evaluation (None: none).
 
   Stops at train.num_steps; after train.time_budget_s of wall time in the loop (start-up such as
   puzzle generation excluded; checkpoint, final evaluation); on SIGTERM (checkpoint, return
@@ -367,11 +369,11 @@ def train_and_evaluate(config: config_lib.Config, workdir: str, *, train_iter: A
     raise ValueError(f'data.batch_size={config.data.batch_size} / train.grad_accum='
                      f'{tc.grad_accum} = {micro} rows per micro-batch must be divisible by '
                      f'mesh.data * mesh.fsdp = {shd.num_batch_shards(mesh)}.')
-  model = models.build_model(config.model)
   process = processes.build(config)
   optimizer = optim.make_optimizer(config.optim, num_steps)
   abstract, shardings = state_shardings(config, model, mesh, optimizer)
-  logging.info('Mesh %s; model:\n%s', dict(mesh.shape), models.param_count_report(config.model))
+  logging.info('Mesh %s; model:\n%s', dict(mesh.shape),
+               models.param_count_report(config.model, model.features))
 
   ckpt = ckpt_lib.Checkpointer(workdir, tc)
   if ckpt.latest_step() is not None:

@@ -220,11 +220,11 @@ def vocab_axes_of(model: nn.Module, seq_len: int) -> dict[str, int | None]:
 # ---------------------------------------------------------------------------------- entry point
 
 
-def check(config: config_lib.Config) -> None:
+def check(config: config_lib.Config, model: nn.Module) -> None:
   """What `load` would raise, before anything is initialised (preflight): the source is readable
-  and fits the model (shapes only: Orbax metadata / `convert_mdlm.pretrained_shapes`)."""
+  and fits `model`, the run's network (shapes only: Orbax metadata /
+  `convert_mdlm.pretrained_shapes`)."""
   ini = config.init
-  model = models.build_model(config.model)
   seq_len = int(config.model.seq_len)
   fresh = _shapes(models.abstract_params(model, seq_len))
   if not maps_rows(config):  # MDLM's own layout
@@ -254,8 +254,10 @@ def check(config: config_lib.Config) -> None:
     raise ValueError(f'{what}: {e}') from None
 
 
-def load(config: config_lib.Config, fresh: PyTree) -> tuple[PyTree, str]:
-  """The warm-start parameters (numpy) for `fresh`'s shapes, and a description of the source."""
+def load(config: config_lib.Config, fresh: PyTree, model: nn.Module
+         ) -> tuple[PyTree, str]:
+  """The warm-start parameters (numpy) for `fresh`'s shapes (parameters of `model`), and a
+  description of the source."""
   dst = layout_of(config)
   ini = config.init
   if not maps_rows(config):  # MDLM's own layout: backbone and token head, hierarchy kept fresh
@@ -269,7 +271,6 @@ def load(config: config_lib.Config, fresh: PyTree) -> tuple[PyTree, str]:
   else:
     source, src = read_mdlm_file(ini.mdlm_checkpoint, int(ini.mdlm_mask_id))
     what = f'{ini.mdlm_checkpoint} (MASK row {src.mask_rows[0]})'
-  model = models.build_model(config.model)
   params, dropped = adapt(fresh, source, vocab_axes_of(model, int(config.model.seq_len)), src,
                           dst)
   if dropped:
@@ -277,13 +278,15 @@ def load(config: config_lib.Config, fresh: PyTree) -> tuple[PyTree, str]:
   return params, what
 
 
-def apply(config: config_lib.Config, state: Any, shardings: Any) -> Any:
-  """`state` (a TrainState) with params and EMA replaced by the warm start, in their shardings.
+def apply(config: config_lib.Config, state: Any, shardings: Any, model: nn.Module
+          ) -> Any:
+  """`state` (a TrainState of `model`) with params and EMA replaced by the warm start, in their
+  shardings.
 
   Every process reads the source and places its own shards.
   """
   fresh = multihost_utils.process_allgather(state.params, tiled=True)
-  params, what = load(config, jax.tree.map(np.asarray, fresh))
+  params, what = load(config, jax.tree.map(np.asarray, fresh), model)
 
   def place(x: np.ndarray, s: jax.sharding.Sharding) -> jax.Array:
     x = np.asarray(x)

@@ -152,7 +152,7 @@ def make_sampler(config: config_lib.Config, process: base.Process,
   key = (json.dumps(config_lib.to_dict(config.model), sort_keys=True, default=str), process, cfg,
          batch_size)
   if key not in _SAMPLERS:
-    model = models.build_model(config.model)
+    model = tasks.build_model(config)
     _SAMPLERS[key] = base.make_sampler(
         process, functools.partial(models.make_apply_fn, model, train=False), cfg,
         batch_size=batch_size, seq_len=int(config.model.seq_len))

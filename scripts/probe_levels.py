@@ -44,6 +44,7 @@ from benchmarks import common
 from hmdlm_jax import config as config_lib
 from hmdlm_jax import models
 from hmdlm_jax import optim
+from hmdlm_jax import tasks
 from hmdlm_jax.data import sudoku
 from hmdlm_jax.data import sudoku_csv
 from hmdlm_jax.data import sudoku_generator
@@ -85,7 +86,7 @@ def main() -> None:
   cfg_m = config_lib.ModelConfig.from_section(config.model)
   loss_cfg = config_lib.LossConfig.from_config(config)
   schedule = schedules.schedule_from_config(config.schedule, cfg_m.num_levels)
-  model = models.build_model(cfg_m)
+  model = tasks.build_model(config)
   params = models.init_params(model, jax.random.key(args.seed), 81)
   num_params = models.count_params({k: v for k, v in params.items()
                                     if args.train == 'backbone' or k.startswith('hier_')})

@@ -15,8 +15,8 @@ also times the real jitted training step (hmdlm_jax/train.py, a synthetic batch)
 of its twin in N interleaved rounds of --wall_steps steps each (default 5), on this machine, and
 prints the medians per round, the time ratio and the twin's step budget at equal wall time. Each
 model runs in a child process of its own in every round: two models in one process slow each
-other (the twin's step read 0.35 s beside the config against 0.31-0.33 s alone, and the ratio
-1.21 against 1.33 at loss.hier_batch_stride=4; docs/experiments/hierarchy_log.md items 29-30). With
+other (the twin's step read 0.35 s beside the config against 0.31-0.33 s alone;
+docs/experiments/hierarchy_log.md items 29-30). With
 --loop the rounds time the training loop itself instead (`python -m hmdlm_jax.main` for
 --wall_steps steps, no evaluation; seconds per step between its first and last logged step, so
 compilation is left out): what a training run pays, host batches and logging included. Pass the
@@ -54,13 +54,14 @@ from hmdlm_jax import config as config_lib
 from benchmarks import common
 from hmdlm_jax import models
 from hmdlm_jax import processes
+from hmdlm_jax import tasks
 
 DEFAULT_CONFIG = 'configs/sudoku.py'  # relative to the repository root, where the tools run
 
 
 def step_flops(config) -> int:
   config = config_lib.resolve(config)
-  model = models.build_model(config.model)
+  model = tasks.build_model(config)
   process = processes.build(config)
   params = models.abstract_params(model, 81)
   b = config.data.batch_size

@@ -155,7 +155,7 @@ def train_and_bound(config: ml_collections.ConfigDict, workdir: str) -> dict[str
   config, task = plan.config, plan.task
   data = task.dataset(config, 'train', seed=int(config.seed), process_index=0, process_count=1)
   workdir_lib.start_run(config, workdir, 'train', workdir=workdir, step=0, write_config=True)
-  out = train.train_and_evaluate(config, workdir, train_iter=iter(data),
+  out = train.train_and_evaluate(config, workdir, model=plan.model, train_iter=iter(data),
                                  eval_fn=eval_run.TrainingEvaluator(config, task))
   train_s = time.monotonic() - t0
   t0 = time.monotonic()
@@ -174,7 +174,7 @@ def train_and_bound(config: ml_collections.ConfigDict, workdir: str) -> dict[str
       'train_wall_s': train_s,
       'eval_wall_s': eval_s,
       'last_train_loss': out['train'].get('loss'),
-      'num_params': models.param_count_breakdown(config.model)['total'],
+      'num_params': models.param_count_breakdown(config.model, plan.model.features)['total'],
       'seed': int(config.seed),
   }
   # The process's own terms: HMDLM lm / hier / cons, HDLM cluster / word.

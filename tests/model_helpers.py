@@ -16,6 +16,7 @@ import numpy as np
 
 from configs.base import get_base_config
 from hmdlm_jax import models
+from hmdlm_jax.tasks import sudoku_model
 
 B, L, V = 2, 8, 11
 
@@ -27,6 +28,12 @@ def model_cfg(**over):
                 mlp_dim=32, cond_dim=8, dropout=0.1))
   c.update(over)
   return c
+
+
+def build(cfg):
+  """models.build_model with the features the Sudoku task gives this `model` section (none unless
+  it asks for grid positions or candidates), as tasks.build_model builds a Sudoku run's."""
+  return models.build_model(cfg, sudoku_model.model_features(cfg))
 
 
 def random_params(model, seq_len, seed, scale=0.1):
@@ -48,7 +55,7 @@ def _setup_cached(items):
   over = dict(items)
   seed = over.pop('_seed')
   cfg = model_cfg(**over)
-  model = models.build_model(cfg)
+  model = build(cfg)
   return cfg, model, random_params(model, cfg.seq_len, seed)
 
 

@@ -102,12 +102,12 @@ def test_sigterm_saves_current_step_and_exits_0(tmp_path, puzzle_cache, jax_cach
 def _abstract_state(hidden: int = 32):
   from configs import tiny_test  # pylint: disable=g-import-not-at-top
   from hmdlm_jax import config as config_lib  # pylint: disable=g-import-not-at-top
-  from hmdlm_jax import models, sharding, train  # pylint: disable=g-import-not-at-top
+  from hmdlm_jax import sharding, tasks, train  # pylint: disable=g-import-not-at-top
   c = tiny_test.get_config()
   c.model.hidden_size = hidden
   cfg = config_lib.resolve(c)
   mesh = sharding.make_mesh(cfg.mesh, jax.devices()[:1])
-  abstract, _ = train.state_shardings(cfg, models.build_model(cfg.model), mesh)
+  abstract, _ = train.state_shardings(cfg, tasks.build_model(cfg), mesh)
   return cfg, abstract
 
 

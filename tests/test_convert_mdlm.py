@@ -305,7 +305,7 @@ def test_errors(reference, tmp_path):
 def test_wikihow_config_starts_from_converted_checkpoint(reference, safetensors_file, tmp_path):
   """configs/wikihow.py with init.mdlm_checkpoint: the trainer's initial state holds MDLM's weights."""
   from configs import wikihow  # pylint: disable=g-import-not-at-top
-  from hmdlm_jax import sharding, train  # pylint: disable=g-import-not-at-top
+  from hmdlm_jax import sharding, tasks, train  # pylint: disable=g-import-not-at-top
   dst = tmp_path / 'mdlm.npz'
   convert_mdlm.main(['--src', str(safetensors_file), '--dst', str(dst)])
   config = wikihow.get_config('256,position')
@@ -319,7 +319,7 @@ def test_wikihow_config_starts_from_converted_checkpoint(reference, safetensors_
     config.init.mdlm_checkpoint = str(dst)
     config.mesh.data, config.mesh.fsdp, config.mesh.tensor = 1, 1, 1
   mesh = sharding.make_mesh(config.mesh)
-  state, _ = train.create_train_state(config, mesh)
+  state, _ = train.create_train_state(config, mesh, tasks.build_model(config))
   params = jax.device_get(state.params)
   # The fresh level table is zero-initialised, so the token pass is MDLM's network exactly,
   # whatever the levels.

@@ -87,14 +87,15 @@ def test_entry_points_from_a_checkpoint(tmp_path, capsys):
   config.train.async_checkpoint = False
   config = config_lib.resolve(config)
   workdir = str(tmp_path / 'run')
-  state, _ = train.create_train_state(config, sharding.make_mesh(config.mesh))
+  state, _ = train.create_train_state(config, sharding.make_mesh(config.mesh),
+                                     tasks.build_model(config))
   ck = checkpoint.Checkpointer(workdir, config.train)
   ck.save(7, state, _FakeIterator())
   ck.close()
 
   quiz, _ = puzzle_set(4)  # 4 = eval_batch_size: run_sample's batch shape is run_eval's
   strings = [''.join(str(d) if d else '.' for d in q) for q in quiz]
-  records = eval_run.run_sample(config, workdir, puzzles=strings)
+  records = eval_run.run_sample(config, workdir, inputs=strings)
   out = capsys.readouterr().out
   assert out.count('Puzzle ') == 4 and out.count('+---------+---------+---------+') == 16
   with open(os.path.join(workdir, 'samples_7.jsonl')) as f:
@@ -116,16 +117,16 @@ def test_entry_points_from_a_checkpoint(tmp_path, capsys):
   csv_path.write_text('quiz,solution\n' + ''.join(
       ''.join(map(str, q)) + ',' + ''.join(map(str, a)) + '\n' for q, a in zip(*quiz_sol)))
   with pytest.raises(ValueError, match='samples_7.jsonl exists .* --overwrite'):
-    eval_run.run_sample(config, workdir, puzzle_file=str(csv_path))  # never replaced silently
+    eval_run.run_sample(config, workdir, input_file=str(csv_path))  # never replaced silently
   out_path = str(tmp_path / 'solved' / 'samples_7.jsonl')
-  from_file = eval_run.run_sample(config, workdir, puzzle_file=str(csv_path),
+  from_file = eval_run.run_sample(config, workdir, input_file=str(csv_path),
                                   out_dir=str(tmp_path / 'solved'))
   assert os.path.exists(out_path) and [r['prediction'] for r in from_file] == [
       r['prediction'] for r in records]  # same key, same puzzles -> same grids
   for rec, a in zip(from_file, quiz_sol[1]):
     assert rec['solved'] == (rec['prediction'] == ''.join(map(str, a)))
   # Bad input fails before the checkpoint is read, naming the flag.
-  with pytest.raises(ValueError, match='needs --puzzles'):
+  with pytest.raises(ValueError, match='needs --inputs'):
     eval_run.run_sample(config, str(tmp_path / 'no_run_here'))
   capsys.readouterr()
 

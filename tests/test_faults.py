@@ -173,14 +173,14 @@ def _define_probes(d: dict[str, str], cache: str, world_cache: str) -> None:
          entry='convert', block_modules=['torch'])
   # 10. Puzzles, outputs of earlier runs, the wrong flags for the mode.
   _probe('unsolvable_puzzle', ('puzzle 1 on the command line has no solution',),
-         t + [f'--workdir={run}', '--mode=sample', f'--puzzles={UNSOLVABLE}'], [run])
-  _probe('binary_puzzle_file', (f'{d["binary"]}: not UTF-8 text',),
-         t + [f'--workdir={run}', '--mode=sample', f'--puzzle_file={d["binary"]}'], [run])
+         t + [f'--workdir={run}', '--mode=sample', f'--inputs={UNSOLVABLE}'], [run])
+  _probe('binary_input_file', (f'{d["binary"]}: not UTF-8 text',),
+         t + [f'--workdir={run}', '--mode=sample', f'--input_file={d["binary"]}'], [run])
   _probe('sample_again', ('samples_100.jsonl exists', '--overwrite'),
-         t + [f'--workdir={d["sampled"]}', '--mode=sample', f'--puzzles={PUZZLE}'],
+         t + [f'--workdir={d["sampled"]}', '--mode=sample', f'--inputs={PUZZLE}'],
          [d['sampled']])
   _probe('sample_pictures_taken', ('pictures exists', '--overwrite'),
-         t + [f'--workdir={run}', '--mode=sample', f'--puzzles={PUZZLE}',
+         t + [f'--workdir={run}', '--mode=sample', f'--inputs={PUZZLE}',
               f'--out={d["pictured"]}'], [run, d['pictured']])
   _probe('step_flag_in_train', ('--step apply to --mode=eval',),
          t + [f'--workdir={run}', '--step=20'], [run])

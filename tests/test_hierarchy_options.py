@@ -430,7 +430,7 @@ def test_hier_source_input_reads_the_embedded_input(backbone):
   tokens, levels, t = _inputs(15)
   for m, same in ((model, True), (feats, False)):
     a, b = _hier(m, params, tokens, levels, t), _hier(m, moved, tokens, levels, t)
-    assert np.allclose(a, b, atol=1e-6) == same, m.hier_source
+    assert np.allclose(a, b, atol=1e-6) == same, m.pathway.source
   if backbone == 'dit':
     # ... and it is the 'features' model whose trunk is the identity (both blocks' gates at 0;
     # GPT-2's blocks are not the identity at init).
@@ -445,36 +445,3 @@ def test_hier_source_input_reads_the_embedded_input(backbone):
   assert hier_flops(model) == pathway and hier_flops(feats) > pathway
   with pytest.raises(ValueError, match='model.hier_source'):
     _model_cfg(hier_source='trunk')
-
-
-@pytest.mark.parametrize('source', ['givens', 'given_digits'])
-def test_hier_source_givens_reads_the_given_digits_alone(source):
-  """hier_source='givens' / 'given_digits': the level output ignores the digit at every
-  non-given position (it moves the 'input' pathway's); 'givens' also ignores their input
-  states, 'given_digits' reads them. Both are the 'input' pathway's output at the input with
-  every non-given digit masked ('givens': and every non-given state masked)."""
-  over = dict(hier_layers=1, hier_repeats=2, hier_input_embed=True, given_state=True,
-              hier_time_conditioning=True)
-  model, abstract = _model(hier_source=source, **over)
-  inp, inp_abstract = _model(hier_source='input', **over)
-  assert jax.tree.structure(abstract) == jax.tree.structure(inp_abstract)
-  params = _perturbed(models.init_params(model, jax.random.key(0), L), 16, 0.3)
-  tokens, levels, t = _inputs(17, num_states=K + 2)
-  r = np.random.default_rng(18)
-  given = np.asarray(levels) == K + 1
-  # Other digits, and other states (levels 0..K-1 or masked), at every non-given position.
-  tokens2 = jnp.where(given, tokens, jnp.asarray(r.integers(0, V, (B, L)), jnp.int32))
-  levels2 = jnp.where(given, levels, jnp.asarray(r.integers(0, K + 1, (B, L)), jnp.int32))
-  ref = _hier(model, params, tokens, levels, t)
-  for m, x, h, same in ((model, tokens2, levels, True), (inp, tokens2, levels, False),
-                        (model, tokens, levels2, source == 'givens')):
-    assert np.allclose(_hier(m, params, tokens, levels, t), _hier(m, params, x, h, t),
-                       atol=1e-6) == same, (m.hier_source, same)
-  mask_id = _model_cfg(**over).mask_id
-  seen_levels = jnp.where(given, levels, K) if source == 'givens' else levels
-  np.testing.assert_allclose(ref, _hier(inp, params, jnp.where(given, tokens, mask_id),
-                                        seen_levels, t), rtol=1e-5, atol=1e-6)
-  with pytest.raises(ValueError, match='model.given_state'):
-    _model_cfg(hier_source=source)
-  with pytest.raises(ValueError, match='mask_id'):  # a module built without the config's MASK
-    _hier_fn(model.clone(mask_id=-1))(params, tokens, levels, t)

@@ -28,9 +28,10 @@ from hmdlm_jax import config as config_lib
 from hmdlm_jax import models
 from hmdlm_jax import sharding as shd
 from hmdlm_jax.models import hierarchy
+from hmdlm_jax.models import features
 from hmdlm_jax.models import layers
-from hmdlm_jax.models import sudoku_positions
-from tests.model_helpers import B, L, V, fwd, inputs, model_cfg, setup
+from hmdlm_jax.tasks import sudoku_model
+from tests.model_helpers import B, L, V, build, fwd, inputs, model_cfg, setup
 
 # ----------------------------------------------------------------------------- gradients / passes
 
@@ -324,7 +325,7 @@ def test_param_trees_unchanged():
     recorded = json.load(f)
   for name, want in recorded['trees'].items():
     cfg = config_lib.ModelConfig.from_section(dict(recorded['base'], **want['overrides']))
-    model = models.build_model(cfg)
+    model = build(cfg)
     flat = jax.tree_util.tree_flatten_with_path(models.abstract_params(model, cfg.seq_len))[0]
     specs = jax.tree.leaves(models.logical_specs(model, cfg.seq_len),
                             is_leaf=lambda x: isinstance(x, jax.sharding.PartitionSpec))
@@ -365,7 +366,7 @@ def test_sudoku_positions_need_81():
 def test_sudoku_relation_bias():
   """'sudoku_rel': 8 relation classes per head, zero-init (== 'sudoku' at init), and the bias
   reaches the attention scores exactly as table[rel(i, j), h]."""
-  rel = sudoku_positions.sudoku_relations()
+  rel = sudoku_model.sudoku_relations()
   for i, j in ((0, 1), (0, 9), (0, 10), (0, 80), (40, 40), (0, 20)):
     ri, ci, rj, cj = i // 9, i % 9, j // 9, j % 9
     want = (ri == rj) + 2 * (ci == cj) + 4 * ((ri // 3, ci // 3) == (rj // 3, cj // 3))
@@ -374,7 +375,8 @@ def test_sudoku_relation_bias():
       81 * 60, 81 * 6, 81 * 6, 0, 81 * 4, 81 * 2, 81 * 2, 81]
   cfg_r, model_r, params_r = setup(seq_len=81, position_embedding='sudoku_rel')
   cfg_s, model_s, _ = setup(seq_len=81, position_embedding='sudoku')
-  extra = models.count_params(params_r) - models.param_count_breakdown(cfg_s)['total']
+  extra = (models.count_params(params_r)
+           - models.param_count_breakdown(cfg_s, sudoku_model.model_features(cfg_s))['total'])
   assert extra == cfg_r.num_layers * 8 * cfg_r.num_heads
   tokens, levels, t = inputs(length=81)
   # With a zero table (its init) the model is exactly the 'sudoku' one; a nonzero one changes it.
@@ -389,8 +391,8 @@ def test_sudoku_relation_bias():
   assert np.abs(fwd(model_r, moved, tokens, levels, t)['token'] - out_r).max() > 1e-4
   table = np.zeros((8, cfg_r.num_heads), np.float32)
   table[0, 0] = 3.0
-  bias = sudoku_positions.SudokuRelationBias(cfg_r.num_heads).apply(
-      {'params': {'relation_bias': table}})
+  bias = features.RelationBias(cfg_r.num_heads, sudoku_model.RELATIONS).apply(
+      {'params': {'relation_bias': table}}, 81)
   np.testing.assert_array_equal(np.asarray(bias)[0], np.where(rel == 0, 3.0, 0.0))
   np.testing.assert_array_equal(np.asarray(bias)[1], 0.0)
   with pytest.raises(ValueError, match="model.position_embedding='sudoku_rel'"):
@@ -401,4 +403,29 @@ def test_config_lists_what_the_models_implement():
   """config.py validates model fields without importing the models: the registries must agree."""
   assert set(config_lib.BACKBONES) == set(models.BACKBONES)
   assert set(config_lib.COMPUTE_DTYPES) == set(layers.COMPUTE_DTYPES)
-  assert config_lib.SUDOKU_CELLS == sudoku_positions.SUDOKU_LEN
+  assert config_lib.SUDOKU_CELLS == sudoku_model.SUDOKU_LEN
+
+
+def test_task_positions_need_the_task():
+  """A model section asking for a task's positions builds only with that task's features
+  (tasks.build_model); the generic build names the field and what to do."""
+  cfg = model_cfg(position_embedding='sudoku', seq_len=81)
+  with pytest.raises(ValueError, match="model.position_embedding='sudoku' is a task's"):
+    models.build_model(cfg)
+  assert 'position' in models.abstract_params(build(cfg), 81)
+  with pytest.raises(ValueError, match="relation attention bias needs model.backbone='dit'"):
+    models.build_model(model_cfg(backbone='gpt2', position_embedding='learned'),
+                       features.ModelFeatures(relations=sudoku_model.RELATIONS))
+
+
+def test_models_and_processes_name_no_task():
+  """The generic model and processes hold no task's name: a task's features reach them through
+  models/features.py (tasks/sudoku_model.py supplies Sudoku's)."""
+  root = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), 'hmdlm_jax')
+  for sub in ('models', 'processes'):
+    for name in sorted(os.listdir(os.path.join(root, sub))):
+      path = os.path.join(root, sub, name)
+      assert 'sudoku' not in name.lower(), path
+      if name.endswith('.py'):
+        with open(path, encoding='utf-8') as f:
+          assert 'sudoku' not in f.read().lower(), path

@@ -16,8 +16,8 @@ import pytest
 
 from hmdlm_jax import models
 from hmdlm_jax.models import layers
-from hmdlm_jax.models import sudoku_positions
 from hmdlm_jax.models.dit import DDiTBlock
+from hmdlm_jax.tasks import sudoku_model
 from tests.model_helpers import B, L, V, fwd, inputs, model_cfg, setup
 
 
@@ -96,7 +96,8 @@ def test_gpt2_6m_count():
   assert extra == 4_998  # "about 5K extra parameters" (paper App. F)
   assert abs(mdlm - 5.5e6) < 0.2e6  # the paper's "6M" model is 5.5M
   # Sudoku positions: 3 tables of 9 rows instead of 81 rows.
-  sud = models.param_count_breakdown(cfg(6, position_embedding='sudoku'))['total']
+  grid = cfg(6, position_embedding='sudoku')
+  sud = models.param_count_breakdown(grid, sudoku_model.model_features(grid))['total']
   assert sud == hmdlm - 81 * 384 + 27 * 384
   # Untied head adds V·H; time conditioning adds the embedder and the cond -> H projection.
   untied = models.param_count_breakdown(cfg(6, tie_embeddings=False))['total']
@@ -258,7 +259,7 @@ def test_gpt2_forward_matches_numpy():
 
 def test_sudoku_position_embedding_row_col_box():
   cfg, model, params = setup(seq_len=81, position_embedding='sudoku')
-  pos = sudoku_positions.SudokuPositionEmbedding(81, 16).apply({'params': params['position']}, 81)
+  pos = sudoku_model.SudokuPositionEmbedding(81, 16).apply({'params': params['position']}, 81)
   p = _np64(params['position'])
   for i in (0, 10, 40, 80, 33):
     r, c = divmod(i, 9)

@@ -256,14 +256,10 @@ def test_stale_cache_would_be_detected():
 # Confidence ordering.
 
 
-def _reference_confidence(hier, tok, schedule, steps, mask_id, given, prior_levels, weight=1.0,
-                          sure=0.0, guard=0.0):
+def _reference_confidence(hier, tok, schedule, steps, mask_id, given, prior_levels, weight=1.0):
   """numpy float64 replica of the confidence rule for a model that ignores its inputs."""
   bsz, seq_len, num_levels = hier.shape
   log_g = hier - np.logaddexp.reduce(hier, axis=-1, keepdims=True)
-  if guard > 0:  # g_0 >= ρ: the position is treated as level 0
-    with np.errstate(divide='ignore'):
-      log_g = np.where(np.exp(log_g[..., :1]) >= guard, np.log(np.arange(num_levels) == 0), log_g)
   logits = np.where(np.arange(tok.shape[-1]) == mask_id, -np.inf, tok)
   log_f = logits - np.logaddexp.reduce(logits, axis=-1, keepdims=True)
   conf, best = log_f.max(-1), log_f.argmax(-1)
@@ -289,11 +285,7 @@ def _reference_confidence(hier, tok, schedule, steps, mask_id, given, prior_leve
       c = min(c, eligible[b].sum())
       with np.errstate(divide='ignore', invalid='ignore'):
         score = np.where(eligible[b], weight * np.log(pi[b]) + conf[b], -np.inf)
-      if sure > 0 and n > 1:  # sure positions (π >= τ · max λ) first, then the rest; by score
-        first = eligible[b] & (pi[b] >= sure * schedule.reveal_prob(s, t, np).max())
-        chosen = np.lexsort((-score, ~first))[:c]
-      else:
-        chosen = np.argsort(-score, kind='stable')[:c]
+      chosen = np.argsort(-score, kind='stable')[:c]
       reveal[b, chosen] = n
       levels[b, chosen] = cand[b, chosen]
       masked[b, chosen] = False
@@ -301,11 +293,8 @@ def _reference_confidence(hier, tok, schedule, steps, mask_id, given, prior_leve
   return reveal, levels, best, counts
 
 
-@pytest.mark.parametrize('num_levels,weight,sure,guard', [
-    (1, 1.0, 0.0, 0.0), (2, 1.0, 0.0, 0.0), (2, 0.3, 0.0, 0.0), (2, 0.0, 0.0, 0.0),
-    (2, 0.0, 0.5, 0.0), (2, 0.3, 0.9, 0.0), (1, 1.0, 0.5, 0.0), (2, 1.0, 0.0, 0.3),
-    (2, 0.3, 0.5, 0.1), (1, 1.0, 0.0, 0.3)])
-def test_confidence_ordering_matches_reference(num_levels, weight, sure, guard):
+@pytest.mark.parametrize('num_levels,weight', [(1, 1.0), (2, 1.0), (2, 0.3), (2, 0.0)])
+def test_confidence_ordering_matches_reference(num_levels, weight):
   bsz, seq_len, vocab = 6, 12, 7
   steps = seq_len
   rng = np.random.default_rng(5 + num_levels)
@@ -316,26 +305,19 @@ def test_confidence_ordering_matches_reference(num_levels, weight, sure, guard):
   gtok = np.argmax(np.where(np.arange(vocab) == vocab - 1, -np.inf, tok), -1)
   schedule = sh.LOGLINEAR if num_levels == 2 else sh.MDLM
   cfg = sh.sample_cfg(num_steps=steps, num_levels=num_levels, mask_id=vocab - 1,
-                      ordering='confidence', greedy=True, hierarchy_weight=weight,
-                      hierarchy_sure=sure, level0_guard=guard)
+                      ordering='confidence', greedy=True, hierarchy_weight=weight)
   run = lambda c: sh.run_sampler(sh.const_model(hier, tok), jax.random.key(15), schedule, c,
                                  batch_size=bsz, seq_len=seq_len, given_tokens=gtok,
                                  given_levels=glev, given_mask=given)
   out = run(cfg)
   reveal, levels, best, counts = _reference_confidence(hier, tok, schedule, steps, vocab - 1,
-                                                       given, glev, weight, sure, guard)
-  if sure or guard:  # the gate and the level-0 guard change the order for K > 1, not for K == 1
-    plain = run(dataclasses.replace(cfg, hierarchy_sure=0.0, level0_guard=0.0))
-    assert np.array_equal(plain.reveal_step, out.reveal_step) == (num_levels == 1)
-  if guard:  # guarded positions take level 0
-    g0 = np.exp(hier[..., 0] - np.logaddexp.reduce(hier, axis=-1))
-    assert np.all(np.asarray(out.levels)[(g0 >= guard) & ~given] == 0)
+                                                       given, glev, weight)
   for n in range(1, steps + 1):  # the planned count per step
     np.testing.assert_array_equal((out.reveal_step == n).sum(-1), counts[n], err_msg=f'n={n}')
   np.testing.assert_array_equal(out.reveal_step, reveal)
   np.testing.assert_array_equal(out.levels, levels)
   np.testing.assert_array_equal(out.tokens, np.where(given, gtok, best))
-  if num_levels == 1 or (weight == 0 and not sure):  # pure token confidence: by confidence
+  if num_levels == 1 or weight == 0:  # pure token confidence: by confidence
     logits = np.where(np.arange(vocab) == vocab - 1, -np.inf, tok)
     conf = np.max(logits - np.logaddexp.reduce(logits, axis=-1, keepdims=True), -1)  # log max f
     for b in range(bsz):
@@ -410,9 +392,7 @@ def test_sample_config_from_config():
     ('sample', 'ordering', 'random'), ('sample', 'temperature', 0.0),
     ('sample', 'temperature', -1.0), ('sample', 'num_steps', 0),
     ('sample', 'ordering', 'Confidence'), ('sample', 'level_context', 'gold'),
-    ('sample', 'hierarchy_weight', -1.0), ('sample', 'hierarchy_sure', 1.5),
-    ('sample', 'level0_guard', -0.1), ('sample', 'level0_guard', 2.0),
-    ('sample', 'level0_guard', 0.1),  # the base config's ordering is 'ancestral'
+    ('sample', 'hierarchy_weight', -1.0),
     ('model', 'variant', 'three_pass'), ('model', 'num_levels', 0),
     ('model', 'mask_id', 10 ** 9)])
 def test_sample_config_rejects_bad_values(section, field, value):

@@ -1,4 +1,5 @@
-"""model.sudoku_candidates (models/sudoku_candidates.py): the candidate features of a Sudoku grid.
+"""model.sudoku_candidates (tasks/sudoku_model.py): the candidate features of a Sudoku grid, the
+input features the Sudoku task hands the model (models/features.py).
 
 * exact oracle: on generated puzzles, a blank cell is a naked or hidden single of the features
   exactly when the labeller of data/sudoku.py determines it in round 1 (level 5, not a given);
@@ -21,7 +22,7 @@ from hmdlm_jax import config as config_lib
 from hmdlm_jax import models
 from hmdlm_jax.data import sudoku
 from hmdlm_jax.data import sudoku_generator
-from hmdlm_jax.models import sudoku_candidates as sc
+from hmdlm_jax.tasks import sudoku_model as sc
 
 MASK = 9
 
@@ -88,17 +89,23 @@ def _cfg(**over):
   return config_lib.ModelConfig.from_section(c)
 
 
+def _build(cfg):
+  """The model of `cfg` with the Sudoku task's features (as tasks.build_model builds it)."""
+  return models.build_model(cfg, sc.model_features(cfg))
+
+
 def test_option_starts_as_identity_and_adds_two_projections():
   off_cfg, on_cfg = _cfg(hier_input_embed=True), _cfg(hier_input_embed=True,
                                                        sudoku_candidates=True)
-  off, on = models.build_model(off_cfg), models.build_model(on_cfg)
+  off, on = _build(off_cfg), _build(on_cfg)
   p_off = models.init_params(off, jax.random.key(0), 81)
   p_on = models.init_params(on, jax.random.key(0), 81)
   assert set(p_on) - set(p_off) == {'candidate_proj', 'hier_candidate_proj'}
   # The parameter report counts the input projection with the backbone (an MDLM twin has it
   # too) and the pathway's with the hierarchy trunk.
-  groups, groups_off = models.param_count_breakdown(on_cfg), models.param_count_breakdown(off_cfg)
-  assert groups['candidate features'] == sc.NUM_FEATURES * 16 + 16
+  groups = models.param_count_breakdown(on_cfg, sc.model_features(on_cfg))
+  groups_off = models.param_count_breakdown(off_cfg, sc.model_features(off_cfg))
+  assert groups['input features'] == sc.NUM_FEATURES * 16 + 16
   assert groups['hierarchy trunk'] - groups_off['hierarchy trunk'] == sc.NUM_FEATURES * 16 + 16
   assert groups['total'] - groups_off['total'] == 2 * (sc.NUM_FEATURES * 16 + 16)
   rng = np.random.default_rng(2)
@@ -136,7 +143,7 @@ def test_the_level_pathway_reads_the_givens_only():
   """With given_state, the pathway's candidates come from the givens (as the labeller's levels
   do); the input's from every revealed cell. Revealing a non-given cell changes only the latter."""
   cfg = _cfg(hier_input_embed=True, sudoku_candidates=True)
-  model = models.build_model(cfg)
+  model = _build(cfg)
   r = np.random.default_rng(4)
   params = jax.tree.map(lambda x: x + 0.1 * r.normal(size=x.shape).astype(np.float32),
                         models.init_params(model, jax.random.key(0), 81))
@@ -170,7 +177,7 @@ def test_pathway_only_features_never_reach_the_token_network(source):
   parameters), while the pathway's projection moves the level output; K = 1 (the MDLM twin)
   has no candidate parameters at all."""
   base = dict(hier_input_embed=True, hier_layers=1, hier_source=source)
-  off, on = models.build_model(_cfg(**base)), models.build_model(
+  off, on = _build(_cfg(**base)), _build(
       _cfg(**base, sudoku_candidates=True, candidates_pathway_only=True))
   p_off = models.init_params(off, jax.random.key(0), 81)
   p_on = models.init_params(on, jax.random.key(0), 81)
@@ -190,6 +197,6 @@ def test_pathway_only_features_never_reach_the_token_network(source):
   assert np.abs(np.asarray(b['hier']) - np.asarray(a['hier'])).max() > 1e-3
   twin = _cfg(**base, num_levels=1, given_state=False, sudoku_candidates=True,
               candidates_pathway_only=True)
-  assert 'candidate features' not in models.param_count_breakdown(twin)
+  assert 'input features' not in models.param_count_breakdown(twin, sc.model_features(twin))
   with pytest.raises(ValueError, match='model.candidates_pathway_only'):
     _cfg(candidates_pathway_only=True, sudoku_candidates=True)  # no hier_input_embed

@@ -6,7 +6,6 @@ import importlib.util
 import pathlib
 import unicodedata
 
-import ml_collections
 import pytest
 
 from hmdlm_jax import config as config_lib

@@ -23,10 +23,10 @@ from tests.config_helpers import resolved
 from hmdlm_jax import accumulate
 from hmdlm_jax import config as config_lib
 from hmdlm_jax import metrics as metrics_lib
-from hmdlm_jax import models
 from hmdlm_jax import optim
 from hmdlm_jax import processes
 from hmdlm_jax import sharding as shd
+from hmdlm_jax import tasks
 from hmdlm_jax import train
 
 
@@ -245,7 +245,7 @@ def test_step_traces_with_float32_state_and_loss(dtype, accum):
   params/EMA and a float32 loss; grad_accum=2 traces the scan over micro-batches."""
   cfg = resolved(_tiny_config(), **{'model.dtype': dtype, 'train.grad_accum': accum})
   mesh = shd.make_mesh(cfg.mesh, jax.devices()[:1])
-  model = models.build_model(cfg.model)
+  model = tasks.build_model(cfg)
   abstract, sh = train.state_shardings(cfg, model, mesh)
   step = train.make_train_step(cfg, model, processes.build(cfg), mesh, sh)
   batch = {'tokens': jax.ShapeDtypeStruct((8, 81), jnp.int32),

@@ -23,6 +23,7 @@ from hmdlm_jax import convert_mdlm
 from hmdlm_jax import main
 from hmdlm_jax import preflight
 from hmdlm_jax import sharding as shd
+from hmdlm_jax import tasks
 from hmdlm_jax import train
 from hmdlm_jax import warm_start
 from hmdlm_jax import workdir as workdir_lib
@@ -62,7 +63,13 @@ def mdlm_run(tmp_path_factory: pytest.TempPathFactory) -> str:
 
 def _state(config: ml_collections.ConfigDict):
   config = config_lib.resolve(config)
-  return train.create_train_state(config, shd.make_mesh(config.mesh))[0]
+  return train.create_train_state(config, shd.make_mesh(config.mesh),
+                                  tasks.build_model(config))[0]
+
+
+def _check_init(config: ml_collections.ConfigDict) -> None:
+  config = config_lib.resolve(config)
+  preflight.check_init(config, tasks.build_model(config))
 
 
 def _flat(tree):
@@ -99,7 +106,7 @@ def test_multimdm_from_a_converted_mdlm_checkpoint(mdlm_run, tmp_path):
   src, _, _ = warm_start.read_workdir(mdlm_run)
   path = str(tmp_path / 'mdlm.npz')
   convert_mdlm.save_params(path, src)
-  preflight.check_init(config_lib.resolve(_multimdm_config(str(tmp_path), mdlm_checkpoint=path)))
+  _check_init(_multimdm_config(str(tmp_path), mdlm_checkpoint=path))
   state = _state(_multimdm_config(str(tmp_path), mdlm_checkpoint=path))
   _check_mdlm_to_multimdm(_flat(src), _flat(state.params))
 
@@ -123,7 +130,7 @@ def test_one_mask_multimdm_loads_a_converted_checkpoint_as_mdlm(mdlm_run, tmp_pa
 def test_distillation_from_a_multimdm_workdir(mdlm_run, tmp_path):
   # A MultiMDM run directory (its state written as Checkpointer writes it), then distillation.
   source_cfg = config_lib.resolve(_multimdm_config(str(tmp_path), workdir=mdlm_run))
-  source = train.create_train_state(source_cfg, shd.make_mesh(source_cfg.mesh))[0]
+  source = _state(source_cfg)
   source = source.replace(ema_params=jax.tree.map(lambda x: x + 1.0, source.ema_params))
   run = tmp_path / 'multimdm_run'
   with ocp.StandardCheckpointer() as ckptr:
@@ -144,12 +151,12 @@ def test_bad_warm_starts_are_reported(mdlm_run, tmp_path):
   with pytest.raises(ValueError, match='both set'):
     config_lib.resolve(_multimdm_config(str(tmp_path), workdir=mdlm_run,
                                         mdlm_checkpoint=__file__))
-  preflight.check_init(config_lib.resolve(_multimdm_config(str(tmp_path), workdir=mdlm_run)))
+  _check_init(_multimdm_config(str(tmp_path), workdir=mdlm_run))
   wide = _multimdm_config(str(tmp_path), workdir=mdlm_run)
   wide.model.hidden_size = 64
   # preflight says so from the shapes alone (Orbax metadata), before anything is initialised
   with pytest.raises(ValueError, match=r"init.workdir=.*shape"):
-    preflight.check_init(config_lib.resolve(wide))
+    _check_init(wide)
   with pytest.raises(ValueError, match='shape'):
     _state(wide)
   assert os.path.isdir(os.path.join(mdlm_run, 'checkpoints', '2'))

@@ -51,10 +51,6 @@ def _check_train(config: ml_collections.ConfigDict) -> None:
   if b % t.grad_accum:
     raise ValueError(f'data.batch_size={b} must be a multiple of train.grad_accum='
                      f'{t.grad_accum}.')
-  k = config.loss.get('hier_batch_stride', 1)
-  if _is_int(k) and k > 1 and (b // t.grad_accum) % k:
-    raise ValueError(f'loss.hier_batch_stride={k} must divide the batch of one step '
-                     f'(data.batch_size / train.grad_accum = {b // t.grad_accum}).')
   for s in t.debug_nan_steps:
     if not _is_int(s) or s < 0:
       raise ValueError(f'train.debug_nan_steps must hold step numbers >= 0, got {s!r}.')
@@ -160,7 +156,6 @@ def resolve(config: ml_collections.ConfigDict) -> schema.Config:
       config.loss.train_steps_T = config.sample.num_steps
     if config.model.num_levels == 1:  # the twin of any setting: no levels, rounds or pass 1
       config.data.hierarchy, config.loss.beta_rounds = 'none', 0.0
-      config.loss.hier_batch_stride = 1
     _derive_round_tokens(config)
     if _is_int(config.sample.seeds):
       config.sample.seeds = (config.sample.seeds,)

@@ -12,10 +12,7 @@ from typing import Any
 from hmdlm_jax.config.checks import check_int
 
 HIER_READOUTS = ('head', 'rounds')
-HIER_ATTENTIONS = ('full', 'sudoku_units')
-# The pathway sources that hide the non-given digits (models/hierarchy.py); need given_state.
-GIVEN_SOURCES = ('givens', 'given_digits')
-HIER_SOURCES = ('features', 'input') + GIVEN_SOURCES
+HIER_SOURCES = ('features', 'input')
 
 
 def check_pathway(values: dict[str, Any]) -> None:
@@ -35,14 +32,6 @@ def check_pathway(values: dict[str, Any]) -> None:
   if own and values['position_embedding'] == 'rotary' and (width // heads) % 2:
     raise ValueError(f'model.hier_num_heads={heads}: rotary embeddings need an even head '
                      f'dimension in the hierarchy pathway (width {width} / {heads} heads).')
-  if values['hier_attention'] not in HIER_ATTENTIONS:
-    raise ValueError(f"model.hier_attention={values['hier_attention']!r} is not one of "
-                     f'{HIER_ATTENTIONS}.')
-  if values['hier_attention'] == 'sudoku_units' and (
-      values['backbone'] != 'dit' or values['seq_len'] != 81):
-    raise ValueError("model.hier_attention='sudoku_units' attends over the rows, columns and "
-                     "boxes of a 9×9 grid: it needs model.backbone='dit' and model.seq_len=81 "
-                     f"(got {values['backbone']!r}, {values['seq_len']}).")
   if values['hier_repeats'] > 1 and values['hier_layers'] == 0:
     raise ValueError(f"model.hier_repeats={values['hier_repeats']} repeats the hierarchy trunk, "
                      'which has no blocks: set model.hier_layers >= 1 (or hier_repeats=1).')
@@ -58,10 +47,6 @@ def check_pathway(values: dict[str, Any]) -> None:
   if values['hier_source'] not in HIER_SOURCES:
     raise ValueError(f"model.hier_source={values['hier_source']!r} is not one of "
                      f'{HIER_SOURCES}.')
-  if values['hier_source'] in GIVEN_SOURCES and not values['given_state']:
-    raise ValueError(f"model.hier_source={values['hier_source']!r} shows the pathway the "
-                     'digits of the given positions only, which it tells by their input '
-                     'state: set model.given_state=True.')
   if values['hier_round_tokens'] and (values['hier_readout'] != 'rounds'
                                       or values['num_levels'] == 1):
     raise ValueError('loss.beta_rounds > 0 (model.hier_round_tokens) reads the token of each '

@@ -71,22 +71,19 @@ class ModelConfig:
   hier_time_conditioning: bool = False  # the pathway reads its own embedding of t
   hier_input_embed: bool = False  # the pathway adds its own table of input states (level, h_m, h_g)
   # 'head': the backbone's level head on the pathway's output; 'rounds': one hazard readout per
-  # repeat, levels by stick-breaking (needs hier_repeats = num_levels - 1; models/hierarchy.py).
+  # repeat, levels by stick-breaking (needs hier_repeats = num_levels - 1; models/pathway.py).
   hier_readout: str = 'head'
   hier_width: int = 0  # width of the trunk's blocks (0 = hidden_size); narrower = cheaper pass 1
   hier_num_heads: int = 0  # attention heads of the trunk's blocks (0 = num_heads); fewer = cheaper
-  hier_attention: str = 'full'  # 'full' | 'sudoku_units': the trunk's blocks attend over row/col/box
   # What the pathway reads: 'features' (the backbone's final hidden state, the paper) | 'input'
-  # (the embedded input before the backbone's blocks: a level network of its own beside it) |
-  # 'givens' (that embedded input with every non-given cell shown as MASK; needs given_state) |
-  # 'given_digits' (only the non-given digits hidden: revealed cells still show their level).
+  # (the embedded input before the backbone's blocks: a level network of its own beside it).
   hier_source: str = 'features'
   # Given cells (Sudoku clues, prompts) carry their own input state h_g = K+1 instead of their
   # level: the level tables get a (K+2)-th row (docs/design.md). False: givens show their level.
   given_state: bool = False
   # Sudoku only: add each cell's candidate digits, candidate count and hidden singles, computed
   # from the revealed digits of the input grid, through zero-init projections (to the input and,
-  # with hier_input_embed, to the hierarchy pathway; models/sudoku_candidates.py).
+  # with hier_input_embed, to the hierarchy pathway; tasks/sudoku_model.py).
   sudoku_candidates: bool = False
   # True: those features feed the hierarchy pathway only (needs hier_input_embed); the token
   # network, and so an MDLM twin, never sees them.
@@ -190,10 +187,6 @@ class LossSection:
   # repeat r of the hierarchy trunk reads the tokens of the masked positions whose level rounds
   # 1..r decide (level >= K - r), so each round learns what it should know (docs/method.md §5.1).
   beta_rounds: float = 0.0
-  # k > 1: pass 1 of the training loss (the level head's terms) reads every k-th example of the
-  # batch only (a random offset per step; two_pass): the pathway's FLOPs fall about k-fold,
-  # the token network still trains on the whole batch. Must divide the batch of one step.
-  hier_batch_stride: int = 1
   # Where the loss evaluates the token head (hmdlm_jax/models/token_head.py): 'selected' = only at
   # the masked loss positions (same values, about half the head's cost; one device only), 'all'
   # = dense logits at every position, 'auto' = 'selected' when the train step runs on one device.
@@ -300,8 +293,6 @@ class SampleSection:
   use_cache: bool = True
   level_context: str = 'candidates'  # 'candidates' | 'none': levels pass 2 sees (confidence ordering)
   hierarchy_weight: float = 1.0  # confidence score = w · log π + log max f (1: the ancestral move)
-  hierarchy_sure: float = 0.0  # > 0: positions whose head is this sure of revealing now go first
-  level0_guard: float = 0.0  # > 0: a position whose head gives level 0 this much waits as level 0
   num_samples: int = 16
   seeds: tuple[int, ...] = (0,)
   pictures: bool = True  # --mode=sample writes reveal-order pictures into DIR/pictures

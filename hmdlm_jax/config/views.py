@@ -50,9 +50,6 @@ class LossConfig:
     beta_rounds: weight of the per-round token loss L_rounds (training only, never in the bound;
       0 = off; needs model.hier_readout='rounds', which derives model.hier_round_tokens;
       docs/method.md §5.1).
-    hier_batch_stride: k >= 1; k > 1 trains pass 1 (the level head's terms) on every k-th example
-      of the batch only, at a random offset per step (two_pass, K > 1; the token terms keep the
-      whole batch; processes/level_objectives.py). The pathway's FLOPs fall about k-fold.
     token_rows: where the training loss evaluates the token head: 'all' positions (dense logits,
       then the masked ones are read) or only the 'selected' ones (masked loss positions;
       models/token_head.py: same values, about half the head's cost, one device only); 'auto'
@@ -71,7 +68,6 @@ class LossConfig:
   hier_objective: str = _LOSS.hier_objective
   given_state: bool = _MODEL.given_state
   beta_rounds: float = _LOSS.beta_rounds
-  hier_batch_stride: int = _LOSS.hier_batch_stride
   token_rows: str = _LOSS.token_rows
 
   def __post_init__(self) -> None:
@@ -89,10 +85,6 @@ class LossConfig:
     if self.hier_objective not in HIER_OBJECTIVES:
       raise ValueError(f'loss.hier_objective={self.hier_objective!r} is not one of '
                        f'{HIER_OBJECTIVES}.')
-    _check_int('loss.hier_batch_stride', self.hier_batch_stride, minimum=1)
-    if self.hier_batch_stride > 1 and (self.variant != 'two_pass' or self.num_levels == 1):
-      raise ValueError(f'loss.hier_batch_stride={self.hier_batch_stride} thins pass 1 of '
-                       "model.variant='two_pass' with model.num_levels > 1; set it to 1.")
     if self.token_rows not in TOKEN_ROWS:
       raise ValueError(f'loss.token_rows={self.token_rows!r} is not one of {TOKEN_ROWS}.')
 
@@ -106,8 +98,7 @@ class LossConfig:
                variant=str(m.variant), prior_corrected=bool(m.prior_corrected_head),
                mask_id=int(m.mask_id), num_levels=int(m.num_levels),
                hier_objective=l.hier_objective, given_state=m.given_state,
-               beta_rounds=l.beta_rounds, hier_batch_stride=l.hier_batch_stride,
-               token_rows=l.token_rows)
+               beta_rounds=l.beta_rounds, token_rows=l.token_rows)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -128,9 +119,6 @@ class SampleConfig:
     level_context: confidence ordering only: 'candidates' (pass 2 sees ĥ at every masked
       position) | 'none' (pass 2 sees h_m there; one call computes both heads).
     hierarchy_weight: confidence ordering only: w >= 0 in score = w · log π + log max f.
-    hierarchy_sure: confidence ordering only: τ in [0, 1]; π >= τ · max_k λ_k goes first; 0 = off.
-    level0_guard: confidence ordering only: ρ in [0, 1]; a masked position whose g_0 >= ρ is
-      treated as level 0 (g := one-hot 0); 0 = off.
     given_state: given positions enter the network as h_g = K+1 (model.given_state).
   """
   num_steps: int
@@ -145,8 +133,6 @@ class SampleConfig:
   time_conditioning: bool = True
   level_context: str = _SAMPLE.level_context
   hierarchy_weight: float = _SAMPLE.hierarchy_weight
-  hierarchy_sure: float = _SAMPLE.hierarchy_sure
-  level0_guard: float = _SAMPLE.level0_guard
   given_state: bool = _MODEL.given_state
 
   def __post_init__(self) -> None:
@@ -166,11 +152,6 @@ class SampleConfig:
       raise ValueError(f'sample.level_context must be one of {LEVEL_CONTEXTS}, got '
                        f'{self.level_context!r}.')
     _check_number('sample.hierarchy_weight', self.hierarchy_weight, lo=0.0)
-    _check_number('sample.hierarchy_sure', self.hierarchy_sure, lo=0.0, hi=1.0, hi_open=False)
-    _check_number('sample.level0_guard', self.level0_guard, lo=0.0, hi=1.0, hi_open=False)
-    if self.level0_guard > 0 and self.ordering != 'confidence':
-      raise ValueError(f'sample.level0_guard={self.level0_guard} acts on confidence ordering only; '
-                       "set sample.ordering='confidence' or sample.level0_guard=0.")
     if self.variant not in VARIANTS:
       raise ValueError(f'model.variant must be one of {VARIANTS}, got {self.variant!r}.')
 
@@ -186,8 +167,6 @@ class SampleConfig:
                # The pass-1 cache may reuse logits only if nothing in the network reads t.
                time_conditioning=m.time_conditioning or m.hier_time_conditioning,
                level_context=sm.level_context, hierarchy_weight=float(sm.hierarchy_weight),
-               hierarchy_sure=float(sm.hierarchy_sure),
-               level0_guard=float(sm.level0_guard),
                given_state=m.given_state)
 
 

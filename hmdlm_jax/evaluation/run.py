@@ -5,8 +5,8 @@ test split, samples included; `TrainingEvaluator(config, task)` is `train.train_
 `eval_fn`: the same evaluation of the live train state on `config.eval.num_examples` examples, no
 samples, compiled once for the whole training run (the evaluator owns its `compiled.Network`).
 Both print the task's summary and write DIR/eval_<step>.json in one schema (`write_report`).
-`run_sample` prints the task's samples (Sudoku grids, texts) and saves them with every token's
-reveal step, and their reveal-order pictures with `config.sample.pictures`.
+`run_sample` prints the task's samples (Sudoku grids, texts) for its `inputs`, saves them with
+every token's reveal step, and their reveal-order pictures with `config.sample.pictures`.
 
 Eval and sample runs write only into their output directory OUT (`out_dir`, default DIR; nothing
 else is written into DIR), and refuse to replace an output of an earlier run (`task.outputs`)
@@ -20,6 +20,7 @@ import sys
 import time
 from typing import Any, Mapping, Sequence
 
+import flax.linen as nn
 import jax
 
 from hmdlm_jax import config as config_lib
@@ -31,6 +32,11 @@ from hmdlm_jax import workdir as workdir_lib
 from hmdlm_jax.evaluation import compiled
 from hmdlm_jax.evaluation import reports
 from hmdlm_jax.tasks import base as tasks_base
+
+
+def task_model(config: config_lib.Config, task: tasks_base.Task) -> nn.Module:
+  """The network of `config`, built with the task's features (tasks/base.py)."""
+  return models.build_model(config.model, task.model_features(config))
 
 
 def eval_params(config: config_lib.Config, state: train.TrainState) -> Any:
@@ -76,11 +82,12 @@ def _print_summary(config: config_lib.Config, task: tasks_base.Task,
     print(line, flush=True)
 
 
-def _restore(config: config_lib.Config, task: tasks_base.Task, mode: str, workdir: str,
-             step: int | None, out_dir: str, overwrite: bool) -> tuple[Any, int]:
-  """(evaluation params, step) of checkpoint `step` (None: the latest) of DIR, once the run's
-  outputs are known not to replace an earlier run's (unless `overwrite`)."""
-  state, step = train.restore_for_eval(config, workdir, step)
+def _restore(config: config_lib.Config, task: tasks_base.Task, model: nn.Module,
+             mode: str, workdir: str, step: int | None, out_dir: str, overwrite: bool
+             ) -> tuple[Any, int]:
+  """(evaluation params, step) of `model`'s checkpoint `step` (None: the latest) of DIR, once
+  the run's outputs are known not to replace an earlier run's (unless `overwrite`)."""
+  state, step = train.restore_for_eval(config, workdir, step, model=model)
   workdir_lib.check_outputs(out_dir, task.outputs(config, mode, step), overwrite)
   return eval_params(config, state), step
 
@@ -92,8 +99,9 @@ def run_eval(config: config_lib.Config, workdir: str, step: int | None = None, *
   report (written to `out_dir`, default DIR) and prints the task's summary."""
   task = tasks.get(config)
   out_dir = out_dir or workdir
-  params, step = _restore(config, task, 'eval', workdir, step, out_dir, overwrite)
-  network = compiled.flax_network(models.build_model(config.model))
+  model = task_model(config, task)
+  params, step = _restore(config, task, model, 'eval', workdir, step, out_dir, overwrite)
+  network = compiled.flax_network(model)
   ctx = _context(config, network, params, step, out_dir, progress=progress)
   start = time.perf_counter()
   results = task.evaluate(ctx, None, True)
@@ -113,7 +121,7 @@ class TrainingEvaluator:
 
   def __init__(self, config: config_lib.Config, task: tasks_base.Task) -> None:
     self._task = task
-    self._network = compiled.flax_network(models.build_model(config.model))
+    self._network = compiled.flax_network(task_model(config, task))
 
   def __call__(self, config: config_lib.Config, state: train.TrainState, step: int,
                workdir: str) -> dict[str, float]:
@@ -131,24 +139,25 @@ class TrainingEvaluator:
 
 
 def run_sample(config: config_lib.Config, workdir: str,
-               puzzles: Sequence[str] | None = None, puzzle_file: str | None = None, *,
+               inputs: Sequence[str] | None = None, input_file: str | None = None, *,
                step: int | None = None, out_dir: str | None = None,
                overwrite: bool = False) -> tasks_base.Records:
   """Samples from checkpoint `step` (default: the latest) of DIR; prints and saves them.
 
-  Sudoku: solves `puzzles` (81-character strings, '.' or '0' = blank) and/or the puzzles of
-  `puzzle_file` (one per line, or the `quiz,solution` CSV). Text: `config.sample.num_samples`
+  Sudoku: solves the grids of `inputs` (81-character strings, '.' or '0' = blank) and/or of
+  `input_file` (one per line, or the `quiz,solution` CSV). Text: `config.sample.num_samples`
   samples (WikiHow: conditioned on test titles). Every record holds the tokens' reveal steps.
   Output: `out_dir` (default DIR)/samples_<step>.jsonl and, with config.sample.pictures, the
   reveal-order pictures in pictures/.
   """
   task = tasks.get(config)
-  inputs = task.prepare_sample(config, puzzles, puzzle_file)  # bad input fails before restoring
+  prepared = task.prepare_sample(config, inputs, input_file)  # bad input fails before restoring
   out_dir = out_dir or workdir
-  params, step = _restore(config, task, 'sample', workdir, step, out_dir, overwrite)
-  network = compiled.flax_network(models.build_model(config.model))
+  model = task_model(config, task)
+  params, step = _restore(config, task, model, 'sample', workdir, step, out_dir, overwrite)
+  network = compiled.flax_network(model)
   records, text = task.sample(_context(config, network, params, step, out_dir, progress=False),
-                              inputs)
+                              prepared)
   path = os.path.join(out_dir, reports.samples_file(step))
   reports.write_jsonl(path, records)
   print(text)

@@ -1,17 +1,17 @@
 """Model construction, apply_fn, parameter counts and logical specs (docs/method.md §4).
 
 Public API:
-  build_model(cfg_model) -> nn.Module            registry keyed by cfg.model.backbone
+  build_model(cfg_model, features=None) -> nn.Module   by cfg.model.backbone; the task's features
   make_apply_fn(model, params, *, train, rng)    -> apply_fn of docs/design.md
   init_params(model, rng, seq_len) -> params     plain arrays (logical-axis boxes removed)
   logical_specs(model, seq_len) -> PartitionSpec tree of logical axis names (same tree as params)
-  count_params(params) -> int;  param_count_breakdown(cfg_model) -> dict;  param_count_report(...)
+  count_params(params) -> int;  param_count_breakdown(cfg_model, features) -> dict;  *_report
 The validated, hashable view of the `model` section is `hmdlm_jax.config.ModelConfig`.
 
 The models return raw float32 logits; SUBS and the hierarchy prior correction live in
-hmdlm_jax/processes/parameterization.py. The hierarchy parts shared by both backbones are in hierarchy.py;
-exact parameter counts are explained in dit.py and gpt2.py. The logical -> mesh axis rules live in
-hmdlm_jax/sharding.py (LOGICAL_RULES).
+hmdlm_jax/processes/parameterization.py. The parts shared by both backbones are in hierarchy.py,
+the level pathway in pathway.py; exact parameter counts are explained in dit.py and gpt2.py. The
+logical -> mesh axis rules live in hmdlm_jax/sharding.py (LOGICAL_RULES).
 """
 
 from __future__ import annotations
@@ -26,8 +26,10 @@ import numpy as np
 
 from hmdlm_jax.config import ModelConfig
 from hmdlm_jax.models import hierarchy
+from hmdlm_jax.models import pathway
 from hmdlm_jax.models import token_head
 from hmdlm_jax.models.dit import DiT
+from hmdlm_jax.models.features import ModelFeatures
 from hmdlm_jax.models.gpt2 import GPT2
 
 Array = jax.Array
@@ -37,23 +39,32 @@ ApplyFn = Callable[..., dict[str, Array]]
 BACKBONES: dict[str, type[hierarchy.HierarchicalBackbone]] = {'dit': DiT, 'gpt2': GPT2}
 
 
-def build_model(cfg_model: Any) -> nn.Module:
-  """`cfg.model` -> the Flax module of `cfg.model.backbone` (registry BACKBONES)."""
+# The position embeddings the backbones build themselves; any other is a task's (features.py).
+OWN_POSITIONS = ('rotary', 'learned')
+
+
+def build_model(cfg_model: Any, features: ModelFeatures | None = None) -> nn.Module:
+  """`cfg.model` -> the Flax module of `cfg.model.backbone` (registry BACKBONES).
+
+  features: what the task adds (models/features.py; None: nothing). A run builds its model
+  through its task, `hmdlm_jax.tasks.build_model(config)`, which passes the task's.
+  """
   cfg = ModelConfig.from_section(cfg_model)
+  features = ModelFeatures() if features is None else features
+  if cfg.position_embedding not in OWN_POSITIONS and features.positions is None:
+    raise ValueError(f'model.position_embedding={cfg.position_embedding!r} is a task\'s: build '
+                     "the model with the task's features (hmdlm_jax.tasks.build_model(config)).")
+  if features.relations is not None and cfg.backbone != 'dit':
+    raise ValueError(f"model.backbone={cfg.backbone!r}: the task's relation attention bias "
+                     "needs model.backbone='dit'.")
   return BACKBONES[cfg.backbone](
       vocab_size=cfg.vocab_size, num_levels=cfg.num_levels, num_layers=cfg.num_layers,
       hidden_size=cfg.hidden_size, num_heads=cfg.num_heads, mlp_dim=cfg.mlp_dim,
       cond_dim=cfg.cond_dim, dropout=cfg.dropout, time_conditioning=cfg.time_conditioning,
       single_pass=cfg.variant == 'single_pass', position_embedding=cfg.position_embedding,
       seq_len=cfg.seq_len, tie_embeddings=cfg.tie_embeddings, dtype=cfg.dtype,
-      hier_stop_gradient=cfg.hier_stop_gradient, hier_layers=cfg.hier_layers,
-      hier_repeats=cfg.hier_repeats, hier_time_conditioning=cfg.hier_time_conditioning,
-      hier_input_embed=cfg.hier_input_embed, given_state=cfg.given_state,
-      hier_readout=cfg.hier_readout, hier_width=cfg.hier_width,
-      hier_num_heads=cfg.hier_num_heads, hier_attention=cfg.hier_attention,
-      cluster_head=cfg.cluster_head, sudoku_candidates=cfg.sudoku_candidates,
-      candidates_pathway_only=cfg.candidates_pathway_only, hier_round_tokens=cfg.hier_round_tokens,
-      hier_source=cfg.hier_source, mask_id=cfg.mask_id)
+      given_state=cfg.given_state, cluster_head=cfg.cluster_head, mask_id=cfg.mask_id,
+      pathway=pathway.settings(cfg), features=features)
 
 
 def heads_salt(heads: tuple[str, ...]) -> int:
@@ -133,7 +144,7 @@ def count_params(params: Params) -> int:
 # Top-level parameter names -> report group.
 _GROUPS: dict[str, str] = {
     'vocab_embed': 'token embedding', 'wte': 'token embedding',
-    'position': 'position embedding', 'candidate_proj': 'candidate features',
+    'position': 'position embedding', 'candidate_proj': 'input features',
     'sigma_map': 'time embedding', 'time_proj': 'time embedding',
     'ln_f': 'final norm', 'output_layer': 'token head', 'lm_head': 'token head',
     'level_embed': 'level table', 'token_level_embed': 'token-level table',
@@ -143,7 +154,7 @@ _GROUPS: dict[str, str] = {
 # The parts beyond the MDLM backbone ('hmdlm extras'; HDLM's auxiliary cluster head counts too).
 _HMDLM_GROUPS = ('level table', 'token-level table', 'hierarchy trunk', 'hierarchy head',
                  'cluster head')
-_GROUP_ORDER = ('token embedding', 'position embedding', 'candidate features', 'time embedding',
+_GROUP_ORDER = ('token embedding', 'position embedding', 'input features', 'time embedding',
                 'transformer blocks', 'final norm', 'token head') + _HMDLM_GROUPS
 
 
@@ -157,10 +168,12 @@ def _group(name: str) -> str:
   return _GROUPS[name]
 
 
-def param_count_breakdown(cfg_model: Any) -> dict[str, int]:
-  """{group: count} plus 'mdlm backbone' (all but the HMDLM parts), 'hmdlm extras' and 'total'."""
+def param_count_breakdown(cfg_model: Any, features: ModelFeatures | None = None
+                          ) -> dict[str, int]:
+  """{group: count} plus 'mdlm backbone' (all but the HMDLM parts), 'hmdlm extras' and 'total'
+  of the model `build_model(cfg_model, features)`."""
   cfg = ModelConfig.from_section(cfg_model)
-  params = abstract_params(build_model(cfg), cfg.seq_len)
+  params = abstract_params(build_model(cfg, features), cfg.seq_len)
   by_group: dict[str, int] = {}
   for name, sub in params.items():
     g = _group(name)
@@ -173,10 +186,10 @@ def param_count_breakdown(cfg_model: Any) -> dict[str, int]:
   return out
 
 
-def param_count_report(cfg_model: Any) -> str:
+def param_count_report(cfg_model: Any, features: ModelFeatures | None = None) -> str:
   """Human-readable parameter breakdown (no allocation: jax.eval_shape)."""
   cfg = ModelConfig.from_section(cfg_model)
-  counts = param_count_breakdown(cfg)
+  counts = param_count_breakdown(cfg, features)
   lines = [f'{cfg.backbone}: K={cfg.num_levels} V={cfg.vocab_size} H={cfg.hidden_size} '
            f'layers={cfg.num_layers} heads={cfg.num_heads} mlp={cfg.mlp_dim} '
            f'variant={cfg.variant} positions={cfg.position_embedding}']
@@ -191,7 +204,8 @@ def param_count_report(cfg_model: Any) -> str:
 
 
 __all__ = [
-    'BACKBONES', 'DiT', 'GPT2', 'abstract_params', 'build_model', 'count_params', 'heads_salt',
+    'BACKBONES', 'DiT', 'GPT2', 'ModelFeatures', 'abstract_params', 'build_model', 'count_params',
+    'heads_salt',
     'init_params', 'logical_specs', 'make_apply_fn', 'param_count_breakdown',
     'param_count_report',
 ]

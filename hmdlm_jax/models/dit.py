@@ -8,7 +8,7 @@ spells out the architecture and the names. Outputs are raw float32 logits: SUBS 
 correction are applied in processes/parameterization.py.
 
 The method, the initialisation and the parameter counts: docs/method.md §4 (§4.1, §4.4, §4.6);
-the hierarchy parts (tables, pathway, heads contract): models/hierarchy.py.
+the hierarchy parts (tables, heads contract): models/hierarchy.py; the level pathway: pathway.py.
 """
 
 from __future__ import annotations
@@ -21,9 +21,9 @@ import jax.numpy as jnp
 
 from hmdlm_jax.models import hierarchy
 from hmdlm_jax.models import layers
-from hmdlm_jax.models import sudoku_positions
-from hmdlm_jax.models import sudoku_units
 from hmdlm_jax.models import token_head
+from hmdlm_jax.models.features import RelationBias
+from hmdlm_jax.models.features import Relations
 
 Array = jax.Array
 
@@ -35,8 +35,7 @@ class DDiTBlock(nn.Module):
   dropout: float = 0.1
   rotary: bool = True
   dtype: Any = jnp.float32
-  relation_bias: bool = False  # Sudoku relation attention bias (position_embedding='sudoku_rel')
-  unit_attention: bool = False  # attend over the cell's Sudoku units only (sudoku_units.py)
+  relations: Relations | None = None  # a task's relation classes: a learned attention bias
 
   @nn.compact
   def __call__(self, x: Array, c: Array, rope: tuple[Array, Array] | None,
@@ -58,14 +57,9 @@ class DDiTBlock(nn.Module):
       q = layers.apply_rotary(q, *rope)
       k = layers.apply_rotary(k, *rope)
     bias = None
-    if self.unit_attention:
-      if self.relation_bias:
-        bias = sudoku_units.SudokuUnitBias(self.num_heads, name='relation')()
-      y = sudoku_units.unit_attention(q, k, v, self.dtype, bias)
-    else:
-      if self.relation_bias:
-        bias = sudoku_positions.SudokuRelationBias(self.num_heads, name='relation')()
-      y = layers.attention(q, k, v, self.dtype, bias)
+    if self.relations is not None:
+      bias = RelationBias(self.num_heads, self.relations, name='relation')(l)
+    y = layers.attention(q, k, v, self.dtype, bias)
     y = layers.Dense((h,), ('heads', 'kv', 'embed'), n_in=2, use_bias=False, dtype=self.dtype,
                      out_dtype=jnp.float32, name='attn_out')(y)
     y = nn.Dropout(self.dropout, deterministic=not train)(y)
@@ -133,7 +127,7 @@ class DiT(hierarchy.HierarchicalBackbone):
     c = self.conditioning(t)
     for i in range(self.num_layers):
       x = DDiTBlock(self.num_heads, self.mlp_dim, self.dropout, rope is not None,
-                    self.compute_dtype, self.position_embedding == 'sudoku_rel',
+                    self.compute_dtype, self.features.relations,
                     name=f'blocks_{i}')(x, c, rope, train)
     return x, c
 
@@ -163,5 +157,4 @@ class DiT(hierarchy.HierarchicalBackbone):
     """One adaLN-zero block like the trunk's (identity at init), for the hierarchy trunk."""
     return DDiTBlock(num_heads, mlp_dim, self.dropout,
                      self.position_embedding == 'rotary', self.compute_dtype,
-                     self.position_embedding == 'sudoku_rel',
-                     self.hier_attention == 'sudoku_units', name=name)
+                     self.features.relations, name=name)

@@ -1,4 +1,4 @@
-"""The compact Sudoku backbone: a bidirectional GPT-2-style transformer (the paper's "6M" model).
+"""The compact backbone of the paper's grid models: a bidirectional GPT-2-style transformer.
 
 Pre-LN blocks without a causal mask, a final LayerNorm shared by both heads, the token head tied
 to the input embedding, and a plain Linear hierarchy head on that LayerNorm (no conditioning
@@ -97,11 +97,11 @@ class GPT2(hierarchy.HierarchicalBackbone):
   Initialisation follows GPT-2: N(0, 0.02) for kernels and tables, N(0, 0.02/√(2N)) for the two
   residual output projections, zero biases, LayerNorm weight 1 / bias 0.
   """
-  # The paper's "6M" Sudoku model; the other fields and defaults: HierarchicalBackbone.
+  # The paper's "6M" grid model; the other fields and defaults: HierarchicalBackbone.
   num_layers: int = 3
   hidden_size: int = 384
   mlp_dim: int = 1536
-  position_embedding: str = 'learned'  # 'learned' | 'sudoku' | 'rotary'
+  position_embedding: str = 'learned'  # 'learned' | 'rotary' | a task's (features.positions)
   seq_len: int = 81
   tie_embeddings: bool = True
 

@@ -1,47 +1,22 @@
-"""The hierarchy parts of every backbone, written once (docs/method.md §4, paper section 4.3).
+"""The parts of every backbone around its trunk, written once (docs/method.md §4, paper 4.3).
 
 `HierarchicalBackbone` is the call contract shared by the DiT and GPT-2 backbones:
-
-  x = E_tok[tokens] (+ W_lvl[levels] if K > 1) (+ absolute positions unless rotary)     [B, L, H]
-  x += W_cand · cand(tokens)                       if sudoku_candidates (zero-init Linear) and
-                                                   not candidates_pathway_only
-  x, c = trunk(x, t)                               backbone-specific: time conditioning, blocks
-  hx, hc = x, c                                    stop-gradient'ed if hier_stop_gradient
-                                                   (hx = the embedded input, before the trunk,
-                                                   if hier_source='input'; the embedded givens
-                                                   alone, every other cell shown as MASK, if
-                                                   hier_source='givens'; with only the other
-                                                   digits hidden if 'given_digits')
-  hx += W_hin[levels]                              if hier_input_embed (own input-state table)
-       (+ W_hcand · cand(givens)                    and sudoku_candidates; givens = all revealed
-                                                    cells unless given_state)
-  hx += Linear(SiLU(embedding of t))               if hier_time_conditioning (zero-init Linear)
-  hx = (hier_blocks_0 .. hier_blocks_{N-1})^R (hx) hierarchy trunk: N = hier_layers, R = hier_repeats
-                                                   (at width hier_width between two projections)
-  'hier'  = hier_head(hx, hc)  or, hier_readout='rounds', stick-breaking over the R = K-1 repeats
-  'hier_round_tokens' = Linear(LN(hx_r)), r = 1..R   token logits of each round, only with
-                                                   hier_round_tokens (loss.beta_rounds > 0)
+  x = E_tok[tokens] (+ W_lvl[levels] if K > 1) (+ W_cand · f(tokens)) (+ positions)  [B, L, H]
+  x, c = trunk(x, t)                                backbone-specific: time conditioning, blocks
+  'hier', 'hier_round_tokens' = pathway(x, c, ...)  the level pathway (models/pathway.py)
   'token' = token_head(x (+ W_tok_lvl[token_levels] if single pass and K > 1), c)
-  'cluster' = cluster_head(x, c)                   HDLM's auxiliary cluster head, only when
-                                                   cluster_head = n > 0 (the process's option)
-
+  'cluster' = cluster_head(x, c)                    HDLM's auxiliary head (cluster_head = n > 0)
+f: the task's input features; positions: rotary, learned or the task's (models/features.py).
 Input states (docs/design.md): levels 0..K-1, K = h_m (masked) and, with `given_state`, K+1 = h_g
-(a given cell: Sudoku clue, prompt); the level tables then have K+2 rows instead of K+1. The
-process writes h_g at given positions just before each network call
-(`processes.base.with_given_state`), so noisy states and sampler outputs keep the data's levels.
-
-A backbone subclasses it and supplies `trunk` (everything between the input embedding and the
-final hidden state) and `make_heads` (the forms of its two output heads); the input level table
-('level_embed', zero-init), the K = 1 shortcut, the stop-gradient of the hierarchy head's inputs,
-the single-pass token-level table ('token_level_embed') and the choice of which heads run live
-here, and so does the optional hierarchy trunk (docs/method.md §4.7): `block` is the one more
-hook a backbone supplies (one block of its own kind). Every submodule is created inside the backbone's own compact `__call__` (the hooks run in
-its scope), so the parameter tree stays flat: level_embed/embedding, token_level_embed/embedding,
-position/..., next to the backbone's own top-level names.
+(a given position), written by the process before each call (`processes.base.with_given_state`).
+A backbone supplies `trunk`, `make_heads` and `block` (one block of its kind, for the pathway);
+every submodule, the pathway's included, lives in the backbone's own scope, so the parameter tree
+stays flat (level_embed, token_level_embed, position, hier_*, next to the backbone's own names).
 """
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, Callable, ClassVar, NamedTuple, Sequence
 
 import chex
@@ -49,11 +24,14 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from hmdlm_jax.config.pathway import GIVEN_SOURCES
 from hmdlm_jax.models import layers
-from hmdlm_jax.models import sudoku_candidates
-from hmdlm_jax.models import sudoku_positions
 from hmdlm_jax.models import token_head
+from hmdlm_jax.models.features import ModelFeatures
+from hmdlm_jax.models.features import feature_projection
+from hmdlm_jax.models.pathway import BlockFn
+from hmdlm_jax.models.pathway import HIER_PREFIX
+from hmdlm_jax.models.pathway import Pathway
+from hmdlm_jax.models.pathway import PathwaySettings
 
 Array = jax.Array
 # head(x [B, L, H], c [B, C] | None) -> float32 logits [B, L, K], [B, L, V] or [B, L, n].
@@ -63,18 +41,12 @@ TokenHeadFn = Callable[..., Array]
 
 HEADS = ('hier', 'token', 'token_nll', 'cluster', 'hier_round_tokens')
 # The heads every model has ('cluster' exists only when the backbone's cluster_head > 0,
-# 'hier_round_tokens' only with hier_round_tokens). 'token_nll' is the token head read as a loss
-# at selected rows only (needs a token_query).
+# 'hier_round_tokens' only with the pathway's round_tokens). 'token_nll' is the token head read
+# as a loss at selected rows only (needs a token_query).
 CORE_HEADS = ('hier', 'token')
-# The heads that read the trunk's output (the hierarchy heads read it when hier_source='features').
+# The heads that read the trunk's output (the level heads read it when the pathway's source is
+# 'features').
 TRUNK_HEADS = ('token', 'token_nll', 'cluster')
-# Top-level parameter names used only by the hierarchy pathway start with this prefix (the level
-# head 'hier_layer' / 'hier_head', the trunk 'hier_blocks_i', 'hier_time_*', 'hier_level_embed',
-# the round readout and token head 'hier_round_*');
-# optim.py clips their gradient as a group of its own (optim.hier_grad_clip).
-HIER_PREFIX = 'hier_'
-# block(x [B, L, H], c [B, C] | None, rope, train) -> [B, L, H]: one backbone block.
-BlockFn = Callable[[Array, Array | None, tuple[Array, Array] | None, bool], Array]
 
 
 def pass1_heads(beta_rounds: float) -> tuple[str, ...]:
@@ -84,7 +56,7 @@ def pass1_heads(beta_rounds: float) -> tuple[str, ...]:
 
 
 def is_hierarchy_param(top_level_name: str) -> bool:
-  """Whether a top-level parameter belongs to the hierarchy pathway only (not the level table)."""
+  """Whether a top-level parameter belongs to the level pathway only (not the level table)."""
   return top_level_name.startswith(HIER_PREFIX)
 
 
@@ -94,6 +66,28 @@ class Heads(NamedTuple):
   hier: HeadFn  # -> [B, L, K] raw hierarchy logits
   token: TokenHeadFn  # -> [B, L, V] raw token logits; with a query, the NLL [B, L] at its rows
   cluster: HeadFn  # -> [B, L, n] raw logits of HDLM's auxiliary cluster head (n = cluster_head)
+
+
+@dataclasses.dataclass(frozen=True)
+class Embedding:
+  """The input embedding of one call, its tables built in the backbone's scope:
+  (tokens, levels [B, L]) -> (x float32 [B, L, H], the input features [B, L, F] | None)."""
+  token_table: layers.Embed
+  level_table: layers.Embed | None  # K > 1
+  feature_proj: layers.Dense | None  # the task's input features feed the trunk
+  features_fn: Callable[[Array], Array] | None
+  positions: Array | None  # [1, L, H]; None with rotary positions (applied in attention)
+  rope: tuple[Array, Array] | None  # rotary cos, sin [L, head_dim], or None
+
+  def __call__(self, tokens: Array, levels: Array) -> tuple[Array, Array | None]:
+    x = self.token_table(tokens)
+    if self.level_table is not None:
+      x = x + self.level_table(levels)
+    features = None
+    if self.feature_proj is not None:
+      features = self.features_fn(tokens)
+      x = x + self.feature_proj(features)
+    return (x if self.positions is None else x + self.positions), features
 
 
 # ----------------------------------------------------------------------------- call-site checks
@@ -133,7 +127,7 @@ def check_inputs(tokens: Array, levels: Array, t: Array, token_levels: Array | N
 
 
 class HierarchicalBackbone(nn.Module):
-  """Input tables, level head and token head around a backbone-specific trunk.
+  """Input tables, level pathway and token head around a backbone-specific trunk.
 
   __call__(tokens [B,L] int, levels [B,L] int in 0..K (K = h_m), t [B] float,
            heads=('hier','token'), token_levels [B,L] | None, train) -> dict:
@@ -144,10 +138,10 @@ class HierarchicalBackbone(nn.Module):
                never computed: models/token_head.py)
     'cluster' -> float32 [B, L, n] raw auxiliary cluster logits (needs cluster_head = n > 0)
     'hier_round_tokens' -> float32 [B, L, R, V] raw token logits read from each of the R = K-1
-               repeats of the hierarchy trunk (needs hier_round_tokens; `_round_features`)
+               repeats of the pathway's blocks (needs pathway.round_tokens; models/pathway.py)
   Only the requested heads are computed. train=True applies dropout (rng stream 'dropout').
   Subclasses set the defaults of the fields, `token_embed_name`, `embedding_std`, and implement
-  `trunk` and `make_heads`.
+  `trunk`, `make_heads` and `block`.
   """
   vocab_size: int
   num_levels: int
@@ -159,33 +153,15 @@ class HierarchicalBackbone(nn.Module):
   dropout: float = 0.1
   time_conditioning: bool = False
   single_pass: bool = False
-  position_embedding: str = 'rotary'  # 'rotary' | 'learned' | 'sudoku' | 'sudoku_rel'
+  position_embedding: str = 'rotary'  # 'rotary' | 'learned' | a task's (features.positions)
   seq_len: int = 128
   tie_embeddings: bool = False
   dtype: str = 'float32'
-  hier_stop_gradient: bool = False  # the hierarchy head reads detached backbone features
-  # The hierarchy pathway (docs/method.md §4.7); all off = the paper's head on the final features.
-  hier_layers: int = 0  # N blocks of the backbone's kind before the hierarchy head
-  hier_repeats: int = 1  # R applications of those N blocks (weight-tied recurrence when R > 1)
-  hier_time_conditioning: bool = False  # the hierarchy pathway reads its own embedding of t
-  hier_input_embed: bool = False  # the hierarchy pathway adds its own input-state table
-  given_state: bool = False  # given cells carry the input state h_g = K+1 (tables get K+2 rows)
-  hier_readout: str = 'head'  # 'head' (the backbone's level head) | 'rounds' (_round_readout)
-  hier_width: int = 0  # width of the trunk's blocks (0 = hidden_size); projections in and out
-  hier_num_heads: int = 0  # attention heads of the trunk's blocks (0 = num_heads)
-  hier_attention: str = 'full'  # 'full' | 'sudoku_units' (the blocks attend over Sudoku units)
+  given_state: bool = False  # given positions carry the input state h_g = K+1 (K+2 table rows)
   cluster_head: int = 0  # n outputs of HDLM's auxiliary cluster head (0 = no such head)
-  sudoku_candidates: bool = False  # add the grid's candidate features (sudoku_candidates.py)
-  candidates_pathway_only: bool = False  # ... to the hierarchy pathway only, not the trunk
-  # A token head on each repeat's features (hier_readout='rounds'; the per-round token loss).
-  hier_round_tokens: bool = False
-  # What the hierarchy pathway reads: 'features' (the trunk's output, the paper); 'input' (the
-  # embedded input before the trunk: the pathway is then a network of its own beside the trunk);
-  # 'givens' (the embedded input with every non-given position shown as MASK with the masked
-  # state: the levels of a labeller that reads the givens, Sudoku's, are then a function of what
-  # the pathway sees); 'given_digits' (only the non-given digits hidden, the states kept).
-  hier_source: str = 'features'
-  mask_id: int = -1  # the MASK token, shown for the hidden digits of config_pathway.GIVEN_SOURCES
+  mask_id: int = -1  # the MASK token (the pathway's input features of the givens show it)
+  pathway: PathwaySettings = PathwaySettings()  # the level pathway (models/pathway.py)
+  features: ModelFeatures = ModelFeatures()  # the task's positions, relations, input features
 
   # Parameter name of the input token table ('vocab_embed' in MDLM's DiT, 'wte' in GPT-2).
   token_embed_name: ClassVar[str] = 'vocab_embed'
@@ -213,16 +189,16 @@ class HierarchicalBackbone(nn.Module):
     raise NotImplementedError
 
   def block(self, name: str, mlp_dim: int, num_heads: int) -> BlockFn:
-    """One block of the backbone's kind named `name` (for the hierarchy trunk); its width is its
+    """One block of the backbone's kind named `name` (for the level pathway); its width is its
     input's, its MLP width `mlp_dim`, its attention heads `num_heads`."""
     raise NotImplementedError
 
   @property
   def available_heads(self) -> tuple[str, ...]:
     """The heads with parameters: 'hier', 'token', 'cluster' if cluster_head > 0 and
-    'hier_round_tokens' if hier_round_tokens ('token_nll' reads the token head)."""
+    'hier_round_tokens' if pathway.round_tokens ('token_nll' reads the token head)."""
     return (CORE_HEADS + (('cluster',) if self.cluster_head else ())
-            + (('hier_round_tokens',) if self.hier_round_tokens else ()))
+            + (('hier_round_tokens',) if self.pathway.round_tokens else ()))
 
   @property
   def num_input_states(self) -> int:
@@ -234,90 +210,26 @@ class HierarchicalBackbone(nn.Module):
                heads: tuple[str, ...] = CORE_HEADS, token_levels: Array | None = None,
                train: bool = False, token_query: token_head.TokenQuery | None = None
                ) -> dict[str, Array]:
-    heads = check_heads(heads)
-    if 'cluster' in heads and not self.cluster_head:
-      raise ValueError("heads include 'cluster' but the model has no auxiliary cluster head "
-                       '(model.cluster_head=0; set process.hdlm.aux_weight > 0).')
-    if 'hier_round_tokens' in heads and not (self.hier_round_tokens and self.num_levels > 1):
-      raise ValueError("heads include 'hier_round_tokens' but the model has no per-round token "
-                       'head (set loss.beta_rounds > 0 with K > 1 and hier_readout=rounds).')
-    check_inputs(tokens, levels, t, token_levels, single_pass=self.single_pass,
-                 num_levels=self.num_levels, heads=heads)
-    if ('token_nll' in heads) != (token_query is not None):
-      raise ValueError("the 'token_nll' head and token_query go together (heads="
-                       f'{heads}, token_query given: {token_query is not None})')
+    heads = self._check_call(tokens, levels, t, heads, token_levels, token_query)
     b, l = tokens.shape
-    k = self.num_levels
     out: dict[str, Array] = {}
-    if k == 1 and 'hier' in heads:
+    if self.num_levels == 1 and 'hier' in heads:
       out['hier'] = jnp.zeros((b, l, 1), jnp.float32)  # one level: log g = 0 exactly
       if heads == ('hier',):
         return out
-
-    token_table = layers.Embed(self.vocab_size, self.hidden_size, ('vocab', 'embed'),
-                               self.embedding_init, name=self.token_embed_name)
-    # Zero-init: the network starts as its MDLM twin and learns to use the levels (dit.py).
-    # (K+1) × H table, row K = h_m (paper section 4.3.2); row K+1 = h_g if given_state.
-    level_table = (layers.Embed(self.num_input_states, self.hidden_size, ('levels', 'embed'),
-                                layers.zeros_init, name='level_embed') if k > 1 else None)
-    # Zero-init: the network starts as it would without the candidate features.
-    cand_proj = (self._candidate_proj('candidate_proj')
-                 if self.sudoku_candidates and not self.candidates_pathway_only else None)
-    rope = positions = None
-    if self.position_embedding == 'rotary':  # applied to q, k inside the trunk's attention
-      rope = layers.rotary_cos_sin(l, self.hidden_size // self.num_heads)
-    else:
-      positions = self._positions(l)[None]
-
-    def embed(tok: Array, lev: Array) -> tuple[Array, Array | None]:
-      """The embedded input [B, L, H] of (tokens, levels) and its candidate features."""
-      x = token_table(tok)
-      if level_table is not None:
-        x = x + level_table(lev)
-      cand = None
-      if cand_proj is not None:
-        cand = sudoku_candidates.candidate_features(tok)
-        x = x + cand_proj(cand)
-      return (x if positions is None else x + positions), cand
-
-    x, cand = embed(tokens, levels)
-    hier_heads = ('hier' in heads or 'hier_round_tokens' in heads) and k > 1
-    h_tokens, h_levels, x_in = tokens, levels, x
-    if hier_heads and self.hier_source in GIVEN_SOURCES:
-      if self.mask_id < 0:  # build_model passes the config's resolved mask_id
-        raise ValueError(f'hier_source={self.hier_source!r} needs the MASK token id (mask_id '
-                         f'>= 0, got {self.mask_id}); build the model with models.build_model.')
-      given = levels == k + 1  # the non-given digits hidden as MASK (and their states, 'givens')
-      h_tokens = jnp.where(given, tokens, self.mask_id)
-      h_levels = jnp.where(given, levels, k) if self.hier_source == 'givens' else levels
-      x_in, cand = embed(h_tokens, h_levels)
-    if self.hier_source != 'features' and not set(TRUNK_HEADS) & set(heads):
-      x, c = None, self.conditioning(t)  # pass 1 of a pathway beside the trunk: no trunk to run
-    else:
-      x, c = self.trunk(x, t, rope, train)
-
-    head = self.make_heads(token_table)
-    if hier_heads:
-      hx, hc = (x if self.hier_source == 'features' else x_in), c
-      if self.hier_stop_gradient:
-        # L_hier and L_cons then train the head only (and pass 1 needs no backward through the
-        # backbone); the backbone learns from the token loss alone.
-        hx, hc = jax.lax.stop_gradient(hx), jax.lax.stop_gradient(hc)
-      hx, hc, per_round = self._hier_trunk(hx, hc, h_tokens, h_levels, t, rope, train, cand)
-      if self.hier_readout == 'rounds':
-        normed = self._round_features(per_round)
-        if 'hier' in heads:
-          out['hier'] = self._round_readout(normed)
-        if 'hier_round_tokens' in heads:
-          out['hier_round_tokens'] = self._round_tokens(normed)
-      else:
-        out['hier'] = head.hier(hx, hc)
+    embedding = self._embedding(l)
+    x_in, features = embedding(tokens, levels)
+    if self.pathway.reads_trunk or set(TRUNK_HEADS) & set(heads):
+      x, c = self.trunk(x_in, t, embedding.rope, train)
+    else:  # pass 1 of a pathway beside the trunk: no trunk to run
+      x, c = None, self.conditioning(t)
+    head = self.make_heads(embedding.token_table)
+    if ('hier' in heads or 'hier_round_tokens' in heads) and self.num_levels > 1:
+      hx = x if self.pathway.reads_trunk else x_in
+      out.update(self._pathway()(hx, c, tokens, levels, t, embedding.rope, train, features,
+                                 heads, head.hier))
     if 'token' in heads or 'token_nll' in heads:
-      if self.single_pass and k > 1:
-        # Single pass: the token head is told each position's own level; the hierarchy head
-        # sees the plain hidden state (docs/method.md §4).
-        x = x + layers.Embed(self.num_input_states, self.hidden_size, ('levels', 'embed'),
-                             self.embedding_init, name='token_level_embed')(token_levels)
+      x = self._with_token_levels(x, token_levels)
       if 'token' in heads:
         out['token'] = head.token(x, c)
       if 'token_nll' in heads:
@@ -326,115 +238,74 @@ class HierarchicalBackbone(nn.Module):
       out['cluster'] = head.cluster(x, c)
     return out
 
-  def _hier_trunk(self, hx: Array, hc: Array | None, tokens: Array, levels: Array, t: Array,
-                  rope: tuple[Array, Array] | None, train: bool, cand: Array | None = None
-                  ) -> tuple[Array, Array | None, list[Array]]:
-    """The hierarchy pathway between the backbone features and the level head (all optional).
+  def _check_call(self, tokens: Array, levels: Array, t: Array, heads: Sequence[str],
+                  token_levels: Array | None, token_query: token_head.TokenQuery | None
+                  ) -> tuple[str, ...]:
+    """The validated heads of a call, its inputs checked against the model."""
+    heads = check_heads(heads)
+    if 'cluster' in heads and not self.cluster_head:
+      raise ValueError("heads include 'cluster' but the model has no auxiliary cluster head "
+                       '(model.cluster_head=0; set process.hdlm.aux_weight > 0).')
+    if 'hier_round_tokens' in heads and not (self.pathway.round_tokens and self.num_levels > 1):
+      raise ValueError("heads include 'hier_round_tokens' but the model has no per-round token "
+                       'head (set loss.beta_rounds > 0 with K > 1 and hier_readout=rounds).')
+    check_inputs(tokens, levels, t, token_levels, single_pass=self.single_pass,
+                 num_levels=self.num_levels, heads=heads)
+    if ('token_nll' in heads) != (token_query is not None):
+      raise ValueError("the 'token_nll' head and token_query go together (heads="
+                       f'{heads}, token_query given: {token_query is not None})')
+    return heads
 
-    hx [B, L, H], hc [B, C] | None -> (hx, hc, [hx after each of the R repeats]). Every part starts as the identity (zero-init
-    tables and projections, adaLN-zero / residual blocks), so switching one on keeps the head's
-    initial output; its parameters are named 'hier_*' (`is_hierarchy_param`).
-    """
-    if self.hier_input_embed:  # the pathway's own view of the input states (given / masked / level)
-      hx = hx + layers.Embed(self.num_input_states, self.hidden_size, ('levels', 'embed'),
-                             layers.zeros_init, name='hier_level_embed')(levels)
-      if self.sudoku_candidates:  # and its own view of the candidate features: from the
-        # givens alone when it knows them, as the labeller computes the levels (a GIVEN_SOURCES
-        # view already shows the givens alone); `cand`: the view's, if the input computed them.
-        if self.given_state and self.hier_source not in GIVEN_SOURCES:
-          givens = jnp.where(levels == self.num_levels + 1, tokens, sudoku_candidates.BLANK)
-          cand = sudoku_candidates.candidate_features(givens)
-        elif cand is None:
-          cand = sudoku_candidates.candidate_features(tokens)
-        hx = hx + self._candidate_proj(f'{HIER_PREFIX}candidate_proj')(cand)
-    if self.hier_time_conditioning:  # zero-init projection of its own time embedding, added
-      ct = nn.silu(layers.TimestepEmbedder(self.cond_dim, name='hier_time_embed')(t))
-      hx = hx + layers.Dense((self.hidden_size,), ('cond', 'embed'), kernel_init=layers.zeros_init,
-                             bias_init=layers.zeros_init, dtype=self.compute_dtype,
-                             out_dtype=jnp.float32, name='hier_time_proj')(ct)[:, None, :]
-    width = self.hier_width or self.hidden_size
-    if not self.hier_layers:
-      return hx, hc, []
-    mlp_dim = self.mlp_dim * width // self.hidden_size
-    # Fewer heads cost the same matmul FLOPs but fewer [B, heads, L, L] softmax elements, which
-    # dominate a narrow pathway's time on CPU (docs/experiments/hierarchy_log.md item 18).
-    heads = self.hier_num_heads or self.num_heads
-    blocks = [self.block(f'{HIER_PREFIX}blocks_{i}', mlp_dim, heads)
-              for i in range(self.hier_layers)]
-    z = hx
-    if width != self.hidden_size:  # a narrower (cheaper) trunk between two projections
-      z = layers.Dense((width,), ('embed', None), dtype=self.compute_dtype, out_dtype=jnp.float32,
-                       name=f'{HIER_PREFIX}in_proj')(hx)
-    if rope is not None and width // heads != self.hidden_size // self.num_heads:
-      rope = layers.rotary_cos_sin(hx.shape[1], width // heads)
-    per_round = []
-    for _ in range(self.hier_repeats):
-      for block in blocks:
-        z = block(z, hc, rope, train)
-      per_round.append(z)
-    if width != self.hidden_size:  # residual, zero-init: the identity at init
-      z = hx + layers.Dense((self.hidden_size,), (None, 'embed'), kernel_init=layers.zeros_init,
-                            bias_init=layers.zeros_init, dtype=self.compute_dtype,
-                            out_dtype=jnp.float32, name=f'{HIER_PREFIX}out_proj')(z)
-    return z, hc, per_round
+  def _embedding(self, length: int) -> Embedding:
+    """The input embedding's tables, built in the backbone's scope, for inputs of `length`."""
+    token_table = layers.Embed(self.vocab_size, self.hidden_size, ('vocab', 'embed'),
+                               self.embedding_init, name=self.token_embed_name)
+    # Zero-init: the network starts as its MDLM twin and learns to use the levels (dit.py).
+    # (K+1) × H table, row K = h_m (paper section 4.3.2); row K+1 = h_g if given_state.
+    level_table = (layers.Embed(self.num_input_states, self.hidden_size, ('levels', 'embed'),
+                                layers.zeros_init, name='level_embed')
+                   if self.num_levels > 1 else None)
+    # Zero-init: the network starts as it would without the task's input features.
+    inputs = self.features.inputs
+    trunk_features = inputs is not None and inputs.trunk
+    proj = (feature_projection(self.hidden_size, self.compute_dtype, 'candidate_proj')
+            if trunk_features else None)
+    rope = positions = None
+    if self.position_embedding == 'rotary':  # applied to q, k inside the trunk's attention
+      rope = layers.rotary_cos_sin(length, self.hidden_size // self.num_heads)
+    else:
+      positions = self._positions(length)[None]
+    return Embedding(token_table, level_table, proj, inputs.fn if trunk_features else None,
+                     positions, rope)
 
-  def _round_features(self, per_round: list[Array]) -> list[Array]:
-    """LN(hx_r) [B, L, H'] of each repeat r, one LayerNorm shared by the rounds (what the round
-    readout and the per-round token head read)."""
-    norm = layers.LayerNorm(name=f'{HIER_PREFIX}round_norm')
-    return [norm(h) for h in per_round]
+  def _pathway(self) -> Pathway:
+    """The level pathway, in the backbone's own scope (its parameters are top-level 'hier_*')."""
+    pathway = Pathway(
+        settings=self.pathway, block=self.block, vocab_size=self.vocab_size,
+        num_levels=self.num_levels, num_input_states=self.num_input_states,
+        given_state=self.given_state, mask_id=self.mask_id, hidden_size=self.hidden_size,
+        mlp_dim=self.mlp_dim, num_heads=self.num_heads, cond_dim=self.cond_dim,
+        dtype=self.compute_dtype, inputs=self.features.inputs, name='pathway')
+    nn.share_scope(self, pathway)
+    return pathway
 
-  def _round_tokens(self, normed: list[Array]) -> Array:
-    """Token logits [B, L, R, V] of each round, one zero-init Linear shared by the rounds.
-
-    Trained by the per-round token loss (processes/level_objectives.py `round_token_loss`): round
-    r learns the tokens of the positions whose level the first r rounds decide, so each repeat is
-    told what its round of propagation should know (docs/method.md §5.1).
-    """
-    head = layers.Dense((self.vocab_size,), ('embed', 'vocab'), kernel_init=layers.zeros_init,
-                        bias_init=layers.zeros_init, dtype=self.compute_dtype,
-                        out_dtype=jnp.float32, name=f'{HIER_PREFIX}round_token_head')
-    return jnp.stack([head(h) for h in normed], axis=2)
-
-  def _round_readout(self, normed: list[Array]) -> Array:
-    """`hier_readout='rounds'`: level log-probabilities [B, L, K] by stick-breaking over rounds.
-
-    Repeat r = 1..K-1 of the trunk reads a hazard p_r = σ(s_r), s_r = Linear(LN(hx_r)) (one
-    readout shared by the rounds; `normed` = the LN(hx_r) of `_round_features`): the
-    probability that the position is decided in round r if it was not before. Level K-r (higher
-    = earlier) has probability p_r Π_{j<r} (1 − p_j) and level 0 the rest, Π_{j<K} (1 − p_j).
-    The log-probabilities are valid logits for the head's log-softmax and prior correction.
-    This mirrors a labeller whose levels are rounds of propagation (Sudoku, docs/method.md §6):
-    the level loss reaches each round's readout directly. The readout bias starts at −2 (hazard
-    0.12 per round, near the Sudoku labeller's ~0.13).
-    """
-    readout = layers.Dense((1,), ('embed', None), kernel_init=layers.zeros_init,
-                           bias_init=nn.initializers.constant(-2.0), dtype=self.compute_dtype,
-                           out_dtype=jnp.float32, name=f'{HIER_PREFIX}round_readout')
-    s = jnp.concatenate([readout(h) for h in normed], axis=-1)  # [B, L, K-1]
-    log_p, log_q = jax.nn.log_sigmoid(s), jax.nn.log_sigmoid(-s)
-    survive = jnp.cumsum(log_q, axis=-1) - log_q  # Σ_{j<r} log(1 − p_j)
-    decided = log_p + survive  # round r -> level K - r
-    level0 = jnp.sum(log_q, axis=-1, keepdims=True)
-    return jnp.concatenate([level0, decided[..., ::-1]], axis=-1)  # levels 0, 1, .., K-1
-
-  def _candidate_proj(self, name: str) -> layers.Dense:
-    """Zero-init Linear of the candidate features [B, L, 28] -> float32 [B, L, H]."""
-    return layers.Dense((self.hidden_size,), (None, 'embed'), kernel_init=layers.zeros_init,
-                        bias_init=layers.zeros_init, dtype=self.compute_dtype,
-                        out_dtype=jnp.float32, name=name)
+  def _with_token_levels(self, x: Array, token_levels: Array | None) -> Array:
+    """Single pass with K > 1: the token head is told each position's own level (the level
+    pathway reads the plain hidden state; docs/method.md §4). Else x itself."""
+    if not (self.single_pass and self.num_levels > 1):
+      return x
+    return x + layers.Embed(self.num_input_states, self.hidden_size, ('levels', 'embed'),
+                            self.embedding_init, name='token_level_embed')(token_levels)
 
   def _positions(self, length: int) -> Array:
     """The absolute position embedding 'position' -> float32 [length, H]."""
-    if self.position_embedding in sudoku_positions.SUDOKU_KINDS:
-      return sudoku_positions.SudokuPositionEmbedding(
-          self.seq_len, self.hidden_size, self.embedding_init, self.position_embedding,
-          name='position')(length)
-    if self.position_embedding == 'learned':
-      return layers.LearnedPositionEmbedding(self.seq_len, self.hidden_size,
-                                             self.embedding_init, name='position')(length)
-    raise ValueError(f'unknown position embedding kind {self.position_embedding!r}; allowed '
-                     "'learned', 'sudoku', 'sudoku_rel' (or 'rotary', applied in attention)")
+    make = self.features.positions
+    if make is None and self.position_embedding == 'learned':
+      make = layers.LearnedPositionEmbedding
+    if make is None:
+      raise ValueError(f'position embedding {self.position_embedding!r}: neither rotary nor '
+                       "learned, and the task's features have none (models/features.py)")
+    return make(self.seq_len, self.hidden_size, self.embedding_init, name='position')(length)
 
   @property
   def embedding_init(self) -> layers.Init | None:

@@ -174,7 +174,7 @@ def categorical_icdf(key: jax.Array, log_p: jax.Array) -> jax.Array:
 def draw_tokens(key: jax.Array, token_logp: jax.Array, cfg: SampleConfig) -> jax.Array:
   """Tokens [B, L] from log f [B, L, V]: argmax (greedy) or a draw at temperature τ.
 
-  Small vocabularies (V <= 64: toys, Sudoku) use the inverse CDF (one uniform per position); large
+  Small vocabularies (V <= 64: toys, grids) use the inverse CDF (one uniform per position); large
   ones use Gumbel-max, whose float32 accuracy does not degrade with V as a long cumsum would.
   """
   if cfg.greedy:

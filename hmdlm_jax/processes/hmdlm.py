@@ -7,8 +7,8 @@ in `hmdlm_terms`, the training-only level objectives in `level_objectives`.
 
 - Corruption and Algorithm 1's reveal set: docs/method.md §3.
 - The loss, its normalisation and its pass-2 context (Algorithm 1's surrogate for 'two_pass',
-  the own-level context for 'single_pass'); `loss.hier_objective`, `loss.beta_rounds`,
-  `loss.hier_batch_stride`: docs/method.md §5, §5.1.
+  the own-level context for 'single_pass'); `loss.hier_objective`, `loss.beta_rounds`:
+  docs/method.md §5, §5.1.
 - The bound (`bound_from_state`: one masked position's own level shown and reweighted for
   'two_pass', every position's own level at once for 'single_pass') and Appendix E's estimate:
   docs/method.md §8.1, §8.2, §8.4. MDLM is the K = 1 case of the same code (§12).
@@ -126,15 +126,11 @@ def diffusion_loss(apply_fn: ApplyFn, batch: Mapping[str, Any], key: jax.Array,
     'level_ce' (mean -log g[h0] per masked loss token; only with hier_objective='cross_entropy'),
     'round_tokens' (L_rounds; only with beta_rounds > 0),
     'level_acc' (argmax g == h0 on masked loss tokens), 'mask_rate', 'num_loss_tokens',
-    'finite'. With loss.hier_batch_stride = k > 1 the level terms (hier, cons, level_ce,
-    round_tokens, level_acc) come from pass 1 on every k-th example (`level_objectives.
-    strided_rows`), unbiased for their whole-batch values; lm and token_nll from the whole batch.
-    NaN/Inf propagate into 'loss' on purpose (never averaged away).
+    'finite'. NaN/Inf propagate into 'loss' on purpose (never averaged away).
   """
   _check(schedule, cfg)
   tokens, levels, given, loss_mask = base.unpack(batch)
-  network = apply_fn
-  apply_fn = _network(network, given, cfg)
+  apply_fn = _network(apply_fn, given, cfg)
   k_t, k_mask, k_rev = jax.random.split(key, 3)
   t = base.sample_times(k_t, tokens.shape[0], t_min=cfg.t_min, antithetic=cfg.antithetic)
   xt, ht, masked = corrupt(k_mask, tokens, levels, given, t, schedule, mask_id=cfg.mask_id)
@@ -149,49 +145,43 @@ def diffusion_loss(apply_fn: ApplyFn, batch: Mapping[str, Any], key: jax.Array,
   # The per-round token head is read beside the level head (pass 1), only for its loss.
   level_heads = hierarchy.pass1_heads(cfg.beta_rounds)
   round_logits = None
-  # The level terms read pass 1's rows: the whole batch, or every k-th example with
-  # loss.hier_batch_stride = k > 1 (two_pass only; the token terms keep the whole batch).
-  rows = level_objectives.strided_rows(jax.random.fold_in(key, 1), cfg.hier_batch_stride)
   if cfg.num_levels == 1:
     level_logp = jnp.zeros(tokens.shape + (1,), jnp.float32)
     token_out = token_call(xt, ht, t, heads=(token_head_name,))[token_head_name]
   else:
     if cfg.variant == 'two_pass':
-      pass1 = _network(network, rows(given), cfg)  # given cells of pass 1's rows
-      out = pass1(rows(xt), rows(ht), rows(t), heads=level_heads)  # pass 1 on (x_t, h_t)
+      out = apply_fn(xt, ht, t, heads=level_heads)  # pass 1 on (x_t, h_t)
       hs = reveal_levels(k_rev, levels, ht, masked, t, schedule, step=1.0 / cfg.train_steps_T)
       token_out = token_call(xt, hs, t, heads=(token_head_name,))[token_head_name]
     else:
       out = token_call(xt, ht, t, heads=level_heads + (token_head_name,),
                        token_levels=jnp.where(masked, levels, ht))
       token_out = out[token_head_name]
-    level_logp = parameterization.level_log_probs(out['hier'], rows(t), schedule,
+    level_logp = parameterization.level_log_probs(out['hier'], t, schedule,
                                                   prior_corrected=cfg.prior_corrected)
     round_logits = out.get('hier_round_tokens')
   tok_nll = (token_out if query is not None
              else parameterization.token_nll(token_out, tokens, mask_id=cfg.mask_id))
-  # L_LM on the whole batch; L_hier, L_cons on the rows pass 1 saw.
   lm = hmdlm_terms.lm_term(tok_nll, levels, masked, loss_mask, hazard)['lm']
   lm = base.token_weighted_mean(lm, loss_mask)
-  levels1, sel1, loss_mask1 = rows(levels), rows(sel), rows(loss_mask)
-  lvl = hmdlm_terms.level_terms(level_logp, levels1, rows(masked), loss_mask1, rows(hazard))
-  hier, cons = (base.token_weighted_mean(lvl[k], loss_mask1) for k in ('hier', 'cons'))
-  level_ce = level_objectives.level_cross_entropy(level_logp, levels1, sel1)
+  lvl = hmdlm_terms.level_terms(level_logp, levels, masked, loss_mask, hazard)
+  hier, cons = (base.token_weighted_mean(lvl[k], loss_mask) for k in ('hier', 'cons'))
+  level_ce = level_objectives.level_cross_entropy(level_logp, levels, sel)
   if cfg.hier_objective == 'cross_entropy':
     loss = lm + cfg.beta_hier * level_ce
   else:
     loss = lm + cfg.beta_hier * hier + cfg.beta_cons * cons
   if round_logits is not None:
-    l_rounds = level_objectives.round_token_loss(round_logits, rows(tokens), levels1, sel1)
+    l_rounds = level_objectives.round_token_loss(round_logits, tokens, levels, sel)
     loss = loss + cfg.beta_rounds * l_rounds
   n_sel = jnp.maximum(sel.sum(), 1).astype(jnp.float32)
   n_loss = loss_mask.sum().astype(jnp.float32)
-  level_ok = jnp.argmax(level_logp, axis=-1) == levels1
+  level_ok = jnp.argmax(level_logp, axis=-1) == levels
   metrics = dict(
       loss=loss, lm=lm, hier=hier, cons=cons, nelbo=lm + hier + cons,
       token_nll=jnp.where(sel, tok_nll, 0.0).sum().astype(jnp.float32) / n_sel,
-      level_acc=((level_ok & sel1).sum().astype(jnp.float32)
-                 / jnp.maximum(sel1.sum(), 1).astype(jnp.float32)),
+      level_acc=((level_ok & sel).sum().astype(jnp.float32)
+                 / jnp.maximum(sel.sum(), 1).astype(jnp.float32)),
       mask_rate=sel.sum().astype(jnp.float32) / jnp.maximum(n_loss, 1.0),
       num_loss_tokens=n_loss,
   )

@@ -7,8 +7,8 @@ position is `(mask_id, K)`; given positions start revealed and keep `reveal_step
 
 - Ancestral ordering, the last step's renormalisation and guards, greedy decoding, the pass-2
   context of each variant and the cache: docs/method.md §7.
-- Confidence ordering (Sudoku): the count k_n, the score w · log π + log max f, `hierarchy_sure`,
-  `level0_guard`, the candidate level ĥ and `level_context`: docs/method.md §10.
+- Confidence ordering (grids): the count k_n, the score w · log π + log max f, the candidate
+  level ĥ and `level_context`: docs/method.md §10.
 - MDLM (K == 1): no pass 1, one network call per step (docs/method.md §12).
 The returned levels are the drawn ones; `level_disagreement` is the share that differs from the
 levels recomputed from the tokens (docs/method.md §7).
@@ -41,15 +41,6 @@ def check_config(schedule: Schedule, cfg: SampleConfig) -> None:
 def _check_int(field: str, value: Any, *, minimum: int) -> None:
   if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
     raise ValueError(f'{field} must be an integer >= {minimum}, got {value!r}.')
-
-
-def _guard_level0(log_g: jax.Array, rho: float) -> jax.Array:
-  """log g [B, L, K] with g := one-hot level 0 where g_0 >= ρ: a position that may be level 0
-  waits as one (promoting a level-0 cell is the costly error: docs/method.md §10,
-  docs/results/sudoku.md).
-  -1e4, not -inf, elsewhere, as `with_fixed_levels` writes fixed levels."""
-  onehot = jnp.where(jnp.arange(log_g.shape[-1]) == 0, 0.0, -1e4).astype(log_g.dtype)
-  return jnp.where(log_g[..., :1] >= jnp.log(rho), onehot, log_g)
 
 
 def _step_level_weights(log_g: jax.Array, lam: jax.Array, active: jax.Array,
@@ -101,7 +92,7 @@ def _validate_given(given_tokens, given_levels, given_mask, batch_size: int, seq
   if given_levels is None:
     if cfg.num_levels > 1:
       raise ValueError('sample: given_mask with K > 1 needs given_levels [B, L] (the level '
-                       'embedding of given positions, e.g. K-1 for Sudoku clues, '
+                       'embedding of given positions, e.g. K-1 for the clues of a grid, '
                        'docs/method.md §6).')
     given_levels = jnp.zeros(shape, jnp.int32)
   chex.assert_shape([given_tokens, given_levels, given_mask], shape)
@@ -243,8 +234,6 @@ def reverse_step(apply_fn: ApplyFn, schedule: Schedule, cfg: SampleConfig, key: 
     nan_calls = nan_calls + nan1.astype(jnp.int32)
     log_g = parameterization.level_log_probs(hier_logits, t_b, schedule,
                                              prior_corrected=cfg.prior_corrected)
-    if cfg.level0_guard > 0:  # SampleConfig allows it with confidence ordering only
-      log_g = _guard_level0(log_g, cfg.level0_guard)
   else:
     hier_logits = hier_cache
     log_g = jnp.zeros((batch_size, seq_len, 1), jnp.float32)
@@ -279,10 +268,6 @@ def reverse_step(apply_fn: ApplyFn, schedule: Schedule, cfg: SampleConfig, key: 
       conf = jnp.max(token_logp, axis=-1)  # log max_v f^i(v), untempered
       score = jnp.where(eligible, cfg.hierarchy_weight * base.log0(pi) + conf, -jnp.inf)
       order = jnp.argsort(-score, axis=-1, stable=True)
-      if cfg.hierarchy_sure > 0:  # the head's sure positions first, each group by score
-        sure = (eligible & (pi >= cfg.hierarchy_sure * jnp.max(lam))).astype(jnp.int32)
-        first = jnp.argsort(-jnp.take_along_axis(sure, order, -1), axis=-1, stable=True)
-        order = jnp.take_along_axis(order, first, -1)
       rank = jnp.argsort(order, axis=-1)
       chosen = eligible & (rank < count[:, None])
     new_tok = base.draw_tokens(k_token, token_logp, cfg)

@@ -6,8 +6,7 @@ Per masked loss position i, with λ'_k(t) the hazard of level k (schedules.py):
   L_cons = Σ_k g^i_k λ'_k(t) − λ'_{h0^i}(t)                  (eq. 75, pass 1)
 each summed over positions that are masked AND in `loss_mask` and divided by the number of loss
 positions (never by the number that happen to be masked, which would bias the bound). `lm_term`
-and `level_terms` are the two halves, so that a loss can compute them on different rows
-(`loss.hier_batch_stride`, hmdlm.diffusion_loss).
+and `level_terms` are the two halves (pass 2's term and pass 1's).
 """
 
 from __future__ import annotations

@@ -1,18 +1,13 @@
-"""Training-only objectives of the level pathway (docs/method.md §5.1), and its batch stride.
+"""Training-only objectives of the level pathway (docs/method.md §5.1).
 
 Neither term is part of the bound, which `hmdlm.diffusion_loss` reports whatever trains the head:
 * `level_cross_entropy`: the mean −log g^i[h0^i] over the masked loss positions
   (`loss.hier_objective='cross_entropy'`; the minimiser of the bound's L_hier + L_cons too);
 * `round_token_loss`: L_rounds, each round of the pathway learns the digits it decides
   (`loss.beta_rounds` > 0).
-`loss.hier_batch_stride` = k > 1 trains pass 1 on every k-th example of the batch only
-(`strided_rows`): the pathway's FLOPs fall about k-fold while the token network's loss keeps the
-whole batch (docs/method.md §5.1).
 """
 
 from __future__ import annotations
-
-from typing import Callable
 
 import chex
 import jax
@@ -50,24 +45,3 @@ def round_token_loss(round_logits: jax.Array, tokens: jax.Array, levels: jax.Arr
   per_round = (jnp.where(w, nll, 0.0).sum((0, 1))
                / jnp.maximum(w.sum((0, 1)), 1).astype(jnp.float32))
   return per_round.mean()
-
-
-def strided_rows(key: jax.Array, stride: int) -> Callable[[jax.Array], jax.Array]:
-  """The rows that pass 1 trains on: a function [B, ...] -> [B / stride, ...] that keeps the
-  examples o, o + k, o + 2k, ... (k = stride, the offset o ~ U{0..k-1} drawn from `key`).
-
-  With the loss's stratified times (example i holds t in stratum i of B) the kept examples span
-  every k-th stratum, and the random offset makes any batch mean over them unbiased for the
-  batch mean over all. A reshape [B/k, k, ...] keeps a batch-sharded axis on its devices.
-  Stride 1 is the identity (no draw, no ops).
-  """
-  if stride == 1:
-    return lambda a: a
-  offset = jax.random.randint(key, (), 0, stride)
-
-  def take(a: jax.Array) -> jax.Array:
-    chex.assert_is_divisible(a.shape[0], stride)
-    a = a.reshape((a.shape[0] // stride, stride) + a.shape[1:])
-    return jax.lax.dynamic_index_in_dim(a, offset, axis=1, keepdims=False)
-
-  return take

@@ -1,14 +1,17 @@
 """The task registry, keyed by `config.data.kind`: the only place that branches on the task.
 
-A task (tasks/base.py) owns its data pipeline, evaluation, sample mode, printed summary and
-pictures. `config.eval.kind` names the evaluation the config expects; it must be the task's
+A task (tasks/base.py) owns its data pipeline, model features, evaluation, sample mode, printed
+summary and pictures; `build_model(config)` is the network of a run, built with its task's
+features. `config.eval.kind` names the evaluation the config expects; it must be the task's
 ('sudoku' for Sudoku, 'perplexity' for the language tasks).
 """
 
 from __future__ import annotations
 
+import flax.linen as nn
 
 from hmdlm_jax import config as config_lib
+from hmdlm_jax import models
 from hmdlm_jax.data import lm1b
 from hmdlm_jax.data import text as text_data
 from hmdlm_jax.data import wikihow
@@ -35,3 +38,8 @@ def get(config: config_lib.Config) -> base.Task:
     raise ValueError(f'config.eval.kind={config.eval.kind!r} does not fit data.kind={kind!r}: its '
                      f'evaluation is {task.eval_kind!r} (set --config.eval.kind={task.eval_kind})')
   return task
+
+
+def build_model(config: config_lib.Config) -> nn.Module:
+  """The network of `config`: `models.build_model` with its task's features (tasks/base.py)."""
+  return models.build_model(config.model, get(config).model_features(config))

@@ -1,4 +1,4 @@
-"""What a task provides: its data, evaluation, sampling, printed summary and pictures.
+"""What a task provides: its data, model features, evaluation, sampling, summary and pictures.
 
 A task is one kind of data and what is measured on it (tasks/sudoku.py, tasks/text.py); the
 registry in tasks/__init__.py picks it by `config.data.kind`. main.py trains on `task.dataset`;
@@ -18,6 +18,7 @@ from hmdlm_jax import config as config_lib
 from hmdlm_jax.evaluation import batches as batches_lib
 from hmdlm_jax.evaluation import compiled
 from hmdlm_jax.evaluation import reports
+from hmdlm_jax.models import features as model_features
 from hmdlm_jax.processes import base as process_base
 
 # The data/ builder of a task: (config, split, *, seed, process_index, process_count) -> batches.
@@ -70,6 +71,12 @@ class Task(abc.ABC):
     return self.build_dataset(config, split, seed=seed, process_index=process_index,
                               process_count=process_count)
 
+  def model_features(self, config: config_lib.Config) -> model_features.ModelFeatures:
+    """What the task adds to the model (positions, relations, input features;
+    models/features.py): none by default. Every model of a run is built with them."""
+    del config
+    return model_features.ModelFeatures()
+
   @abc.abstractmethod
   def validate(self, config: config_lib.Config) -> None:
     """Raises ValueError naming the field when the (resolved) config does not fit the task's
@@ -94,9 +101,10 @@ class Task(abc.ABC):
     `with_samples` adds sample-based metrics that are too slow for evaluations in training."""
 
   @abc.abstractmethod
-  def prepare_sample(self, config: config_lib.Config, puzzles: Sequence[str] | None,
-                     puzzle_file: str | None) -> Any:
-    """The validated inputs of `sample` (before any checkpoint is restored)."""
+  def prepare_sample(self, config: config_lib.Config, inputs: Sequence[str] | None,
+                     input_file: str | None) -> Any:
+    """The validated inputs of `sample` (before any checkpoint is restored) from the command
+    line's `inputs` (--inputs: Sudoku grids, prompts) and / or an `input_file` (--input_file)."""
 
   @abc.abstractmethod
   def sample(self, ctx: EvalContext, inputs: Any) -> tuple[Records, str]:

@@ -6,7 +6,7 @@ cell accuracy on the blanks, cell accuracy per labeller level, constraint validi
 labeller level disagreement and NFE. The sampler compiles once per decoding for the batch shape; a
 short last batch is padded and the padded rows are dropped from every count.
 
-Sample mode solves the puzzles given on the command line and / or in a puzzle file (one parser:
+Sample mode solves the grids given on the command line and / or in an input file (one parser:
 data/sudoku_csv.py), prints each grid (givens `[d]`) and saves every cell's reveal step.
 """
 
@@ -29,9 +29,11 @@ from hmdlm_jax.evaluation import batches as batches_lib
 from hmdlm_jax.evaluation import compiled
 from hmdlm_jax.evaluation import reports
 from hmdlm_jax.evaluation import samples
+from hmdlm_jax.models import features
 from hmdlm_jax.processes import base as process_base
 from hmdlm_jax.tasks import base
 from hmdlm_jax.tasks import sudoku_hierarchy
+from hmdlm_jax.tasks import sudoku_model
 from hmdlm_jax.tasks import sudoku_pictures
 
 DECODINGS = ('greedy', 'stochastic')
@@ -283,6 +285,10 @@ class SudokuTask(base.Task):
   build_dataset: base.DatasetBuilder = sudoku_pipeline.make_sudoku_dataset
   eval_kind = 'sudoku'
 
+  def model_features(self, config: config_lib.Config) -> features.ModelFeatures:
+    """Grid positions, relations and candidate features as config.model asks (sudoku_model.py)."""
+    return sudoku_model.model_features(config.model)
+
   def validate(self, config: config_lib.Config) -> None:
     m, d = config.model, config.data
     if m.seq_len != sudoku.NUM_CELLS:
@@ -348,21 +354,23 @@ class SudokuTask(base.Task):
           progress=ctx.progress, labeller_at=labeller)
     return out
 
-  def prepare_sample(self, config: config_lib.Config, puzzles: Sequence[str] | None,
-                     puzzle_file: str | None) -> _Puzzles:
+  def prepare_sample(self, config: config_lib.Config, inputs: Sequence[str] | None,
+                     input_file: str | None) -> _Puzzles:
+    """The puzzles of `inputs` (81-character grids, '.' or '0' = blank) and `input_file` (one
+    per line, or a quiz,solution CSV), checked solvable."""
     quizzes, names, sols = [], [], []  # sols: the file's solution of a puzzle, else None
-    for n, p in enumerate(puzzles or ()):
+    for n, p in enumerate(inputs or ()):
       names.append(f'puzzle {n + 1} on the command line')
       quizzes.append(sudoku_csv.parse_puzzle(p, where=names[-1]))
       sols.append(None)
-    if puzzle_file:
-      q, file_sols = sudoku_csv.read_puzzles(puzzle_file)
-      names.extend(f'{puzzle_file}, puzzle {n + 1}' for n in range(len(q)))
+    if input_file:
+      q, file_sols = sudoku_csv.read_puzzles(input_file)
+      names.extend(f'{input_file}, puzzle {n + 1}' for n in range(len(q)))
       quizzes.extend(q)
       sols.extend(file_sols if file_sols is not None else [None] * len(q))
     if not quizzes:
-      raise ValueError('--mode=sample with a Sudoku config needs --puzzles (81 characters, "." or '
-                       '"0" for a blank) or --puzzle_file.')
+      raise ValueError('--mode=sample with a Sudoku config needs --inputs (grids of 81 characters, '
+                       '"." or "0" for a blank) or --input_file.')
     for q, name in zip(quizzes, names):
       check_quiz(q, where=name)
     quiz = np.stack(quizzes)

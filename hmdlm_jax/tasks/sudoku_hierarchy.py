@@ -53,7 +53,7 @@ def mode_config(cfg: SampleConfig, mode: str) -> tuple[SampleConfig, tuple[int, 
   labeller's level (`greedy` is left to the caller: evaluate_sudoku sets it per decoding)."""
   w, ctx, labeller = DECODING_MODES[mode]
   return dataclasses.replace(cfg, ordering='confidence', hierarchy_weight=w,
-                             hierarchy_sure=0.0, level_context=ctx), labeller
+                             level_context=ctx), labeller
 
 
 def _pass1_program(apply_fn: compiled.ApplyFn, process: process_base.Process):

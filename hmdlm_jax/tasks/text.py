@@ -187,11 +187,11 @@ class TextTask(base.Task):
     return {'per_seed': per_seed, 'mean': mean, 'std': std, 'path': path,
             'gen_ppl_unavailable_reason': scorer_reason, 'mauve_unavailable_reason': mauve_reason}
 
-  def prepare_sample(self, config: config_lib.Config, puzzles: Sequence[str] | None,
-                     puzzle_file: str | None) -> None:
-    if puzzles or puzzle_file:
-      raise ValueError(f'--puzzles / --puzzle_file are for Sudoku, not data.kind='
-                       f'{config.data.kind!r}')
+  def prepare_sample(self, config: config_lib.Config, inputs: Sequence[str] | None,
+                     input_file: str | None) -> None:
+    if inputs or input_file:
+      raise ValueError(f'--inputs / --input_file: data.kind={config.data.kind!r} samples '
+                       'config.sample.num_samples texts and takes no prompts yet.')
 
   def sample(self, ctx: base.EvalContext, inputs: None) -> tuple[base.Records, str]:
     del inputs  # the text tasks sample config.sample.num_samples rows, no user input
