@@ -2,7 +2,7 @@
 
 Pre-LN blocks without a causal mask, a final LayerNorm shared by both heads, the token head tied
 to the input embedding, and a plain Linear hierarchy head on that LayerNorm (no conditioning
-vector to modulate with); positions learned (absolute or Sudoku row / column / box) or rotary,
+vector to modulate with); positions learned (absolute, or a task's: models/features.py) or rotary,
 time conditioning optional. `GPT2`'s docstring spells out the architecture and its options.
 
 The method and the parameter counts: docs/method.md §4.6 (b), paper App. F; the hierarchy parts:
@@ -85,9 +85,9 @@ class GPT2(hierarchy.HierarchicalBackbone):
   head `hier_head` = Linear(LN_f(x)) has the token head's form (LN_f then a linear map), with no
   adaLN.
 
-  Positions: 'learned' (GPT-2's absolute table [seq_len, H]), 'sudoku' (learned row / column /
-  3×3-box tables, 3 × [9, H]; sudoku_positions.py) or 'rotary' (rotate-half on q, k; no absolute
-  table). Time conditioning (optional, default off like MDLM): c = SiLU(sigma_map(t)) as in the
+  Positions: 'learned' (GPT-2's absolute table [seq_len, H]), a task's (models/features.py: e.g.
+  a grid's learned row / column / box tables) or 'rotary' (rotate-half on q, k; no absolute
+  table); a task's relation bias needs the DiT. Time conditioning (optional, default off like MDLM): c = SiLU(sigma_map(t)) as in the
   DiT, and `time_proj` (Linear cond -> H, zero-init so switching it on starts from the
   unconditioned model) adds c's projection to every input position; built only when switched on.
   Single-pass variant: `token_level_embed` [(K+1), H] added to the hidden state before LN_f on the
