@@ -149,7 +149,7 @@ class Pathway(nn.Module):
     width = s.width or self.hidden_size
     mlp_dim = self.mlp_dim * width // self.hidden_size
     # Fewer heads cost the same matmul FLOPs but fewer [B, heads, L, L] softmax elements, which
-    # dominate a narrow pathway's time on CPU (docs/hierarchy_results.md item 18).
+    # dominate a narrow pathway's time on CPU (docs/method.md §4.7).
     heads = s.num_heads or self.num_heads
     blocks = [self.block(f'{HIER_PREFIX}blocks_{i}', mlp_dim, heads) for i in range(s.layers)]
     z = hx
