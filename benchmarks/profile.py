@@ -3,7 +3,7 @@ r"""Where the train step's time goes: XLA ops ranked by time, with the JAX sourc
   python -m benchmarks.profile --shape=tiny --mode=mdlm --batch_size=8 [--patch=subs_nll] \
       [--top=25] [--json=OUT.json]
   python -m benchmarks.profile --config=configs/sudoku_learned_hierarchy.py \
-      --config.model.hier_width=32 --config.model.hier_num_heads=1     # any experiment config
+      --config.model.pathway.width=32 --config.model.pathway.num_heads=1     # any experiment config
 
 Traces `--steps` real train steps (hmdlm_jax/train.py) with `jax.profiler.trace`, reads the trace
 back with `jax.profiler.ProfileData`, sums each XLA op's duration over all threads and steps, and

@@ -26,8 +26,8 @@ NUM_STEPS = 900  # a step budget keeps the figures reproducible across machines
 
 def get_config() -> ml_collections.ConfigDict:
   c = sudoku_learned_hierarchy.get_config()
-  c.model.hier_width = 32
-  c.model.hier_num_heads = 1
+  c.model.pathway.width = 32
+  c.model.pathway.num_heads = 1
   c.optim.hier_lr_scale = 8.0  # item 35: level accuracy >= 0.80 on each of seeds 0-3 at 900 steps
   c.train.num_steps = NUM_STEPS
   c.data.num_test_puzzles = 100

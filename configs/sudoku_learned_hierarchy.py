@@ -29,13 +29,13 @@ def get_config() -> ml_collections.ConfigDict:
   m.given_state = True  # givens are not "revealed level-5 cells"
   m.sudoku_candidates = True
   m.candidates_pathway_only = True  # the token network stays the base's
-  m.hier_input_embed = True
-  m.hier_time_conditioning = True
-  m.hier_source = 'input'  # the pathway computes the rounds itself (its head re-reads the grid)
-  m.hier_layers = 2  # tied blocks per round
-  m.hier_width = 64  # item 16: half the pathway's FLOPs of the full width, a larger decoding gain
-  m.hier_repeats = 5  # one repeat per solving round (K - 1)
-  m.hier_readout = 'rounds'
+  m.pathway.input_embed = True
+  m.pathway.time_conditioning = True
+  m.pathway.source = 'input'  # the pathway computes the rounds itself (its head re-reads the grid)
+  m.pathway.layers = 2  # tied blocks per round
+  m.pathway.width = 64  # item 16: half the pathway's FLOPs of the full width, a larger decoding gain
+  m.pathway.repeats = 5  # one repeat per solving round (K - 1)
+  m.pathway.readout = 'rounds'
 
   c.loss.hier_objective = 'cross_entropy'
   c.loss.beta_rounds = 1.0  # each round learns the digits it places

@@ -10,20 +10,20 @@ U(t_min, 1), and reports the held-out level accuracy on generated test puzzles a
 (the majority level among the same cells):
 
   nice -n 10 python -m scripts.probe_levels --steps 600 --config.model.given_state=True \
-      --config.model.hier_layers=2 --config.model.hier_repeats=4 --out /tmp/probe.json
+      --config.model.pathway.layers=2 --config.model.pathway.repeats=4 --out /tmp/probe.json
   python -m scripts.probe_levels --config=configs/sudoku_learned_hierarchy.py --train hier \
       --steps 2000 [--config.optim.hier_lr_scale=3.0]
 
 (from the repository root)
 
 `--train backbone` trains every parameter on the level loss (the backbone is the trunk);
-`--config.loss.beta_rounds=W` (with model.hier_readout='rounds') adds W x the package's per-round
+`--config.loss.beta_rounds=W` (with model.pathway.readout='rounds') adds W x the package's per-round
 token loss (`processes.level_objectives.round_token_loss`: the 'hier_round_tokens' head of repeat
 r trained on the solution digit of every masked blank cell that rounds 1..r of the labeller determine,
 level >= K - r), so each repeat gets a direct signal for what its round should know;
 `--train hier` trains only the hierarchy pathway ('hier_*' parameters, the backbone frozen at its
 initialisation, which is the identity for the DiT's adaLN-zero blocks: the pathway then reads the
-input embedding; use with model.hier_input_embed so it sees its own level/given table).
+input embedding; use with model.pathway.input_embed so it sees its own level/given table).
 Optimiser: AdamW at --lr (default: the config's optim.lr) with 100 warm-up steps and a cosine
 decay, global-norm clip 1; the 'hier_*' parameters' step is scaled by the config's
 optim.hier_lr_scale as in training (hmdlm_jax/optim.py `scale_by_group`).

@@ -1,7 +1,7 @@
 r"""Cost of one training step of a Sudoku config with overrides: matmul FLOPs, and wall time.
 
   python -m scripts.step_cost [--config=configs/sudoku_learned_hierarchy.py] \
-      [--config.model.hier_num_heads=1 ...] [--wall_rounds=5 --wall_steps=10] [--loop]
+      [--config.model.pathway.num_heads=1 ...] [--wall_rounds=5 --wall_steps=10] [--loop]
 
 (from the repository root; the overrides are those of `python -m hmdlm_jax.main`, read by
 `hmdlm_jax.config.load`)
@@ -152,7 +152,7 @@ def main(argv: list[str] | None = None) -> None:
   ap = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
   ap.add_argument('--config', default=DEFAULT_CONFIG,
                   help='a Sudoku configs/*.py file; --config.section.field=value overrides it, '
-                  'e.g. --config.model.hier_width=32')
+                  'e.g. --config.model.pathway.width=32')
   ap.add_argument('--wall_rounds', type=int, default=0, help='0 = FLOPs only')
   ap.add_argument('--wall_steps', type=int, default=5, help='timed steps per round and config')
   ap.add_argument('--loop', action='store_true',

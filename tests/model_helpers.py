@@ -21,11 +21,19 @@ from hmdlm_jax.tasks import sudoku_model
 B, L, V = 2, 8, 11
 
 
+PATHWAY_FIELDS = ('layers', 'repeats', 'time_conditioning', 'input_embed', 'readout', 'width',
+                  'num_heads', 'source', 'round_tokens')
+
+
 def model_cfg(**over):
-  """A tiny model config section (configs/base.py schema)."""
+  """A tiny model config section (configs/base.py schema); `hier_<field>=v` is shorthand for
+  model.pathway.<field> = v (the level pathway's section)."""
   c = get_base_config().model
   c.update(dict(num_levels=3, vocab_size=V, seq_len=L, num_layers=1, hidden_size=16, num_heads=2,
                 mlp_dim=32, cond_dim=8, dropout=0.1))
+  for name in PATHWAY_FIELDS:
+    if f'hier_{name}' in over:
+      c.pathway[name] = over.pop(f'hier_{name}')
   c.update(over)
   return c
 

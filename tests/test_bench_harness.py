@@ -128,20 +128,20 @@ def test_profile_overrides_need_a_config(capsys):
   --config experiment only; a missing file, a misspelt field and the retired --set are refused
   with a line naming them, before anything is traced."""
   with pytest.raises(SystemExit):
-    profile.main(['--config.model.hier_width=32'])
-  assert ('--config.model.hier_width=32 overrides a --config experiment'
+    profile.main(['--config.model.pathway.width=32'])
+  assert ('--config.model.pathway.width=32 overrides a --config experiment'
           in capsys.readouterr().err)
   with pytest.raises(SystemExit):
-    profile.main(['--set', 'model.hier_width=32'])
-  assert 'unrecognized arguments: --set model.hier_width=32' in capsys.readouterr().err
+    profile.main(['--set', 'model.pathway.width=32'])
+  assert 'unrecognized arguments: --set model.pathway.width=32' in capsys.readouterr().err
   with pytest.raises(SystemExit):
     profile.main(['--config=configs/sudoku.py', '--config.model.hier_widht=32'])
   assert 'model.hier_widht' in capsys.readouterr().err
   with pytest.raises(ValueError, match='--config=sudoku.py: no such file'):
     profile.experiment_config('sudoku.py', [])
-  config = profile.experiment_config('configs/sudoku.py', ['--config.model.hier_width=32',
+  config = profile.experiment_config('configs/sudoku.py', ['--config.model.pathway.width=32',
                                                            '--config.data.batch_size=4'])
-  assert config.model.hier_width == 32 and config.data.batch_size == 4
+  assert config.model.pathway.width == 32 and config.data.batch_size == 4
 
 
 def test_before_runners_need_a_before_tree(capsys, tmp_path):

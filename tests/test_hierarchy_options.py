@@ -1,7 +1,7 @@
 """The hierarchy pathway options of issue 11 (docs/method.md §4.7, §5.1; docs/design.md).
 
-* model: hierarchy trunk (`hier_layers`, weight-tied `hier_repeats`), `hier_time_conditioning`,
-  `hier_input_embed`, `given_state` (givens enter as h_g = K+1): every part starts as the identity,
+* model: hierarchy trunk (`pathway.layers`, weight-tied `pathway.repeats`), `pathway.time_conditioning`,
+  `pathway.input_embed`, `given_state` (givens enter as h_g = K+1): every part starts as the identity,
   only 'hier_*' parameters are added, stop-gradient isolates the backbone, R repeats share weights;
 * process: the given state reaches every network call of the loss, the bound and the sampler, and
   nothing else; `loss.hier_objective='cross_entropy'` equals a numpy re-derivation and the default
@@ -10,7 +10,7 @@
   the backbone's update unchanged; `optim.hier_lr_scale` multiplies the hierarchy group's AdamW
   update exactly and leaves the backbone's;
 * config: `loss.train_steps_T = 0` resolves to `sample.num_steps`;
-* `model.hier_num_heads`: the pathway's blocks attend with that many heads (numpy re-derivation).
+* `model.pathway.num_heads`: the pathway's blocks attend with that many heads (numpy re-derivation).
 The parameter trees of existing configs are pinned by tests/test_models.py (fixtures).
 """
 
@@ -109,7 +109,7 @@ def test_pathway_adds_only_hier_params_and_starts_as_identity(backbone, options)
 
 
 def test_pathway_heads_option_runs_single_head_attention():
-  """model.hier_num_heads: the pathway's block attends with that many heads (numpy re-derivation
+  """model.pathway.num_heads: the pathway's block attends with that many heads (numpy re-derivation
   of the block on the inputs it received), the token trunk keeps model.num_heads."""
   model, abstract = _model(hier_layers=1, hier_width=8, hier_num_heads=1)
   assert abstract['hier_blocks_0']['attn_qkv']['kernel'].shape == (8, 3, 1, 8)
@@ -132,7 +132,7 @@ def test_pathway_heads_option_runs_single_head_attention():
   np.testing.assert_allclose(np.asarray(seen['out']), want, atol=1e-4, rtol=1e-4)
   for bad, match in ((dict(hier_width=8, hier_num_heads=3), 'divisible'),
                      (dict(hier_width=6, hier_num_heads=2), 'even head dimension'),
-                     (dict(hier_num_heads=-1), 'model.hier_num_heads')):
+                     (dict(hier_num_heads=-1), 'model.pathway.num_heads')):
     with pytest.raises(ValueError, match=match):
       _model_cfg(hier_layers=1, **bad)
 
@@ -144,7 +144,7 @@ def test_repeats_share_weights_and_act():
   params = _perturbed(models.init_params(one, jax.random.key(0), L), 5, 0.3)
   args = _inputs(6)
   assert np.abs(_hier(one, params, *args) - _hier(four, params, *args)).max() > 1e-3
-  with pytest.raises(ValueError, match='model.hier_repeats'):
+  with pytest.raises(ValueError, match='model.pathway.repeats'):
     _model_cfg(hier_repeats=2)
 
 
@@ -385,7 +385,7 @@ def test_train_steps_T_defaults_to_the_sampling_grid():
   with pytest.raises(ValueError, match='loss.hier_objective'):
     config_lib.resolve(c)
   c = get_base_config()
-  c.model.hier_time_conditioning = True  # t reaches the network: no pass-1 logit reuse
+  c.model.pathway.time_conditioning = True  # t reaches the network: no pass-1 logit reuse
   assert config_lib.SampleConfig.from_config(resolved(c)).time_conditioning
 
 
@@ -408,7 +408,7 @@ def test_round_readout_is_stick_breaking():
     ref[..., K - r] = p[..., r - 1] * np.prod(1 - p[..., :r - 1], -1)
   np.testing.assert_allclose(np.exp(np.asarray(logp['hier'], np.float64)), ref, rtol=1e-5,
                              atol=1e-7)
-  with pytest.raises(ValueError, match='model.hier_readout'):
+  with pytest.raises(ValueError, match='model.pathway.readout'):
     _model_cfg(hier_layers=1, hier_repeats=1, hier_readout='rounds')
 
 
@@ -443,5 +443,5 @@ def test_hier_source_input_reads_the_embedded_input(backbone):
       lambda p: m.apply({'params': p}, tokens, levels, t, heads=('hier',)), params)
   pathway = hier_flops(_model(hier_source='input', **dict(over, num_layers=1))[0])
   assert hier_flops(model) == pathway and hier_flops(feats) > pathway
-  with pytest.raises(ValueError, match='model.hier_source'):
+  with pytest.raises(ValueError, match='model.pathway.source'):
     _model_cfg(hier_source='trunk')

@@ -1,12 +1,12 @@
 """The per-round token loss of issue 11 (`loss.beta_rounds`, docs/method.md §5.1).
 
-* model: `hier_round_tokens` adds one zero-init Linear ('hier_round_token_head') on the LN features
+* model: `pathway.round_tokens` adds one zero-init Linear ('hier_round_token_head') on the LN features
   of each repeat; its logits [B, L, R, V] equal a numpy product with the captured features, and the
   level output is the same as without the head;
 * loss: L_rounds equals a numpy re-derivation (round r reads the masked loss positions of level
   >= K - r), enters the training loss as β_rounds L_rounds for both variants and leaves the bound's
   terms unchanged; the default log has no 'round_tokens';
-* config: model.hier_round_tokens is derived from loss.beta_rounds, and the errors name the field.
+* config: model.pathway.round_tokens is derived from loss.beta_rounds, and the errors name the field.
 """
 
 from __future__ import annotations
@@ -126,20 +126,20 @@ def test_round_token_loss_matches_numpy(variant):
 
 def test_round_tokens_config_is_derived_and_checked():
   c = sudoku_config.get_config()
-  assert c.loss.beta_rounds == 0.0 and not config_lib.resolve(c).model.hier_round_tokens
-  c.model.update(hier_layers=1, hier_repeats=c.model.num_levels - 1, hier_readout='rounds')
+  assert c.loss.beta_rounds == 0.0 and not config_lib.resolve(c).model.pathway.round_tokens
+  c.model.pathway.update(layers=1, repeats=c.model.num_levels - 1, readout='rounds')
   c.loss.beta_rounds = 0.5
   r = config_lib.resolve(c)
-  assert r.model.hier_round_tokens and config_lib.resolve(ml_collections.ConfigDict(config_lib.to_dict(r))).model.hier_round_tokens
+  assert r.model.pathway.round_tokens and config_lib.resolve(ml_collections.ConfigDict(config_lib.to_dict(r))).model.pathway.round_tokens
   assert config_lib.LossConfig.from_config(resolved(c)).beta_rounds == 0.5
-  assert resolved(c).model.hier_round_tokens
+  assert resolved(c).model.pathway.round_tokens
   bad = sudoku_config.get_config()
   bad.loss.beta_rounds = 0.5  # the default level head: no rounds to read
-  with pytest.raises(ValueError, match="loss.beta_rounds.*hier_readout='rounds'"):
+  with pytest.raises(ValueError, match="loss.beta_rounds.*pathway.readout='rounds'"):
     config_lib.resolve(bad)
   bad = sudoku_config.get_config()
-  bad.model.hier_round_tokens = True
-  with pytest.raises(ValueError, match='model.hier_round_tokens=True is derived from '
+  bad.model.pathway.round_tokens = True
+  with pytest.raises(ValueError, match='model.pathway.round_tokens=True is derived from '
                                        'loss.beta_rounds'):
     config_lib.resolve(bad)
   bad = sudoku_config.get_config()

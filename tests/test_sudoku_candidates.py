@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 
 from configs.base import get_base_config
+from tests import model_helpers as mh
 from hmdlm_jax import config as config_lib
 from hmdlm_jax import models
 from hmdlm_jax.data import sudoku
@@ -85,6 +86,9 @@ def _cfg(**over):
   c.update(dict(num_levels=3, vocab_size=10, mask_id=-1, seq_len=81, num_layers=1,
                 hidden_size=16, num_heads=2, mlp_dim=32, cond_dim=8, dropout=0.0,
                 position_embedding='sudoku', given_state=True))
+  for name in mh.PATHWAY_FIELDS:  # hier_<field>=v: model.pathway.<field> = v
+    if f'hier_{name}' in over:
+      c.pathway[name] = over.pop(f'hier_{name}')
   c.update(over)
   return config_lib.ModelConfig.from_section(c)
 
@@ -199,4 +203,4 @@ def test_pathway_only_features_never_reach_the_token_network(source):
               candidates_pathway_only=True)
   assert 'input features' not in models.param_count_breakdown(twin, sc.model_features(twin))
   with pytest.raises(ValueError, match='model.candidates_pathway_only'):
-    _cfg(candidates_pathway_only=True, sudoku_candidates=True)  # no hier_input_embed
+    _cfg(candidates_pathway_only=True, sudoku_candidates=True)  # no pathway.input_embed

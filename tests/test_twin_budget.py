@@ -72,13 +72,13 @@ def test_the_twin_of_a_pathway_setting_is_the_demos_twin():
   derived off, and with the candidates fed to the pathway only the twin's step has exactly the
   plain demo twin's matrix FLOPs (the pathway was its only extra)."""
   setting = ['--config.model.given_state=True', '--config.model.sudoku_candidates=True',
-             '--config.model.candidates_pathway_only=True', '--config.model.hier_input_embed=True',
-             '--config.model.hier_layers=1', '--config.model.hier_repeats=5',
-             '--config.model.hier_readout=rounds', '--config.loss.beta_rounds=1.0',
-             '--config.model.hier_source=input']
+             '--config.model.candidates_pathway_only=True', '--config.model.pathway.input_embed=True',
+             '--config.model.pathway.layers=1', '--config.model.pathway.repeats=5',
+             '--config.model.pathway.readout=rounds', '--config.loss.beta_rounds=1.0',
+             '--config.model.pathway.source=input']
   cfg = lambda over: load(twin_budget.DEFAULT_CONFIG, over)
   twin = config_lib.resolve(cfg(setting + [twin_budget.TWIN]))
-  assert twin.loss.beta_rounds == 0.0 and not twin.model.hier_round_tokens
+  assert twin.loss.beta_rounds == 0.0 and not twin.model.pathway.round_tokens
   assert (twin_budget.step_cost.step_flops(cfg(setting + [twin_budget.TWIN]))
           == twin_budget.step_cost.step_flops(cfg([twin_budget.TWIN])))
 
@@ -114,7 +114,7 @@ def test_the_learned_hierarchy_config_and_its_twin_budget():
 
 
 def test_pathway_heads_keep_the_flops_and_equal_wall_budget():
-  """`model.hier_num_heads` changes no matmul FLOPs (same projections, the attention's scores and
+  """`model.pathway.num_heads` changes no matmul FLOPs (same projections, the attention's scores and
   values split over fewer heads), so the FLOPs budget cannot see it: the wall budget's arithmetic
   (scripts/step_cost.py --wall_rounds) is the median per-round ratio, rounded down; the timer
   runs each config's real step in every round, each in a child process of its own; a child's
@@ -123,9 +123,9 @@ def test_pathway_heads_keep_the_flops_and_equal_wall_budget():
   cfg = lambda over: load(path, over)
   tiny = ['--config.model.num_layers=1', '--config.model.hidden_size=32',
           '--config.model.num_heads=2', '--config.model.mlp_dim=32', '--config.data.batch_size=2',
-          '--config.model.hier_width=16']
+          '--config.model.pathway.width=16']
   flops = twin_budget.step_cost.step_flops
-  assert flops(cfg(tiny + ['--config.model.hier_num_heads=1'])) == flops(cfg(tiny)) > 0
+  assert flops(cfg(tiny + ['--config.model.pathway.num_heads=1'])) == flops(cfg(tiny)) > 0
   ratios, steps = twin_budget.step_cost.equal_wall_steps(2000, [0.6, 0.9, 0.5], [0.3, 0.3, 0.2])
   np.testing.assert_allclose(ratios, [2.0, 3.0, 2.5])
   assert steps == 5000

@@ -121,13 +121,14 @@ def _check_init(config: ml_collections.ConfigDict) -> None:
 
 
 def _derive_round_tokens(config: ml_collections.ConfigDict) -> None:
-  """model.hier_round_tokens = loss.beta_rounds > 0 (the head exists only when its loss does)."""
+  """model.pathway.round_tokens = loss.beta_rounds > 0 (the head exists only when its loss
+  does)."""
   beta = _check_number('loss.beta_rounds', config.loss.get('beta_rounds', 0.0), lo=0.0)
-  given = config.model.get('hier_round_tokens', False)
+  given = config.model.pathway.round_tokens
   if given not in (False, beta > 0):
-    raise ValueError(f'model.hier_round_tokens={given!r} is derived from loss.beta_rounds '
+    raise ValueError(f'model.pathway.round_tokens={given!r} is derived from loss.beta_rounds '
                      f'({beta}): leave it False and set loss.beta_rounds.')
-  config.model.hier_round_tokens = beta > 0
+  config.model.pathway.round_tokens = beta > 0
 
 
 def resolve(config: ml_collections.ConfigDict) -> schema.Config:

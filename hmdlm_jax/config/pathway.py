@@ -1,54 +1,74 @@
-"""Validation of the hierarchy pathway's `model` fields (docs/method.md §4.7).
+"""The level pathway's section of the config, `model.pathway` (docs/method.md §4.7), and its checks.
 
-`check_pathway(values)` reads the raw `model` section values (a dict of field -> value, as
-config.ModelConfig.from_section collects them) and raises one ValueError naming the field and
-what to set. Kept apart from config.py, which holds every other section's checks.
+The defaults build no pathway: the paper's level head on the backbone's features. Its settings
+reach the network in one place (models/pathway.py `settings`); `check_pathway` raises one
+ValueError naming the field and what to set.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
+from hmdlm_jax.config.checks import check_bool
 from hmdlm_jax.config.checks import check_int
 
-HIER_READOUTS = ('head', 'rounds')
-HIER_SOURCES = ('features', 'input')
+READOUTS = ('head', 'rounds')
+SOURCES = ('features', 'input')
 
 
-def check_pathway(values: dict[str, Any]) -> None:
-  """Raises ValueError for an invalid or inconsistent hierarchy-pathway setting."""
-  check_int('model.hier_layers', values['hier_layers'], minimum=0)
-  check_int('model.hier_repeats', values['hier_repeats'], minimum=1)
-  check_int('model.hier_width', values['hier_width'], minimum=0)
-  check_int('model.hier_num_heads', values['hier_num_heads'], minimum=0)
-  width = values['hier_width'] or values['hidden_size']
-  heads = values['hier_num_heads'] or values['num_heads']
-  own = values['hier_width'] or values['hier_num_heads']  # else the trunk's, checked with it
+@dataclasses.dataclass(frozen=True)
+class PathwayConfig:
+  """`model.pathway`: blocks between the features and the level head; all its parameters are
+  named 'hier_*' and only the hierarchy terms train them."""
+  layers: int = 0  # N blocks of the backbone's own kind (the hierarchy trunk); 0 = none
+  repeats: int = 1  # apply the N blocks R times with tied weights (R > 1: recurrent, RRN-style)
+  time_conditioning: bool = False  # the pathway reads its own embedding of t
+  input_embed: bool = False  # the pathway adds its own table of input states (level, h_m, h_g)
+  # 'head': the backbone's level head on the pathway's output; 'rounds': one hazard readout per
+  # repeat, levels by stick-breaking (needs repeats = num_levels - 1; models/pathway.py).
+  readout: str = 'head'
+  width: int = 0  # width of the trunk's blocks (0 = hidden_size); narrower = cheaper pass 1
+  num_heads: int = 0  # attention heads of the trunk's blocks (0 = num_heads); fewer = cheaper
+  # What the pathway reads: 'features' (the backbone's final hidden state, the paper) | 'input'
+  # (the embedded input before the backbone's blocks: a level network of its own beside it).
+  source: str = 'features'
+  round_tokens: bool = False  # derived: loss.beta_rounds > 0 (a token head on each round)
+
+
+def check_pathway(p: PathwayConfig, model: dict[str, Any]) -> None:
+  """Raises ValueError for an invalid or inconsistent `model.pathway` given the `model` values
+  (num_levels, hidden_size, num_heads, position_embedding)."""
+  f = 'model.pathway.'
+  check_int(f + 'layers', p.layers, minimum=0)
+  check_int(f + 'repeats', p.repeats, minimum=1)
+  check_int(f + 'width', p.width, minimum=0)
+  check_int(f + 'num_heads', p.num_heads, minimum=0)
+  for name in ('time_conditioning', 'input_embed', 'round_tokens'):
+    check_bool(f + name, getattr(p, name))
+  width = p.width or model['hidden_size']
+  heads = p.num_heads or model['num_heads']
+  own = p.width or p.num_heads  # else the trunk's, checked with it
   if own and width % heads:
-    raise ValueError(f"model.hier_width={values['hier_width']} (0 = hidden_size = "
-                     f"{values['hidden_size']}) must be divisible by the pathway's heads, "
-                     f"model.hier_num_heads={values['hier_num_heads']} (0 = num_heads = "
-                     f"{values['num_heads']}).")
-  if own and values['position_embedding'] == 'rotary' and (width // heads) % 2:
-    raise ValueError(f'model.hier_num_heads={heads}: rotary embeddings need an even head '
-                     f'dimension in the hierarchy pathway (width {width} / {heads} heads).')
-  if values['hier_repeats'] > 1 and values['hier_layers'] == 0:
-    raise ValueError(f"model.hier_repeats={values['hier_repeats']} repeats the hierarchy trunk, "
-                     'which has no blocks: set model.hier_layers >= 1 (or hier_repeats=1).')
-  if values['hier_readout'] not in HIER_READOUTS:
-    raise ValueError(f"model.hier_readout={values['hier_readout']!r} is not one of "
-                     f'{HIER_READOUTS}.')
-  if values['hier_readout'] == 'rounds' and values['num_levels'] > 1 and (
-      values['hier_layers'] == 0 or values['hier_repeats'] != values['num_levels'] - 1):
-    raise ValueError("model.hier_readout='rounds' reads one hazard per round: it needs "
-                     'model.hier_layers >= 1 and model.hier_repeats = model.num_levels - 1 = '
-                     f"{values['num_levels'] - 1} (got {values['hier_layers']}, "
-                     f"{values['hier_repeats']}).")
-  if values['hier_source'] not in HIER_SOURCES:
-    raise ValueError(f"model.hier_source={values['hier_source']!r} is not one of "
-                     f'{HIER_SOURCES}.')
-  if values['hier_round_tokens'] and (values['hier_readout'] != 'rounds'
-                                      or values['num_levels'] == 1):
-    raise ValueError('loss.beta_rounds > 0 (model.hier_round_tokens) reads the token of each '
-                     "round: it needs model.hier_readout='rounds' and model.num_levels > 1 "
-                     f"(got {values['hier_readout']!r}, {values['num_levels']}).")
+    raise ValueError(f"{f}width={p.width} (0 = hidden_size = {model['hidden_size']}) must be "
+                     f"divisible by the pathway's heads, {f}num_heads={p.num_heads} (0 = "
+                     f"num_heads = {model['num_heads']}).")
+  if own and model['position_embedding'] == 'rotary' and (width // heads) % 2:
+    raise ValueError(f'{f}num_heads={heads}: rotary embeddings need an even head dimension in '
+                     f'the hierarchy pathway (width {width} / {heads} heads).')
+  if p.repeats > 1 and p.layers == 0:
+    raise ValueError(f'{f}repeats={p.repeats} repeats the hierarchy trunk, which has no blocks: '
+                     f'set {f}layers >= 1 (or repeats=1).')
+  if p.readout not in READOUTS:
+    raise ValueError(f'{f}readout={p.readout!r} is not one of {READOUTS}.')
+  k = model['num_levels']
+  if p.readout == 'rounds' and k > 1 and (p.layers == 0 or p.repeats != k - 1):
+    raise ValueError(f"{f}readout='rounds' reads one hazard per round: it needs {f}layers >= 1 "
+                     f'and {f}repeats = model.num_levels - 1 = {k - 1} (got {p.layers}, '
+                     f'{p.repeats}).')
+  if p.source not in SOURCES:
+    raise ValueError(f'{f}source={p.source!r} is not one of {SOURCES}.')
+  if p.round_tokens and (p.readout != 'rounds' or k == 1):
+    raise ValueError(f"loss.beta_rounds > 0 ({f}round_tokens) reads the token of each round: it "
+                     f"needs {f}readout='rounds' and model.num_levels > 1 (got {p.readout!r}, "
+                     f'{k}).')

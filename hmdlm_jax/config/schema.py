@@ -19,6 +19,7 @@ from hmdlm_jax.config.checks import check_int as _check_int
 from hmdlm_jax.config.checks import check_number as _check_number
 from hmdlm_jax.config.hdlm import HDLMSection
 from hmdlm_jax.config.multimdm import MultiMDMSection
+from hmdlm_jax.config.pathway import PathwayConfig
 from hmdlm_jax.config.pathway import check_pathway
 
 VARIANTS = ('two_pass', 'single_pass')
@@ -64,31 +65,18 @@ class ModelConfig:
   # backbone learns from L_LM alone; pass 1 then has no backward through the backbone).
   hier_stop_gradient: bool = False
   # The hierarchy pathway between the backbone's features and the level head (docs/method.md
-  # §4.7); the defaults build exactly the paper's head (same parameter tree). All its parameters
-  # are named 'hier_*' and only the hierarchy terms train them.
-  hier_layers: int = 0  # N blocks of the backbone's own kind (the hierarchy trunk); 0 = none
-  hier_repeats: int = 1  # apply the N blocks R times with tied weights (R > 1: recurrent, RRN-style)
-  hier_time_conditioning: bool = False  # the pathway reads its own embedding of t
-  hier_input_embed: bool = False  # the pathway adds its own table of input states (level, h_m, h_g)
-  # 'head': the backbone's level head on the pathway's output; 'rounds': one hazard readout per
-  # repeat, levels by stick-breaking (needs hier_repeats = num_levels - 1; models/pathway.py).
-  hier_readout: str = 'head'
-  hier_width: int = 0  # width of the trunk's blocks (0 = hidden_size); narrower = cheaper pass 1
-  hier_num_heads: int = 0  # attention heads of the trunk's blocks (0 = num_heads); fewer = cheaper
-  # What the pathway reads: 'features' (the backbone's final hidden state, the paper) | 'input'
-  # (the embedded input before the backbone's blocks: a level network of its own beside it).
-  hier_source: str = 'features'
+  # §4.7, hmdlm_jax/config/pathway.py); the defaults build exactly the paper's head.
+  pathway: PathwayConfig = dataclasses.field(default_factory=PathwayConfig)
   # Given cells (Sudoku clues, prompts) carry their own input state h_g = K+1 instead of their
   # level: the level tables get a (K+2)-th row (docs/design.md). False: givens show their level.
   given_state: bool = False
   # Sudoku only: add each cell's candidate digits, candidate count and hidden singles, computed
   # from the revealed digits of the input grid, through zero-init projections (to the input and,
-  # with hier_input_embed, to the hierarchy pathway; tasks/sudoku_model.py).
+  # with pathway.input_embed, to the hierarchy pathway; tasks/sudoku_model.py).
   sudoku_candidates: bool = False
-  # True: those features feed the hierarchy pathway only (needs hier_input_embed); the token
+  # True: those features feed the hierarchy pathway only (needs pathway.input_embed); the token
   # network, and so an MDLM twin, never sees them.
   candidates_pathway_only: bool = False
-  hier_round_tokens: bool = False  # derived: loss.beta_rounds > 0 (a token head on each round)
   dtype: str = 'float32'  # compute dtype: 'float32' | 'bfloat16'; parameters stay float32
 
   @classmethod
@@ -113,12 +101,15 @@ class ModelConfig:
     values['mask_id'] = config_kinds.resolve_mask_id(values['vocab_size'], values['mask_id'],
                                                      get('extra_vocab_rows', None) or 0)
     values['dropout'] = _check_number('model.dropout', values['dropout'], lo=0.0, hi=1.0)
-    for name in ('time_conditioning', 'tie_embeddings', 'hier_stop_gradient',
-                 'hier_time_conditioning', 'hier_input_embed', 'given_state',
-                 'sudoku_candidates', 'candidates_pathway_only', 'hier_round_tokens'):
+    for name in ('time_conditioning', 'tie_embeddings', 'hier_stop_gradient', 'given_state',
+                 'sudoku_candidates', 'candidates_pathway_only'):
       _check_bool(f'model.{name}', values[name])
     _check_int('model.cluster_head', values['cluster_head'], minimum=0)
-    check_pathway(values)
+    p = values['pathway']
+    if not isinstance(p, PathwayConfig):
+      items = p.items() if hasattr(p, 'items') else ()
+      values['pathway'] = p = build(PathwayConfig, dict(items), 'model.pathway.')
+    check_pathway(p, values)
     return cls(**values)
 
   def __post_init__(self) -> None:
@@ -150,9 +141,10 @@ class ModelConfig:
       raise bad('sudoku_candidates', 'the candidate features need a Sudoku grid: model.seq_len '
                 '= 81, vocab_size = 10 and mask_id = 9 (tokens 0..8 = digits 1..9; '
                 f'got {self.seq_len}, {self.vocab_size}, {self.mask_id})')
-    if self.candidates_pathway_only and not (self.sudoku_candidates and self.hier_input_embed):
+    if self.candidates_pathway_only and not (self.sudoku_candidates
+                                             and self.pathway.input_embed):
       raise bad('candidates_pathway_only', 'the candidate features would feed nothing: set '
-                'model.sudoku_candidates=True and model.hier_input_embed=True')
+                'model.sudoku_candidates=True and model.pathway.input_embed=True')
 
 
 @dataclasses.dataclass(frozen=True)
@@ -183,7 +175,7 @@ class LossSection:
   # masked loss positions (same optimum, no 1/(t − δ_k) tail). The bound's terms are reported
   # (and evaluated) either way.
   hier_objective: str = 'bound'
-  # > 0: adds β_rounds × the per-round token loss (training only): with hier_readout='rounds',
+  # > 0: adds β_rounds × the per-round token loss (training only): with pathway.readout='rounds',
   # repeat r of the hierarchy trunk reads the tokens of the masked positions whose level rounds
   # 1..r decide (level >= K - r), so each round learns what it should know (docs/method.md §5.1).
   beta_rounds: float = 0.0

@@ -48,7 +48,7 @@ class LossConfig:
       'cross_entropy' (β_hier × mean −log g[h0] over masked loss positions; docs/method.md §5.1).
     given_state: given positions enter the network as h_g = K+1 (model.given_state).
     beta_rounds: weight of the per-round token loss L_rounds (training only, never in the bound;
-      0 = off; needs model.hier_readout='rounds', which derives model.hier_round_tokens;
+      0 = off; needs model.pathway.readout='rounds', which derives model.pathway.round_tokens;
       docs/method.md §5.1).
     token_rows: where the training loss evaluates the token head: 'all' positions (dense logits,
       then the masked ones are read) or only the 'selected' ones (masked loss positions;
@@ -165,7 +165,7 @@ class SampleConfig:
                use_cache=sm.use_cache, prior_corrected=m.prior_corrected_head,
                variant=m.variant,
                # The pass-1 cache may reuse logits only if nothing in the network reads t.
-               time_conditioning=m.time_conditioning or m.hier_time_conditioning,
+               time_conditioning=m.time_conditioning or m.pathway.time_conditioning,
                level_context=sm.level_context, hierarchy_weight=float(sm.hierarchy_weight),
                given_state=m.given_state)
 

@@ -41,7 +41,7 @@ class Relations:
 class InputFeatures:
   """fn(tokens int [B, L]) -> float32 [B, L, F]: features of the tokens as given, MASK counting as
   unknown. `trunk`: added to the trunk's input ('candidate_proj'); `pathway`: to the level
-  pathway's own input view ('hier_candidate_proj', with model.hier_input_embed), computed there
+  pathway's own input view ('hier_candidate_proj', with model.pathway.input_embed), computed there
   from the given positions alone when model.given_state marks them (docs/method.md §4.7)."""
   fn: Callable[[Array], Array]
   trunk: bool = True

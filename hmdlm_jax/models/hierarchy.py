@@ -248,7 +248,7 @@ class HierarchicalBackbone(nn.Module):
                        '(model.cluster_head=0; set process.hdlm.aux_weight > 0).')
     if 'hier_round_tokens' in heads and not (self.pathway.round_tokens and self.num_levels > 1):
       raise ValueError("heads include 'hier_round_tokens' but the model has no per-round token "
-                       'head (set loss.beta_rounds > 0 with K > 1 and hier_readout=rounds).')
+                       'head (set loss.beta_rounds > 0 with K > 1 and model.pathway.readout=rounds).')
     check_inputs(tokens, levels, t, token_levels, single_pass=self.single_pass,
                  num_levels=self.num_levels, heads=heads)
     if ('token_nll' in heads) != (token_query is not None):

@@ -44,7 +44,8 @@ LevelHead = Callable[[Array, Array | None], Array]
 
 @dataclasses.dataclass(frozen=True)
 class PathwaySettings:
-  """The pathway's settings (model.hier_*); all off: the paper's head on the trunk's output."""
+  """The pathway's settings (model.pathway, model.hier_stop_gradient); all off: the paper's head
+  on the trunk's output."""
   source: str = 'features'  # 'features' (the trunk's output) | 'input' (the embedded input)
   stop_gradient: bool = False  # the pathway reads detached backbone features
   input_embed: bool = False  # its own input-state table (and the task's input features)
@@ -64,12 +65,11 @@ class PathwaySettings:
 
 def settings(cfg: ModelConfig) -> PathwaySettings:
   """The pathway's settings of a validated `model` section."""
+  p = cfg.pathway
   return PathwaySettings(
-      source=cfg.hier_source, stop_gradient=cfg.hier_stop_gradient,
-      input_embed=cfg.hier_input_embed, time_conditioning=cfg.hier_time_conditioning,
-      layers=cfg.hier_layers, repeats=cfg.hier_repeats, width=cfg.hier_width,
-      num_heads=cfg.hier_num_heads, readout=cfg.hier_readout,
-      round_tokens=cfg.hier_round_tokens)
+      source=p.source, stop_gradient=cfg.hier_stop_gradient, input_embed=p.input_embed,
+      time_conditioning=p.time_conditioning, layers=p.layers, repeats=p.repeats, width=p.width,
+      num_heads=p.num_heads, readout=p.readout, round_tokens=p.round_tokens)
 
 
 class Pathway(nn.Module):
