@@ -135,7 +135,7 @@ def config_changes(stored: Mapping[str, Any] | None, config: config_lib.Config
   the `stored` config dict of a checkpoint; fields absent from either side are skipped."""
   if not stored:
     return []
-  old = _flat(json.loads(json.dumps(stored)))
+  old = _flat(json.loads(json.dumps(config_lib.schema.migrate_record(stored))))
   new = _flat(config_to_dict(config))
   keys = [k for k in new if k in old and k not in RESUME_FREE
           and any(k == f or (f.endswith('.') and k.startswith(f)) for f in RESUME_FIELDS)]

@@ -110,6 +110,23 @@ def test_record_tolerates_fields_of_other_versions():
     schema.build(schema.Config, record)
 
 
+def test_records_of_the_flat_pathway_names_read_as_the_pathway_section():
+  """config.json files written before model.pathway held model.hier_<field>: a warm start and a
+  resume read them under today's names."""
+  from hmdlm_jax import workdir as workdir_lib  # pylint: disable=g-import-not-at-top
+  from configs import sudoku_learned_hierarchy  # pylint: disable=g-import-not-at-top
+  config = config_lib.resolve(sudoku_learned_hierarchy.get_config())
+  record = workdir_lib.config_to_dict(config)
+  old = dict(record, model=dict(record['model']))
+  for name, value in old['model'].pop('pathway').items():
+    old['model'][f'hier_{name}'] = value
+  assert config_lib.from_record(old) == config_lib.from_record(record) == config
+  assert workdir_lib.config_changes(old, config) == []
+  old['model']['hier_width'] = 16
+  assert workdir_lib.config_changes(old, config) == [
+      f'model.pathway.width: 16 -> {config.model.pathway.width}']
+
+
 def test_load_reads_the_command_line_dialect():
   loaded = config_lib.load('configs/tiny_test.py', ['--config.train.num_steps=7',
                                                    '--config.sample.seeds=(0,1)'])

@@ -386,10 +386,29 @@ def _coerce(name: str, kind: Any, value: Any) -> Any:
   return value
 
 
+# Fields a record may hold under an earlier name: model.hier_<f> is now model.pathway.<f>.
+_PATHWAY_FIELDS = ('layers', 'repeats', 'time_conditioning', 'input_embed', 'readout', 'width',
+                   'num_heads', 'source', 'round_tokens')
+
+
+def migrate_record(record: Mapping[str, Any]) -> dict[str, Any]:
+  """A recorded config (config.json, a checkpoint's meta) with its fields under today's names."""
+  record = {k: (dict(v) if isinstance(v, Mapping) else v) for k, v in record.items()}
+  model = record.get('model')
+  if isinstance(model, dict) and any(f'hier_{f}' in model for f in _PATHWAY_FIELDS):
+    pathway = dict(model.get('pathway') or {})
+    for f in _PATHWAY_FIELDS:
+      if f'hier_{f}' in model:
+        pathway[f] = model.pop(f'hier_{f}')
+    model['pathway'] = pathway
+  return record
+
+
 def from_record(record: Mapping[str, Any]) -> Config:
-  """The `Config` a run recorded (its config.json): fields this version no longer has are left
-  out, missing ones take their defaults (the record was resolved when it was written)."""
-  return build(Config, record, strict=False)
+  """The `Config` a run recorded (its config.json), fields under today's names
+  (`migrate_record`): fields this version no longer has are left out, missing ones take their
+  defaults (the record was resolved when it was written)."""
+  return build(Config, migrate_record(record), strict=False)
 
 
 def build(cls: Any, values: Mapping[str, Any], path: str = '', *, strict: bool = True) -> Any:
