@@ -27,6 +27,7 @@ from hmdlm_jax import tasks
 from hmdlm_jax import train
 from hmdlm_jax import warm_start
 from hmdlm_jax import workdir as workdir_lib
+from tests.config_helpers import resolved
 
 WORDS, MASK, M = 9, 9, 3  # Sudoku digits 0..8, MDLM's MASK = 9
 
@@ -61,14 +62,14 @@ def mdlm_run(tmp_path_factory: pytest.TempPathFactory) -> str:
   return workdir
 
 
-def _state(config: ml_collections.ConfigDict):
-  config = config_lib.resolve(config)
+def _state(config: ml_collections.ConfigDict | config_lib.Config):
+  config = resolved(config)
   return train.create_train_state(config, shd.make_mesh(config.mesh),
                                   tasks.build_model(config))[0]
 
 
-def _check_init(config: ml_collections.ConfigDict) -> None:
-  config = config_lib.resolve(config)
+def _check_init(config: ml_collections.ConfigDict | config_lib.Config) -> None:
+  config = resolved(config)
   preflight.check_init(config, tasks.build_model(config))
 
 
