@@ -92,9 +92,9 @@ class ModelConfig:
     values = {}
     for f in dataclasses.fields(cls):
       v = get(f.name, None)
-      if v is None and f.default is dataclasses.MISSING:
-        raise ValueError(f'model.{f.name} is missing from the model config.')
-      values[f.name] = f.default if v is None else v
+      if v is None:
+        v = f.default_factory() if f.default is dataclasses.MISSING else f.default
+      values[f.name] = v
     for name, lo in (('num_levels', 1), ('vocab_size', 2), ('seq_len', 1), ('num_layers', 1),
                      ('hidden_size', 1), ('num_heads', 1), ('mlp_dim', 1), ('cond_dim', 1)):
       _check_int(f'model.{name}', values[name], minimum=lo)
