@@ -110,7 +110,8 @@ def parse(flag_values: flags.FlagValues, argv: Sequence[str],
     bad = unknown_overrides(config, argv[1:])
     if bad:
       raise ValueError(f'unknown config field{"s" if len(bad) > 1 else ""} {", ".join(bad)}: no '
-                       f'such key in {spec} (every field is listed in hmdlm_jax/config/schema.py).') from None
+                       f'such key in {spec} (every field is listed in '
+                       'hmdlm_jax/config/schema.py).') from None
     raise ValueError(f'invalid config override: {type(e).__name__}: {e}') from None
 
 

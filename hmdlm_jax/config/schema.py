@@ -41,14 +41,16 @@ class ProcessSection:
 
 @dataclasses.dataclass(frozen=True)
 class ModelConfig:
-  """`model`: the network (docs/method.md §4), hashable (a static argument of jax.jit). vocab_size counts the MASK row; mask_id = vocab_size - 1
-  when -1."""
+  """`model`: the network (docs/method.md §4), hashable (a static argument of jax.jit).
+
+  vocab_size counts the MASK row; mask_id = vocab_size - 1 when -1 (resolved: never -1).
+  """
   backbone: str = 'dit'  # 'dit' | 'gpt2'
   num_levels: int = 2  # K; 1 = MDLM
   vocab_size: int = 30523
   mask_id: int = -1
-  extra_vocab_rows: int = 0  # derived by hmdlm_jax/config/derive.py: rows after MASK (HDLM's clusters)
-  cluster_head: int = 0  # derived: outputs of HDLM's auxiliary cluster head (process.hdlm.aux_weight)
+  extra_vocab_rows: int = 0  # derived (config/derive.py): rows after MASK (HDLM's clusters)
+  cluster_head: int = 0  # derived: outputs of HDLM's auxiliary head (process.hdlm.aux_weight)
   seq_len: int = 128
   num_layers: int = 12
   hidden_size: int = 768
