@@ -8,6 +8,7 @@ at initialisation the logits are exactly 0; tests that need informative outputs 
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 
 import jax
@@ -15,14 +16,19 @@ import jax.numpy as jnp
 import numpy as np
 
 from configs.base import get_base_config
+from hmdlm_jax import config as config_lib
 from hmdlm_jax import models
 from hmdlm_jax.tasks import sudoku_model
 
 B, L, V = 2, 8, 11
 
 
-PATHWAY_FIELDS = ('layers', 'repeats', 'time_conditioning', 'input_embed', 'readout', 'width',
-                  'num_heads', 'source', 'round_tokens')
+def set_pathway(section, over: dict) -> None:
+  """Moves the `hier_<field>=v` entries of `over` (shorthand of the tests) into
+  `section.pathway.<field>` of a `model` ConfigDict section."""
+  for f in dataclasses.fields(config_lib.schema.PathwayConfig):
+    if f'hier_{f.name}' in over:
+      section.pathway[f.name] = over.pop(f'hier_{f.name}')
 
 
 def model_cfg(**over):
@@ -31,9 +37,7 @@ def model_cfg(**over):
   c = get_base_config().model
   c.update(dict(num_levels=3, vocab_size=V, seq_len=L, num_layers=1, hidden_size=16, num_heads=2,
                 mlp_dim=32, cond_dim=8, dropout=0.1))
-  for name in PATHWAY_FIELDS:
-    if f'hier_{name}' in over:
-      c.pathway[name] = over.pop(f'hier_{name}')
+  set_pathway(c, over)
   c.update(over)
   return c
 

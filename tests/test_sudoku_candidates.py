@@ -86,9 +86,7 @@ def _cfg(**over):
   c.update(dict(num_levels=3, vocab_size=10, mask_id=-1, seq_len=81, num_layers=1,
                 hidden_size=16, num_heads=2, mlp_dim=32, cond_dim=8, dropout=0.0,
                 position_embedding='sudoku', given_state=True))
-  for name in mh.PATHWAY_FIELDS:  # hier_<field>=v: model.pathway.<field> = v
-    if f'hier_{name}' in over:
-      c.pathway[name] = over.pop(f'hier_{name}')
+  mh.set_pathway(c, over)
   c.update(over)
   return config_lib.ModelConfig.from_section(c)
 

@@ -123,7 +123,7 @@ def _check_init(config: ml_collections.ConfigDict) -> None:
 def _derive_round_tokens(config: ml_collections.ConfigDict) -> None:
   """model.pathway.round_tokens = loss.beta_rounds > 0 (the head exists only when its loss
   does)."""
-  beta = _check_number('loss.beta_rounds', config.loss.get('beta_rounds', 0.0), lo=0.0)
+  beta = _check_number('loss.beta_rounds', config.loss.beta_rounds, lo=0.0)
   given = config.model.pathway.round_tokens
   if given not in (False, beta > 0):
     raise ValueError(f'model.pathway.round_tokens={given!r} is derived from loss.beta_rounds '

@@ -88,7 +88,7 @@ def derive_model_fields(config: ml_collections.ConfigDict) -> None:
   """Sets the model fields the process derives (in place); a user-set mismatch is an error."""
   values = _rules(config).derived(config)
   for name in DERIVED_MODEL_FIELDS:
-    value, given = int(values.get(name, 0)), config.model.get(name, 0)
+    value, given = int(values.get(name, 0)), config.model[name]
     if not is_int(given) or given not in (0, value):
       raise ValueError(f'model.{name}={given!r} is derived from the process ({value} here); '
                        'leave it at 0.')

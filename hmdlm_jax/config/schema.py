@@ -389,8 +389,7 @@ def _coerce(name: str, kind: Any, value: Any) -> Any:
 
 
 # Fields a record may hold under an earlier name: model.hier_<f> is now model.pathway.<f>.
-_PATHWAY_FIELDS = ('layers', 'repeats', 'time_conditioning', 'input_embed', 'readout', 'width',
-                   'num_heads', 'source', 'round_tokens')
+_PATHWAY_FIELDS = tuple(f.name for f in dataclasses.fields(PathwayConfig))
 
 
 def migrate_record(record: Mapping[str, Any]) -> dict[str, Any]:
