@@ -20,7 +20,6 @@ import jax
 
 from hmdlm_jax import checkpoint as ckpt_lib
 from hmdlm_jax import config as config_lib
-from hmdlm_jax import models
 from hmdlm_jax import processes
 from hmdlm_jax import sharding
 from hmdlm_jax import tasks
@@ -126,7 +125,7 @@ def check(mode: str, config: config_lib.Config, workdir: str, *,
     raise ValueError(f'--mode={mode!r} is not one of {MODES}.')
   task = tasks.get(config)
   task.validate(config)
-  model = models.build_model(config.model, task.model_features(config))
+  model = task.build_model(config)
   train.validate_config(config)
   sharding.resolve_mesh_shape(config.mesh, jax.device_count())
   # The process as the train step will run it on this mesh (e.g. loss.token_rows='selected' is

@@ -24,7 +24,6 @@ import flax.linen as nn
 import jax
 
 from hmdlm_jax import config as config_lib
-from hmdlm_jax import models
 from hmdlm_jax import processes
 from hmdlm_jax import tasks
 from hmdlm_jax import train
@@ -32,11 +31,6 @@ from hmdlm_jax import workdir as workdir_lib
 from hmdlm_jax.evaluation import compiled
 from hmdlm_jax.evaluation import reports
 from hmdlm_jax.tasks import base as tasks_base
-
-
-def task_model(config: config_lib.Config, task: tasks_base.Task) -> nn.Module:
-  """The network of `config`, built with the task's features (tasks/base.py)."""
-  return models.build_model(config.model, task.model_features(config))
 
 
 def eval_params(config: config_lib.Config, state: train.TrainState) -> Any:
@@ -99,7 +93,7 @@ def run_eval(config: config_lib.Config, workdir: str, step: int | None = None, *
   report (written to `out_dir`, default DIR) and prints the task's summary."""
   task = tasks.get(config)
   out_dir = out_dir or workdir
-  model = task_model(config, task)
+  model = task.build_model(config)
   params, step = _restore(config, task, model, 'eval', workdir, step, out_dir, overwrite)
   network = compiled.flax_network(model)
   ctx = _context(config, network, params, step, out_dir, progress=progress)
@@ -121,7 +115,7 @@ class TrainingEvaluator:
 
   def __init__(self, config: config_lib.Config, task: tasks_base.Task) -> None:
     self._task = task
-    self._network = compiled.flax_network(task_model(config, task))
+    self._network = compiled.flax_network(task.build_model(config))
 
   def __call__(self, config: config_lib.Config, state: train.TrainState, step: int,
                workdir: str) -> dict[str, float]:
@@ -153,7 +147,7 @@ def run_sample(config: config_lib.Config, workdir: str,
   task = tasks.get(config)
   prepared = task.prepare_sample(config, inputs, input_file)  # bad input fails before restoring
   out_dir = out_dir or workdir
-  model = task_model(config, task)
+  model = task.build_model(config)
   params, step = _restore(config, task, model, 'sample', workdir, step, out_dir, overwrite)
   network = compiled.flax_network(model)
   records, text = task.sample(_context(config, network, params, step, out_dir, progress=False),

@@ -11,7 +11,6 @@ from __future__ import annotations
 import flax.linen as nn
 
 from hmdlm_jax import config as config_lib
-from hmdlm_jax import models
 from hmdlm_jax.data import lm1b
 from hmdlm_jax.data import text as text_data
 from hmdlm_jax.data import wikihow
@@ -42,4 +41,4 @@ def get(config: config_lib.Config) -> base.Task:
 
 def build_model(config: config_lib.Config) -> nn.Module:
   """The network of `config`: `models.build_model` with its task's features (tasks/base.py)."""
-  return models.build_model(config.model, get(config).model_features(config))
+  return get(config).build_model(config)

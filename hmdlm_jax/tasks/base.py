@@ -11,10 +11,12 @@ import abc
 import dataclasses
 from typing import Any, Callable, ClassVar, Iterable, Mapping, Sequence
 
+import flax.linen as nn
 import grain
 import jax
 
 from hmdlm_jax import config as config_lib
+from hmdlm_jax import models
 from hmdlm_jax.evaluation import batches as batches_lib
 from hmdlm_jax.evaluation import compiled
 from hmdlm_jax.evaluation import reports
@@ -76,6 +78,10 @@ class Task(abc.ABC):
     models/features.py): none by default. Every model of a run is built with them."""
     del config
     return model_features.ModelFeatures()
+
+  def build_model(self, config: config_lib.Config) -> nn.Module:
+    """The network of a run of this task: `models.build_model` with `model_features`."""
+    return models.build_model(config.model, self.model_features(config))
 
   @abc.abstractmethod
   def validate(self, config: config_lib.Config) -> None:
