@@ -21,7 +21,7 @@ NUM_STEPS = 256  # T of the sampling grid t_n = n / T (LM1B / WikiHow use 256)''
     ('code', '''\
 import warnings
 
-from configs import base
+from hmdlm_jax.configs import base
 from hmdlm_jax.processes import schedules
 
 

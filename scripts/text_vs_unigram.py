@@ -125,7 +125,7 @@ def hdlm_clusters(vocab_path: str, num_clusters: int, out_path: str) -> dict[str
 def hdlm_twin(config: ml_collections.ConfigDict, clusters_path: str, num_clusters: int
               ) -> ml_collections.ConfigDict:
   """configs/hdlm_text.py's HDLM twin of `config` (its data, model size, optimiser and budget)."""
-  from configs import hdlm_text  # pylint: disable=g-import-not-at-top
+  from hmdlm_jax.configs import hdlm_text  # pylint: disable=g-import-not-at-top
   twin = copy.deepcopy(config)
   with twin.unlocked():
     hdlm_text.to_hdlm(twin, words_and_mask=int(config.model.vocab_size),
@@ -310,7 +310,7 @@ def run(config: ml_collections.ConfigDict, workdir: str, runs: Sequence[str], *,
                           f'hdlm_clusters_{wordpiece_vocab_size}_n{num_clusters}.npz')
       results['hdlm_clusters'] = hdlm_clusters(results['wordpiece']['path'], num_clusters, path)
     else:
-      from configs import hdlm_text  # pylint: disable=g-import-not-at-top
+      from hmdlm_jax.configs import hdlm_text  # pylint: disable=g-import-not-at-top
       path, num_clusters = hdlm_text.BERT_N64, 64
       results['hdlm_clusters'] = {'path': path, 'num_clusters': 64}
     configs['hdlm'] = hdlm_twin(config, path, num_clusters)

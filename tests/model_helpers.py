@@ -15,7 +15,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from configs.base import get_base_config
+from hmdlm_jax.configs.base import get_base_config
 from hmdlm_jax import config as config_lib
 from hmdlm_jax import models
 from hmdlm_jax.tasks import sudoku_model

@@ -16,13 +16,13 @@ import re
 import numpy as np
 import pytest
 
-from configs import multimdm_text
+from hmdlm_jax.configs import multimdm_text
 from hmdlm_jax import ar_judge
 from hmdlm_jax.evaluation import generative as generative_metrics
 from hmdlm_jax import config as config_lib
+from hmdlm_jax.configs import text as text_config
 
-FIXTURE = os.path.join(os.path.dirname(__file__), 'fixtures',
-                       'britannica_1911_shakespeare_sentences.txt')
+FIXTURE = text_config.FIXTURE
 SMALL = ar_judge.JudgeConfig(num_layers=1, hidden_size=32, num_heads=2, mlp_dim=64, dropout=0.0,
                              steps=150, batch_size=16, lr=3e-3, warmup_steps=10)
 

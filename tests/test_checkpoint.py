@@ -100,7 +100,7 @@ def test_sigterm_saves_current_step_and_exits_0(tmp_path, puzzle_cache, jax_cach
 
 
 def _abstract_state(hidden: int = 32):
-  from configs import tiny_test  # pylint: disable=g-import-not-at-top
+  from hmdlm_jax.configs import tiny_test  # pylint: disable=g-import-not-at-top
   from hmdlm_jax import config as config_lib  # pylint: disable=g-import-not-at-top
   from hmdlm_jax import sharding, tasks, train  # pylint: disable=g-import-not-at-top
   c = tiny_test.get_config()

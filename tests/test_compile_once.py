@@ -33,7 +33,7 @@ def test_counter_sees_every_compilation():
 
 
 def test_train_step_compiles_once_over_20_steps():
-  from configs import tiny_test  # pylint: disable=g-import-not-at-top
+  from hmdlm_jax.configs import tiny_test  # pylint: disable=g-import-not-at-top
   config = tiny_test.get_config()
   config.train.num_steps = NUM_STEPS
   config = config_lib.resolve(config)

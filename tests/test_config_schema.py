@@ -17,8 +17,8 @@ import re
 import ml_collections
 import pytest
 
-from configs import base
-from configs import tiny_test
+from hmdlm_jax.configs import base
+from hmdlm_jax.configs import tiny_test
 from hmdlm_jax import config as config_lib
 from hmdlm_jax.config import derive
 from hmdlm_jax.config import schema
@@ -114,7 +114,7 @@ def test_records_of_the_flat_pathway_names_read_as_the_pathway_section():
   """config.json files written before model.pathway held model.hier_<field>: a warm start and a
   resume read them under today's names."""
   from hmdlm_jax import workdir as workdir_lib  # pylint: disable=g-import-not-at-top
-  from configs import sudoku_learned_hierarchy  # pylint: disable=g-import-not-at-top
+  from hmdlm_jax.configs import sudoku_learned_hierarchy  # pylint: disable=g-import-not-at-top
   config = config_lib.resolve(sudoku_learned_hierarchy.get_config())
   record = workdir_lib.config_to_dict(config)
   old = dict(record, model=dict(record['model']))

@@ -85,7 +85,7 @@ def test_shipped_config_passes_validation(name, option, monkeypatch, tmp_path):
 
 
 def test_sudoku_vocabulary_error_names_the_fields():
-  from configs import multimdm_sudoku  # pylint: disable=g-import-not-at-top
+  from hmdlm_jax.configs import multimdm_sudoku  # pylint: disable=g-import-not-at-top
   config = multimdm_sudoku.get_config()
   config.model.vocab_size = 10  # M = 3 masks need 9 + 3 rows
   with pytest.raises(ValueError, match=r'model\.vocab_size=10 .*vocab_size=12 '):

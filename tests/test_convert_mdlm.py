@@ -19,7 +19,7 @@ import safetensors.torch
 import torch
 import torch.nn.functional as F
 
-from configs.base import get_base_config
+from hmdlm_jax.configs.base import get_base_config
 from hmdlm_jax import convert_mdlm
 from hmdlm_jax import models
 
@@ -304,7 +304,7 @@ def test_errors(reference, tmp_path):
 
 def test_wikihow_config_starts_from_converted_checkpoint(reference, safetensors_file, tmp_path):
   """configs/wikihow.py with init.mdlm_checkpoint: the trainer's initial state holds MDLM's weights."""
-  from configs import wikihow  # pylint: disable=g-import-not-at-top
+  from hmdlm_jax.configs import wikihow  # pylint: disable=g-import-not-at-top
   from hmdlm_jax import sharding, tasks, train  # pylint: disable=g-import-not-at-top
   dst = tmp_path / 'mdlm.npz'
   convert_mdlm.main(['--src', str(safetensors_file), '--dst', str(dst)])

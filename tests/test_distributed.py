@@ -111,7 +111,7 @@ def test_eight_fake_devices_match_one_device(reference_run, tmp_path, puzzle_cac
 _DRIVER = r'''
 import json, sys
 import jax
-from configs import tiny_test
+from hmdlm_jax.configs import tiny_test
 from hmdlm_jax import main
 c = tiny_test.get_config()
 c.data.cache_dir = {cache!r}

@@ -15,8 +15,8 @@ import numpy as np
 import pytest
 
 from benchmarks import compile_count
-from configs import base as base_config
-from configs import tiny_test
+from hmdlm_jax.configs import base as base_config
+from hmdlm_jax.configs import tiny_test
 from hmdlm_jax import checkpoint
 from hmdlm_jax import config as config_lib
 from hmdlm_jax import metrics as metrics_lib

@@ -33,8 +33,8 @@ import jax
 import numpy as np
 import pytest
 
-from configs import text as text_config
-from configs import tiny_test
+from hmdlm_jax.configs import text as text_config
+from hmdlm_jax.configs import tiny_test
 from hmdlm_jax import config as config_lib
 from hmdlm_jax import preflight
 from hmdlm_jax import workdir as workdir_lib

@@ -20,7 +20,7 @@ H, HEADS, M, C, V, K, L, B = 8, 2, 16, 4, 11, 3, 5, 2
 
 def _model_cfg(backbone: str, num_levels: int, variant: str = 'two_pass'
                ) -> ml_collections.ConfigDict:
-  from configs import base  # pylint: disable=g-import-not-at-top
+  from hmdlm_jax.configs import base  # pylint: disable=g-import-not-at-top
   m = base.get_base_config().model
   m.backbone = backbone
   m.num_levels = num_levels

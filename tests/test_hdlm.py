@@ -16,7 +16,7 @@ import numpy as np
 import ml_collections
 import pytest
 
-from configs.base import get_base_config
+from hmdlm_jax.configs.base import get_base_config
 from hmdlm_jax import config as config_lib
 from hmdlm_jax import models
 from hmdlm_jax import processes
@@ -541,7 +541,7 @@ def test_forced_laws_are_distributions():
 def test_real_backbone_trains_and_samples_through_the_registry():
   """configs/hdlm_text.py's process on a tiny DiT: the vocabulary counts the cluster rows, one
   gradient step is finite, and the jitted sampler returns words only."""
-  from configs import hdlm_text  # pylint: disable=g-import-not-at-top
+  from hmdlm_jax.configs import hdlm_text  # pylint: disable=g-import-not-at-top
   c = hdlm_text.get_config()
   hdlm_text.to_hdlm(c, words_and_mask=101, num_clusters=8, clusters='')
   c.process.hdlm.fallback = 'id'

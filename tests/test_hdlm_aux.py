@@ -17,7 +17,7 @@ import numpy as np
 import ml_collections
 import pytest
 
-from configs.base import get_base_config
+from hmdlm_jax.configs.base import get_base_config
 from hmdlm_jax import config as config_lib
 from hmdlm_jax import models
 from hmdlm_jax.config import SampleConfig

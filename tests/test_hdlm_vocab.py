@@ -10,14 +10,15 @@ import os
 import numpy as np
 import pytest
 
-from configs.base import get_base_config
+from hmdlm_jax.configs import hdlm_text
+from hmdlm_jax.configs.base import get_base_config
 from hmdlm_jax import config as config_lib
 from hmdlm_jax.data import clusters
 from hmdlm_jax.processes import hdlm
 from tests.config_helpers import resolved
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-BERT_N64 = os.path.join(REPO, 'assets', 'hdlm_clusters', 'bert-base-uncased_minilm-l6_n64.npz')
+BERT_N64 = hdlm_text.BERT_N64
 
 
 def _inertia(x: np.ndarray, labels: np.ndarray, n: int) -> float:

@@ -25,8 +25,8 @@ import numpy as np
 import pytest
 
 from benchmarks import flops
-from configs.base import get_base_config
-from configs import sudoku_base as sudoku_config
+from hmdlm_jax.configs.base import get_base_config
+from hmdlm_jax.configs import sudoku_base as sudoku_config
 from hmdlm_jax import config as config_lib
 from hmdlm_jax import models
 from hmdlm_jax import optim

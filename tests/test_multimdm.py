@@ -15,8 +15,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from configs import multimdm_sudoku
-from configs import multimdm_text
+from hmdlm_jax.configs import multimdm_sudoku
+from hmdlm_jax.configs import multimdm_text
 from hmdlm_jax import config as config_lib
 from hmdlm_jax import processes
 from hmdlm_jax.processes import hmdlm

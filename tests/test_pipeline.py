@@ -8,7 +8,7 @@ import grain
 import numpy as np
 import pytest
 
-from configs.base import get_base_config
+from hmdlm_jax.configs.base import get_base_config
 from hmdlm_jax import tasks
 from hmdlm_jax.data import sudoku
 from hmdlm_jax.data import sudoku_csv

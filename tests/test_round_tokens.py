@@ -19,7 +19,7 @@ import numpy as np
 import ml_collections
 import pytest
 
-from configs import sudoku_base as sudoku_config
+from hmdlm_jax.configs import sudoku_base as sudoku_config
 from hmdlm_jax import config as config_lib
 from hmdlm_jax import models
 from hmdlm_jax.processes import base

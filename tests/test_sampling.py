@@ -17,7 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from configs import base as base_config
+from hmdlm_jax.configs import base as base_config
 from hmdlm_jax import config as config_lib
 from hmdlm_jax.processes import base
 from hmdlm_jax.processes import hmdlm_sampler

@@ -122,7 +122,7 @@ def test_fixed_levels_on_some_cells_keep_the_head_elsewhere():
 @pytest.mark.parametrize('field', ['decodings', 'hierarchy_sampling'])
 @pytest.mark.parametrize('value', [(), ('greedy', 'beam')])
 def test_decoding_kinds_are_checked(field, value):
-  from configs import sudoku_learned_hierarchy  # pylint: disable=g-import-not-at-top
+  from hmdlm_jax.configs import sudoku_learned_hierarchy  # pylint: disable=g-import-not-at-top
   config = config_lib.resolve(sudoku_learned_hierarchy.get_config()).replace(
       **{f'eval.{field}': value})
   with pytest.raises(ValueError, match=rf'eval\.{field}=.*subset'):

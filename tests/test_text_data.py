@@ -15,9 +15,9 @@ import pathlib
 import numpy as np
 import pytest
 
-from configs import lm1b as lm1b_config
-from configs import text as text_config
-from configs import wikihow as wikihow_config
+from hmdlm_jax.configs import lm1b as lm1b_config
+from hmdlm_jax.configs import text as text_config
+from hmdlm_jax.configs import wikihow as wikihow_config
 from hmdlm_jax import tasks
 from hmdlm_jax.data import lm1b
 from hmdlm_jax.data import text
@@ -26,7 +26,7 @@ from hmdlm_jax.data import wikihow
 from tests.test_tokenizers import build_tiny_gpt2
 
 FIXTURES = pathlib.Path(__file__).parent / 'fixtures'
-SENTENCES = FIXTURES / 'britannica_1911_shakespeare_sentences.txt'
+SENTENCES = pathlib.Path(text_config.FIXTURE)
 WIKIHOW_CSV = FIXTURES / 'wikihow_sample.csv'
 PAPER_LEVEL1_SHARE = 0.799736  # Appendix B eq. 86: LM1B train split, τ = 1
 

@@ -13,7 +13,7 @@ import jax
 import numpy as np
 import pytest
 
-from configs import text as text_cfg
+from hmdlm_jax.configs import text as text_cfg
 from hmdlm_jax import config as config_lib
 from hmdlm_jax import models
 from hmdlm_jax import processes

@@ -10,9 +10,10 @@ import pytest
 
 from hmdlm_jax import config as config_lib
 from hmdlm_jax.data import tokenizers as T
+from hmdlm_jax.configs import text as text_config
 
 FIXTURES = pathlib.Path(__file__).parent / 'fixtures'
-SENTENCES = FIXTURES / 'britannica_1911_shakespeare_sentences.txt'
+SENTENCES = pathlib.Path(text_config.FIXTURE)
 EOT = '<|endoftext|>'
 
 

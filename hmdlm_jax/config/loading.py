@@ -14,8 +14,7 @@ from absl import flags
 import ml_collections
 from ml_collections import config_flags
 
-CONFIGS_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(
-    os.path.abspath(__file__)))), 'configs')
+CONFIGS_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), 'configs')
 DEFAULT_CONFIG = os.path.join(CONFIGS_DIR, 'sudoku.py')
 OVERRIDE_PREFIXES = ('--config.', '--noconfig.')
 
@@ -31,6 +30,17 @@ def config_spec(argv: Sequence[str], default: str = DEFAULT_CONFIG) -> str:
   return spec
 
 
+def packaged(path: str) -> str:
+  """`path`, or for a `configs/NAME.py` that is not a file here the config installed with the
+  package (hmdlm_jax/configs): `--config=configs/lm1b.py` works in a checkout and after
+  `pip install` alike."""
+  rel = os.path.normpath(path)
+  if os.path.isfile(path) or not rel.startswith('configs' + os.sep):
+    return path
+  candidate = os.path.join(CONFIGS_DIR, rel[len('configs') + 1:])
+  return candidate if os.path.isfile(candidate) else path
+
+
 def load_file(spec: str) -> ml_collections.ConfigDict:
   """`get_config()` of the file `spec` (or of `path:arg`, as ml_collections reads it), checked.
 
@@ -38,9 +48,10 @@ def load_file(spec: str) -> ml_collections.ConfigDict:
     ValueError naming the file: missing, a syntax error, failing to import, no get_config(), or
     get_config() raising or not returning an ml_collections.ConfigDict.
   """
-  path, arg = spec, None
-  if not os.path.isfile(path) and ':' in spec and os.path.isfile(spec.rsplit(':', 1)[0]):
+  path, arg = packaged(spec), None
+  if not os.path.isfile(path) and ':' in spec and os.path.isfile(packaged(spec.rsplit(':', 1)[0])):
     path, arg = spec.rsplit(':', 1)
+    path = packaged(path)
   flag = f'--config={spec}'
   if not os.path.isfile(path):
     raise ValueError(f'{flag}: no such file; give an experiment file with get_config(), e.g. '

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import ml_collections
 
-from configs.base import get_base_config
+from hmdlm_jax.configs.base import get_base_config
 
 
 def get_config() -> ml_collections.ConfigDict:

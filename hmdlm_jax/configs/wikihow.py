@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import ml_collections
 
-from configs.base import get_base_config
+from hmdlm_jax.configs.base import get_base_config
 
 SEQ_LENS = (256, 512, 1024)
 RULES = ('position', 'frequency')

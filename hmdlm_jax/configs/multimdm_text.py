@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import ml_collections
 
-from configs import text
+from hmdlm_jax.configs import text
 
 NUM_MASKS = 16
 OPTIONS = ('', 'rand', 'mdlm', 'cont', 'distill', 'mdlm_distill')

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import ml_collections
 
-from configs import sudoku_base
+from hmdlm_jax.configs import sudoku_base
 
 
 def get_config() -> ml_collections.ConfigDict:
@@ -33,17 +33,17 @@ def get_config() -> ml_collections.ConfigDict:
   m.pathway.time_conditioning = True
   m.pathway.source = 'input'  # the pathway computes the rounds itself (its head re-reads the grid)
   m.pathway.layers = 2  # tied blocks per round
-  m.pathway.width = 64  # item 16: half the pathway's FLOPs of the full width, a larger decoding gain
+  m.pathway.width = 64  # half the pathway's FLOPs of the full width, a larger decoding gain
   m.pathway.repeats = 5  # one repeat per solving round (K - 1)
   m.pathway.readout = 'rounds'
 
   c.loss.hier_objective = 'cross_entropy'
   c.loss.beta_rounds = 1.0  # each round learns the digits it places
   c.optim.hier_grad_clip = 1.0  # the pathway's gradient does not throttle the backbone's step
-  c.optim.hier_lr_scale = 5.0  # items 19, 21: level accuracy 0.825 (1x) -> 0.891 (3x) -> 0.898
+  c.optim.hier_lr_scale = 5.0  # level accuracy 0.825 (1x) -> 0.891 (3x) -> 0.898
   c.train.num_steps = 2000
 
-  c.sample.hierarchy_weight = 0.1  # items 13, 16: 0.1 (and 0.3) beat 0 and 1
+  c.sample.hierarchy_weight = 0.1  # 0.1 (and 0.3) beat 0 and 1 (docs/results/sudoku.md)
 
   c.data.num_test_puzzles = 500
   e = c.eval

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import ml_collections
 
-from configs import lm1b
+from hmdlm_jax.configs import lm1b
 
 
 def get_config() -> ml_collections.ConfigDict:

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import ml_collections
 
-from configs import base
+from hmdlm_jax.configs import base
 
 # The few numbers one tunes first.
 NUM_LAYERS = 4
@@ -60,8 +60,7 @@ def get_config() -> ml_collections.ConfigDict:
   c.loss.beta_cons = 1.0
   c.loss.train_steps_T = 81  # Algorithm 1's s = t - 1/T_train on the sampling grid T = 81
   # The dense token head: at V = 10 it is a sliver of the step, and the selected-rows head measured
-  # no faster (this demo's step, 3 interleaved rounds, 2026-12-01: 758/734/781 ms dense,
-  # 798/791/726 ms selected; benchmarks/README.md, "the token head at selected rows").
+  # no faster (benchmarks/README.md, "the token head at selected rows").
   c.loss.token_rows = 'all'
 
   d = c.data

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import ml_collections
 
-from configs.base import get_base_config
+from hmdlm_jax.configs.base import get_base_config
 
 CLUSTERS = '/data/hdlm/gpt2_mdlm-owt_n64.npz'  # built by step 1 of the module docstring
 

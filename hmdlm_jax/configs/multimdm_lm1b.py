@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import ml_collections
 
-from configs import lm1b_mdlm
+from hmdlm_jax.configs import lm1b_mdlm
 
 NUM_MASKS = 50
 BERT_WORDS = 30522

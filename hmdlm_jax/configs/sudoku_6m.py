@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import ml_collections
 
-from configs import sudoku_25m
+from hmdlm_jax.configs import sudoku_25m
 
 
 def get_config() -> ml_collections.ConfigDict:

@@ -19,10 +19,10 @@ import os
 
 import ml_collections
 
-from configs.base import get_base_config
+from hmdlm_jax.configs.base import get_base_config
 
-FIXTURE = os.path.join(os.path.dirname(os.path.abspath(__file__)), '..', 'tests', 'fixtures',
-                       'britannica_1911_shakespeare_sentences.txt')
+FIXTURE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), 'assets',
+                       'text', 'britannica_1911_shakespeare_sentences.txt')
 
 
 def get_config() -> ml_collections.ConfigDict:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import ml_collections
 
-from configs import base
+from hmdlm_jax.configs import base
 
 
 def get_config() -> ml_collections.ConfigDict:

@@ -17,8 +17,8 @@ from __future__ import annotations
 
 import ml_collections
 
-from configs import lm1b
-from configs import multimdm_lm1b
+from hmdlm_jax.configs import lm1b
+from hmdlm_jax.configs import multimdm_lm1b
 
 GPT2_WORDS = 50257
 OPTIONS = multimdm_lm1b.OPTIONS

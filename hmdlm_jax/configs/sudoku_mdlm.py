@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import ml_collections
 
-from configs import sudoku_base
+from hmdlm_jax.configs import sudoku_base
 
 
 def get_config() -> ml_collections.ConfigDict:

@@ -19,8 +19,8 @@ from __future__ import annotations
 
 import ml_collections
 
-from configs import hdlm_text
-from configs import lm1b
+from hmdlm_jax.configs import hdlm_text
+from hmdlm_jax.configs import lm1b
 
 
 def get_config() -> ml_collections.ConfigDict:

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import ml_collections
 
-from configs import sudoku_mdlm
+from hmdlm_jax.configs import sudoku_mdlm
 
 NUM_MASKS = 3
 WORDS = 9  # digits 1..9 -> tokens 0..8

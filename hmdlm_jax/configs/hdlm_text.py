@@ -21,10 +21,10 @@ import os
 
 import ml_collections
 
-from configs import text
+from hmdlm_jax.configs import text
 
-ASSETS = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), '..',
-                                       'assets', 'hdlm_clusters'))
+ASSETS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), 'assets',
+                      'hdlm_clusters')
 BERT_N64 = os.path.join(ASSETS, 'bert-base-uncased_minilm-l6_n64.npz')
 NUM_CLUSTERS_WORDPIECE = 16
 
