@@ -11,7 +11,7 @@ import pathlib
 TEST = os.environ.get('HMDLM_NOTEBOOK_TEST') == '1'
 # Everything this notebook writes (checkpoints, pictures) goes below WORKDIR.
 WORKDIR = pathlib.Path(os.environ.get('HMDLM_NOTEBOOK_WORKDIR', '/tmp/hmdlm_colabs'))
-# Colab: 'gpu' or 'tpu' installs the matching jax wheel next to requirements.txt.
+# Colab: 'gpu' or 'tpu' installs the matching jax extra (pip install -e ".[cuda]" / ".[tpu]").
 ACCELERATOR = 'cpu'
 
 
@@ -35,33 +35,33 @@ print(f'repository: {ROOT}\\nworkdir:    {WORKDIR}\\ntest mode:  {TEST}')
 '''
 
 INSTALL = '''\
-# Install the pinned requirements unless they are already importable at their pins.
+# Install the package with its requirements unless they are already installed in their ranges
+# (pyproject.toml): a Colab runtime keeps the versions it has when they fit.
+import tomllib
 from importlib import metadata
 
+from packaging.requirements import Requirement
 
-def missing_requirements(path: pathlib.Path) -> list[str]:
+EXTRA = {'cpu': '', 'gpu': '[cuda]', 'tpu': '[tpu]'}[ACCELERATOR]
+
+
+def missing_requirements(pyproject: pathlib.Path) -> list[str]:
+  """The requirements of `pyproject` that are not installed at a version in their range."""
   out = []
-  for line in path.read_text().splitlines():
-    line = line.split('#')[0].strip()
-    if '==' not in line:
-      continue
-    name, version = (s.strip() for s in line.split('=='))
+  for line in tomllib.loads(pyproject.read_text())['project']['dependencies']:
+    req = Requirement(line)
     try:
-      if metadata.version(name) != version:
+      if not req.specifier.contains(metadata.version(req.name), prereleases=True):
         out.append(line)
     except metadata.PackageNotFoundError:
       out.append(line)
   return out
 
 
-MISSING = [] if TEST else missing_requirements(ROOT / 'requirements.txt')
+MISSING = [] if TEST else missing_requirements(ROOT / 'pyproject.toml')
 if MISSING:
   print('installing', MISSING)
-  !pip install -q -r {ROOT}/requirements.txt
-  if ACCELERATOR == 'gpu':
-    !pip install -q "jax[cuda13]==0.10.2"
-  elif ACCELERATOR == 'tpu':
-    !pip install -q "jax[tpu]==0.10.2"
+  !pip install -q -e "{ROOT}{EXTRA}"
   print('Installed: restart the runtime (Runtime > Restart session), then run all cells again.')
 else:
   print('requirements satisfied: skipping pip install')

@@ -7,8 +7,8 @@ a notebook on disk differs from what this script would write (CI / tests).
 Every notebook
   * finds the repository root (the working directory or one of its parents) and works there, so
     that the kernel imports this checkout (no sys.path changes);
-  * skips `pip install -r requirements.txt` when the pinned packages are importable at their pins,
-    and always under the test (HMDLM_NOTEBOOK_TEST=1), which also selects the smallest settings;
+  * skips `pip install -e .` when the requirements are installed in pyproject.toml's ranges, and
+    always under the test (HMDLM_NOTEBOOK_TEST=1), which also selects the smallest settings;
   * writes its pictures and checkpoints under WORKDIR = $HMDLM_NOTEBOOK_WORKDIR (default
     /tmp/hmdlm_colabs), so tests/test_notebooks.py can check them;
   * runs on a CPU runtime offline with its default settings, and on a Colab GPU/TPU runtime after a

