@@ -54,6 +54,7 @@ else:
 if not has_checkpoint(sudoku_run):
   print('no checkpoint in', sudoku_run, '-> training one')
   main.run('train', sudoku_cfg, str(sudoku_run))
+sudoku_cfg = config_lib.resolve(sudoku_cfg)  # the frozen Config every function below main reads
 model = tasks.build_model(sudoku_cfg)  # the network, with the task's features (grid positions)
 state, step = train.restore_for_eval(sudoku_cfg, str(sudoku_run), model=model)
 params = state.ema_params if sudoku_cfg.eval.use_ema else state.params
@@ -144,7 +145,7 @@ records = main.run('sample', text_cfg, str(text_run), overwrite=True)  # a rerun
     ('code', '''\
 from hmdlm_jax.data import tokenizers
 
-tok = tokenizers.tokenizer_from_config(text_cfg.data)
+tok = tokenizers.tokenizer_from_config(config_lib.resolve(text_cfg).data)
 rec = records[0]
 ids = rec['tokens']
 length = ids.index(tok.eos_id) + 1 if tok.eos_id in ids else len(ids)  # cut after the first [SEP]
