@@ -1,0 +1,228 @@
+"""The 'corpus' kind: a corpus tokenised once by `prepare` (data/prepare.py), read with Grain.
+
+`data.corpus_dir`/{train,test}/ holds ArrayRecord shards (one record = one document's token ids)
+and manifest.json. Each process reads its share of the documents (`[process_index::process_count]`
+of the shards' global index). `data.packing='wrap'` (MDLM's OpenWebText rows, docs/method.md §6,
+"Packed rows"): each document followed by EOS, concatenated, cut into chunks of L - 2 tokens, each
+row `BOS chunk EOS` (grain's ConcatThenSplitIterDataset in training); `'truncate'`: one row per
+document, as the 'text' kind (`data.overlong`). Levels come from `text.AssignLevels` on each row.
+Batches: the contract of data/pipeline.py; the iterators' state is checkpointable.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from typing import Any
+
+import grain
+import numpy as np
+from etils import epath
+
+from hmdlm_jax.data import pipeline
+from hmdlm_jax.data import prepare
+from hmdlm_jax.data import text as text_lib
+from hmdlm_jax.data import tokenizers as tokenizers_lib
+
+FORMAT = prepare.FORMAT
+MANIFEST_FILE = prepare.MANIFEST_FILE
+SHARD_SUFFIX = prepare.SHARD_SUFFIX
+LENGTHS_SUFFIX = prepare.LENGTHS_SUFFIX
+tokenizer_hash = prepare.tokenizer_hash
+PACKINGS = ('wrap', 'truncate')
+PREPARE_HINT = ('prepare it once with `python -m hmdlm_jax.data.prepare --input=FILES '
+                '--output=DIR --tokenizer=TOKENIZER --split=SPLIT --workers=N`')
+
+
+def read_manifest(corpus_dir: str, split: str) -> tuple[epath.Path, dict[str, Any]]:
+  """(DIR/SPLIT, its manifest.json); ValueError naming data.corpus_dir and what to do."""
+  root = epath.Path(corpus_dir) / split
+  path = root / MANIFEST_FILE
+  if not path.exists():
+    raise ValueError(f'config.data.corpus_dir={corpus_dir!r} holds no prepared {split} split '
+                     f'({path} is missing, or the preparation did not finish); {PREPARE_HINT}.')
+  manifest = json.loads(path.read_text())
+  if manifest.get('format') != FORMAT:
+    raise ValueError(f'{path}: format {manifest.get("format")!r}, expected {FORMAT!r}; prepare '
+                     'the corpus again.')
+  return root, manifest
+
+
+def check_corpus_config(config: Any) -> tokenizers_lib.TextTokenizer:
+  """What the 'corpus' kind checks before reading (fields, tokenizer, the folder); the tokenizer."""
+  tok = text_lib.text_tokenizer(config, allowed_rules=('frequency', 'none'))
+  d = config.data
+  if d.packing not in PACKINGS:
+    raise ValueError(f'config.data.packing={d.packing!r}; allowed: {list(PACKINGS)}.')
+  if not d.corpus_dir:
+    raise ValueError(f'config.data.corpus_dir is empty: data.kind=\'corpus\' reads a prepared '
+                     f'corpus; {PREPARE_HINT}, then set config.data.corpus_dir=DIR.')
+  if not epath.Path(d.corpus_dir).exists():
+    raise ValueError(f'config.data.corpus_dir={d.corpus_dir!r}: no such folder; {PREPARE_HINT}.')
+  return tok
+
+
+class Documents(Sequence):
+  """Random access to the documents of a prepared split: item i -> int32 [n_i] token ids."""
+
+  def __init__(self, root: epath.Path, manifest: dict[str, Any]):
+    self._paths = [str(root / f'{s["name"]}{SHARD_SUFFIX}') for s in manifest['shards']
+                   if s['documents']]
+    self._dtype = np.dtype(manifest['dtype'])
+    self._source = grain.sources.ArrayRecordDataSource(self._paths) if self._paths else []
+
+  def __len__(self) -> int:
+    return len(self._source)
+
+  def __getitem__(self, i: int) -> np.ndarray:  # type: ignore[override]
+    return np.frombuffer(self._source[i], self._dtype).astype(np.int32)
+
+  def __getstate__(self) -> dict[str, Any]:  # worker processes reopen the files
+    return {'paths': self._paths, 'dtype': self._dtype}
+
+  def __setstate__(self, state: dict[str, Any]) -> None:
+    self._paths, self._dtype = state['paths'], state['dtype']
+    self._source = grain.sources.ArrayRecordDataSource(self._paths) if self._paths else []
+
+
+def document_lengths(root: epath.Path, manifest: dict[str, Any]) -> np.ndarray:
+  """int64 [documents]: every document's token count, in the global index order."""
+  parts = []
+  for s in manifest['shards']:
+    if s['documents']:
+      with (root / f'{s["name"]}{LENGTHS_SUFFIX}').open('rb') as f:
+        parts.append(np.load(f))
+  return np.concatenate(parts) if parts else np.zeros((0,), np.int64)
+
+
+# ----------------------------------------------------------------------------- wrap rows
+
+
+class AppendEos(grain.transforms.Map):
+  """Grain map: document ids [n] -> {'tokens': [n + 1]} with EOS appended (the wrap stream)."""
+
+  def __init__(self, eos_id: int):
+    self._eos = eos_id
+
+  def map(self, ids: np.ndarray) -> dict[str, np.ndarray]:
+    return {'tokens': np.append(ids, np.int32(self._eos)).astype(np.int32)}
+
+
+class FrameChunk(grain.transforms.Map):
+  """Grain map: a chunk of the stream (ConcatThenSplit's {'tokens' [L - 2], 'tokens_segment_ids'},
+  0 = past the end) -> {'tokens', 'segments'} [L] = BOS chunk EOS (+ padding past the end)."""
+
+  def __init__(self, tok: tokenizers_lib.TextTokenizer, seq_len: int):
+    self._tok = tok
+    self._seq_len = seq_len
+
+  def map(self, chunk: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    ids = chunk['tokens']
+    if 'tokens_segment_ids' in chunk:
+      ids = ids[chunk['tokens_segment_ids'] > 0]
+    tokens, segments = wrap_row(self._tok, ids, self._seq_len)
+    return {'tokens': tokens, 'segments': segments}
+
+
+def wrap_row(tok: tokenizers_lib.TextTokenizer, chunk: np.ndarray, seq_len: int
+             ) -> tuple[np.ndarray, np.ndarray]:
+  """chunk [<= L - 2] -> (tokens int32 [L] = BOS chunk EOS pad..., segments int8 [L])."""
+  row = text_lib.build_row(tok, [(chunk, text_lib.SEG_BODY)], seq_len, overlong='truncate')
+  assert row is not None
+  return row
+
+
+def wrap_stream(docs: Sequence[np.ndarray], eos_id: int) -> np.ndarray:
+  """The wrap stream of documents in order: doc_0 EOS doc_1 EOS ... (int32 [sum(n_i + 1)])."""
+  parts = [np.append(np.asarray(d, np.int32), np.int32(eos_id)) for d in docs]
+  return np.concatenate(parts) if parts else np.zeros((0,), np.int32)
+
+
+class PackedRows(Sequence):
+  """Random access to the wrap rows of a process's share (test split): row r holds the stream's
+  tokens [r (L - 2), (r + 1)(L - 2)), found from the documents' cumulative lengths; the last row
+  is short (padded) unless the stream divides evenly."""
+
+  def __init__(self, docs: Documents, indices: np.ndarray, lengths: np.ndarray,
+               tok: tokenizers_lib.TextTokenizer, seq_len: int):
+    self._docs, self._indices, self._tok, self._seq_len = docs, indices, tok, seq_len
+    self._ends = np.cumsum(lengths + 1)  # stream end of each of this share's documents
+    self._room = seq_len - 2
+
+  def __len__(self) -> int:
+    total = int(self._ends[-1]) if len(self._ends) else 0
+    return -(-total // self._room)
+
+  def __getitem__(self, r: int) -> dict[str, np.ndarray]:  # type: ignore[override]
+    lo, hi = r * self._room, (r + 1) * self._room
+    first = int(np.searchsorted(self._ends, lo, side='right'))
+    last = int(np.searchsorted(self._ends, hi, side='left'))
+    last = min(last, len(self._ends) - 1)
+    start = int(self._ends[first - 1]) if first else 0
+    stream = wrap_stream([self._docs[int(self._indices[j])] for j in range(first, last + 1)],
+                         self._tok.eos_id)
+    tokens, segments = wrap_row(self._tok, stream[lo - start:hi - start], self._seq_len)
+    return {'tokens': tokens, 'segments': segments}
+
+
+def wrap_row_counts(lengths: np.ndarray, process_count: int, seq_len: int) -> list[int]:
+  """Rows of each process's share under wrap packing (test split): ceil(sum(n_i + 1) / (L - 2))."""
+  return [int(-(-int(np.sum(lengths[p::process_count] + 1)) // (seq_len - 2)))
+          for p in range(process_count)]
+
+
+# ----------------------------------------------------------------------------- the pipeline
+
+
+def _decode_pieces(ids: np.ndarray) -> list[tuple[np.ndarray, int]]:
+  return text_lib.ids_pieces(ids)  # module level: worker processes pickle the pipeline
+
+
+def make_corpus_dataset(config: Any, split: str, *, seed: int, process_index: int,
+                        process_count: int) -> grain.IterDataset:
+  """Batches {tokens, levels [B, L] int32; given, loss_mask [B, L] bool; weight [B]} of a prepared
+  corpus (module docstring). Train: this process's documents reshuffled every epoch, repeated,
+  packed (or truncated) into rows, last partial batch dropped. Test: one pass in order, padded to
+  the same number of batches on every process (data/pipeline.py)."""
+  tok = check_corpus_config(config)
+  if split not in text_lib.SPLITS:
+    raise ValueError(f'split={split!r}; allowed: {text_lib.SPLITS}.')
+  d = config.data
+  seq_len = text_lib.data_seq_len(config)
+  root, manifest = read_manifest(d.corpus_dir, split)
+  want = tokenizer_hash(tok)
+  if manifest['tokenizer_hash'] != want:
+    raise ValueError(f'{root / MANIFEST_FILE}: prepared with tokenizer {manifest["tokenizer"]!r} '
+                     f'(hash {manifest["tokenizer_hash"][:12]}), but config.data.tokenizer='
+                     f'{d.tokenizer!r} has hash {want[:12]}; prepare the corpus with this '
+                     'tokenizer or set data.tokenizer to the one it was prepared with.')
+  docs = Documents(root, manifest)
+  if len(docs) < process_count:
+    raise ValueError(f'{root}: {len(docs)} documents, fewer than the {process_count} processes.')
+  if d.packing == 'truncate':
+    encode = text_lib.EncodeRows(tok, _decode_pieces, seq_len, d.overlong)
+    return text_lib.batched_dataset(docs, encode, config, split, seed=seed,
+                                    process_index=process_index, process_count=process_count)
+  label = text_lib.AssignLevels(d.hierarchy, d.tau)
+  train = split == 'train'
+  field = 'data.batch_size' if train else 'data.eval_batch_size'
+  batch = pipeline.local_batch_size(d.batch_size if train else d.eval_batch_size, process_count,
+                                    field)
+  if train:
+    (shuffle_seed,) = pipeline.derive_seeds(seed, split, 1)
+    workers, threads, buffer = pipeline.loader_options(config)
+    ds = grain.MapDataset.source(docs)[process_index::process_count]
+    ds = ds.shuffle(seed=shuffle_seed).repeat().map(AppendEos(tok.eos_id))
+    it = ds.to_iter_dataset(grain.ReadOptions(num_threads=threads, prefetch_buffer_size=buffer))
+    it = grain.experimental.ConcatThenSplitIterDataset(it, length_struct={'tokens': seq_len - 2})
+    it = it.map(FrameChunk(tok, seq_len)).map(label).batch(batch, drop_remainder=True)
+    if workers > 0:
+      it = it.mp_prefetch(grain.MultiprocessingOptions(num_workers=workers))
+    return it
+  lengths = document_lengths(root, manifest)
+  counts = wrap_row_counts(lengths, process_count, seq_len)
+  indices = np.arange(len(docs))[process_index::process_count]
+  rows = grain.MapDataset.source(PackedRows(docs, indices, lengths[indices], tok, seq_len))
+  ds = pipeline.pad_for_eval(rows, total=max(counts) * process_count, batch=batch,
+                             process_count=process_count)
+  return pipeline.finalize(ds.map(label).batch(batch, drop_remainder=False), config)
