@@ -98,6 +98,56 @@ def document_lengths(root: epath.Path, manifest: dict[str, Any]) -> np.ndarray:
 # ----------------------------------------------------------------------------- wrap rows
 
 
+def epoch_permutation(n: int, seed: int, epoch: int) -> np.ndarray:
+  """int64 [n]: the order of a share's n documents in `epoch` (a fresh permutation per epoch)."""
+  return np.random.default_rng([seed, epoch]).permutation(n)
+
+
+class ShuffledEpochs(Sequence):
+  """Item i -> the documents of a share, epoch after epoch, each epoch in `epoch_permutation`
+  order (one lookup per read: cheaper than a per-index shuffle for short documents). The length
+  is `epochs` passes: a train stream that does not end in practice."""
+
+  def __init__(self, docs: Documents, indices: np.ndarray, seed: int, epochs: int = 2**30):
+    self._docs, self._indices, self._seed, self._epochs = docs, indices, seed, epochs
+    self._cache: dict[int, np.ndarray] = {}
+
+  def __len__(self) -> int:
+    return len(self._indices) * self._epochs
+
+  def __getitem__(self, i: int) -> np.ndarray:  # type: ignore[override]
+    epoch, j = divmod(int(i), len(self._indices))
+    perm = self._cache.get(epoch)
+    if perm is None:
+      perm = epoch_permutation(len(self._indices), self._seed, epoch)
+      self._cache = {epoch: perm}  # reads move through the epochs in order
+    return self._docs[int(self._indices[perm[j]])]
+
+  def __getstate__(self) -> dict[str, Any]:
+    return {**self.__dict__, '_cache': {}}
+
+
+class LabelBatch(grain.transforms.Map):
+  """Grain map on a batch of wrap rows {'tokens', 'segments'} [B, L] -> the batch contract:
+  tokens, levels [B, L] int32; given, loss_mask [B, L] bool; weight [B] float32 (rule
+  vectorised over the batch)."""
+
+  def __init__(self, rule: str, tau: int):
+    if rule not in text_lib.HIERARCHY_RULES:
+      raise ValueError(f'config.data.hierarchy={rule!r}; allowed: '
+                       f'{sorted(text_lib.HIERARCHY_RULES)}.')
+    self._fn = text_lib.HIERARCHY_RULES[rule][0]
+    self._tau = tau
+
+  def map(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    tokens, segments = batch['tokens'], batch['segments']
+    given = segments == text_lib.SEG_PROMPT
+    return {'tokens': tokens.astype(np.int32),
+            'levels': self._fn(tokens, segments, self._tau).astype(np.int32),
+            'given': given, 'loss_mask': (segments != text_lib.SEG_PAD) & ~given,
+            'weight': np.ones(tokens.shape[:1], np.float32)}
+
+
 class AppendEos(grain.transforms.Map):
   """Grain map: document ids [n] -> {'tokens': [n + 1]} with EOS appended (the wrap stream)."""
 
@@ -106,6 +156,40 @@ class AppendEos(grain.transforms.Map):
 
   def map(self, ids: np.ndarray) -> dict[str, np.ndarray]:
     return {'tokens': np.append(ids, np.int32(self._eos)).astype(np.int32)}
+
+
+class ConcatThenSplit(grain.IterDataset):
+  """grain.experimental.ConcatThenSplitIterDataset over {'tokens'} whose state survives JSON.
+
+  A checkpoint stores iterator state as JSON, which turns the state's (start, stop) slice tuples
+  into lists; grain 0.2.18 compares them with a tuple sentinel, so a restored iterator with no
+  remainder would read one document too many. The wrapper turns them back into tuples.
+  """
+
+  def __init__(self, parent: grain.IterDataset, length: int):
+    super().__init__(parent)
+    self._length = length
+
+  def __iter__(self) -> grain.DatasetIterator:
+    return _TupleSlices(iter(grain.experimental.ConcatThenSplitIterDataset(
+        self._parent, length_struct={'tokens': self._length})))
+
+
+class _TupleSlices(grain.DatasetIterator):
+
+  def __init__(self, inner: grain.DatasetIterator):
+    super().__init__(inner)
+    self._inner = inner
+
+  def __next__(self) -> dict[str, np.ndarray]:
+    return next(self._inner)
+
+  def get_state(self) -> dict[str, Any]:
+    return self._inner.get_state()
+
+  def set_state(self, state: dict[str, Any]) -> None:
+    slices = {k: tuple(v) for k, v in state['remainder_slices'].items()}
+    self._inner.set_state({**state, 'remainder_slices': slices})
 
 
 class FrameChunk(grain.transforms.Map):
@@ -181,7 +265,7 @@ def _decode_pieces(ids: np.ndarray) -> list[tuple[np.ndarray, int]]:
 def make_corpus_dataset(config: Any, split: str, *, seed: int, process_index: int,
                         process_count: int) -> grain.IterDataset:
   """Batches {tokens, levels [B, L] int32; given, loss_mask [B, L] bool; weight [B]} of a prepared
-  corpus (module docstring). Train: this process's documents reshuffled every epoch, repeated,
+  corpus (module docstring). Train: this process's documents reshuffled every epoch (`ShuffledEpochs`),
   packed (or truncated) into rows, last partial batch dropped. Test: one pass in order, padded to
   the same number of batches on every process (data/pipeline.py)."""
   tok = check_corpus_config(config)
@@ -203,7 +287,6 @@ def make_corpus_dataset(config: Any, split: str, *, seed: int, process_index: in
     encode = text_lib.EncodeRows(tok, _decode_pieces, seq_len, d.overlong)
     return text_lib.batched_dataset(docs, encode, config, split, seed=seed,
                                     process_index=process_index, process_count=process_count)
-  label = text_lib.AssignLevels(d.hierarchy, d.tau)
   train = split == 'train'
   field = 'data.batch_size' if train else 'data.eval_batch_size'
   batch = pipeline.local_batch_size(d.batch_size if train else d.eval_batch_size, process_count,
@@ -211,11 +294,12 @@ def make_corpus_dataset(config: Any, split: str, *, seed: int, process_index: in
   if train:
     (shuffle_seed,) = pipeline.derive_seeds(seed, split, 1)
     workers, threads, buffer = pipeline.loader_options(config)
-    ds = grain.MapDataset.source(docs)[process_index::process_count]
-    ds = ds.shuffle(seed=shuffle_seed).repeat().map(AppendEos(tok.eos_id))
+    share = ShuffledEpochs(docs, np.arange(len(docs))[process_index::process_count], shuffle_seed)
+    ds = grain.MapDataset.source(share).map(AppendEos(tok.eos_id))
     it = ds.to_iter_dataset(grain.ReadOptions(num_threads=threads, prefetch_buffer_size=buffer))
-    it = grain.experimental.ConcatThenSplitIterDataset(it, length_struct={'tokens': seq_len - 2})
-    it = it.map(FrameChunk(tok, seq_len)).map(label).batch(batch, drop_remainder=True)
+    it = ConcatThenSplit(it, seq_len - 2)
+    it = it.map(FrameChunk(tok, seq_len)).batch(batch, drop_remainder=True)
+    it = it.map(LabelBatch(d.hierarchy, d.tau))
     if workers > 0:
       it = it.mp_prefetch(grain.MultiprocessingOptions(num_workers=workers))
     return it
@@ -225,4 +309,5 @@ def make_corpus_dataset(config: Any, split: str, *, seed: int, process_index: in
   rows = grain.MapDataset.source(PackedRows(docs, indices, lengths[indices], tok, seq_len))
   ds = pipeline.pad_for_eval(rows, total=max(counts) * process_count, batch=batch,
                              process_count=process_count)
-  return pipeline.finalize(ds.map(label).batch(batch, drop_remainder=False), config)
+  ds = ds.map(text_lib.AssignLevels(d.hierarchy, d.tau))
+  return pipeline.finalize(ds.batch(batch, drop_remainder=False), config)
