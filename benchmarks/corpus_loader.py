@@ -3,17 +3,18 @@ r"""`prepare` tokens/s per core, the 'corpus' loader's packed rows/s, and the ho
   python -m benchmarks.corpus_loader                     # ~2 min on 2 cores
   python -m benchmarks.corpus_loader --tokens=4e6 --seconds=10 --workers=0,1,2,4
 
-1. A synthetic OWT-like corpus (documents of ~40 lines of the Shakespeare fixture, shuffled, as JSON
-   lines) is prepared by `python -m hmdlm_jax.data.prepare` (offline bert-base-uncased) in a child
-   with 1 and with 2 workers (one tokenizer thread each); tokens per CPU-second of the child and its
-   workers = tokens/s per core.
-2. The loader (data/corpus.py, wrap packing, frequency levels: the costlier rule) is iterated for
-   --seconds at the LM1B shape (L = 128) and the OWT shape (L = 1024) with 0/1/2... Grain worker
-   processes: rows/s (wall, this host) and rows per CPU-second (this process + its workers).
-3. Host cores so the loader is never the bottleneck on a host of 8 accelerators (global batch 512 =
-   one host's rows per step): 512 / step_s / (rows per CPU-second), step_s = max(t_compute, t_comm)
-   of benchmarks/results/aot.json (8 devices, data parallel; the fastest step it estimates); the
-   OWT step scales t_compute by benchmarks/flops.py's FLOP ratio L = 1024 : 128.
+1. Two synthetic corpora of the Shakespeare fixture's lines, as JSON lines: LM1B-like (a line per
+   document) and OWT-like (~40 shuffled lines, ~1,000 tokens, per document), prepared by
+   `python -m hmdlm_jax.data.prepare` (offline bert-base-uncased) in a child with 1 and 2 workers
+   (one tokenizer thread each): tokens per CPU-second of the child and its workers = per core.
+2. The train loader (data/corpus.py, frequency levels) for --seconds: LM1B shape L = 128, one
+   sentence per row ('truncate'); OWT shape L = 1024, 'wrap'; with 0/1/2... Grain worker
+   processes: rows/s on this host and rows per CPU-second (this process and its workers, /proc).
+3. Host cores so the loader is never the bottleneck on a host of 8 accelerators (global batch 512
+   = one host's rows per step): 512 / step_s / (rows per CPU-second at the most workers),
+   step_s = max(t_compute, t_comm) of benchmarks/results/aot.json (8 devices, data parallel: the
+   fastest step it estimates); the OWT step scales t_compute by benchmarks/flops.py's L = 1024 : 128
+   FLOP ratio.
 """
 
 from __future__ import annotations
@@ -37,7 +38,8 @@ REPO = common.REPO
 FIXTURE = os.path.join(REPO, 'hmdlm_jax', 'assets', 'text',
                        'britannica_1911_shakespeare_sentences.txt')
 TOKENIZER = 'offline:bert-base-uncased'
-SHAPES = {'lm1b': 128, 'owt': 1024}  # name -> L (global batch 512 for both)
+# name -> (L, packing, lines of the fixture per document); global batch 512 for both.
+SHAPES = {'lm1b': (128, 'truncate', 1), 'owt': (1024, 'wrap', 40)}
 GLOBAL_BATCH = 512
 HARDWARE = ('8xH100-SXM', '8xA100-80GB')
 
@@ -96,15 +98,16 @@ def measure_prepare(src: str, out: str, workers: int) -> dict[str, Any]:
           'tokens_per_cpu_s': m['tokens'] / max(cpu, 1e-9)}
 
 
-def measure_loader(corpus_dir: str, seq_len: int, workers: int, seconds: float,
+def measure_loader(corpus_dir: str, shape: str, workers: int, seconds: float,
                    batch: int) -> dict[str, Any]:
-  """Rows/s of the wrap train pipeline (after its first batch) and rows per CPU-second."""
+  """Rows/s of the train pipeline (after its first batch) and rows per CPU-second."""
+  seq_len, packing, _ = SHAPES[shape]
   from hmdlm_jax import config as config_lib  # pylint: disable=g-import-not-at-top
   from hmdlm_jax.configs import text as text_cfg  # pylint: disable=g-import-not-at-top
   from hmdlm_jax.data import corpus  # pylint: disable=g-import-not-at-top
   c = text_cfg.get_config()
   c.model.seq_len = c.data.seq_len = seq_len
-  c.data.kind, c.data.corpus_dir, c.data.packing = 'corpus', corpus_dir, 'wrap'
+  c.data.kind, c.data.corpus_dir, c.data.packing = 'corpus', corpus_dir, packing
   c.data.batch_size, c.data.num_workers = batch, workers
   config = config_lib.resolve(c)
   it = iter(corpus.make_corpus_dataset(config, 'train', seed=0, process_index=0, process_count=1))
@@ -115,7 +118,7 @@ def measure_loader(corpus_dir: str, seq_len: int, workers: int, seconds: float,
     rows += len(next(it)['tokens'])
   wall, cpu = time.perf_counter() - t0, _tree_cpu_seconds(me) - cpu0
   del it
-  return {'seq_len': seq_len, 'workers': workers, 'rows': rows, 'wall_s': wall, 'cpu_s': cpu,
+  return {'shape': shape, 'seq_len': seq_len, 'packing': packing, 'workers': workers, 'rows': rows, 'wall_s': wall, 'cpu_s': cpu,
           'rows_per_s': rows / wall, 'rows_per_cpu_s': rows / max(cpu, 1e-9)}
 
 
@@ -129,8 +132,8 @@ def step_times() -> dict[str, dict[str, float]]:
   out = {}
   for mode, name in (('mdlm', 'lm1b_mdlm.py'), ('hmdlm', 'lm1b.py')):
     model = config_lib.resolve(common.experiment(name)).model
-    ratio = (flops.train_step_flops(model, GLOBAL_BATCH, SHAPES['owt']).train_step
-             / flops.train_step_flops(model, GLOBAL_BATCH, SHAPES['lm1b']).train_step)
+    ratio = (flops.train_step_flops(model, GLOBAL_BATCH, SHAPES['owt'][0]).train_step
+             / flops.train_step_flops(model, GLOBAL_BATCH, SHAPES['lm1b'][0]).train_step)
     rec = next(r for r in recs if r['devices'] == 8 and r['mesh'] == 'data' and r['mode'] == mode)
     for hw in HARDWARE:
       r = rec['roofline'][hw]
@@ -176,27 +179,35 @@ def main(argv: Sequence[str] | None = None) -> int:
   flags.FLAGS.mark_as_parsed()  # Grain's worker processes read its absl flags
   t_start, load0 = time.time(), machine.load_average()
   with tempfile.TemporaryDirectory() as tmp:
-    src = os.path.join(tmp, 'docs.jsonl')
-    docs = synthetic_corpus(src, a.tokens)
-    prep = [measure_prepare(src, os.path.join(tmp, f'out{w}'), w) for w in prep_workers]
-    corpus_dir = os.path.join(tmp, f'out{prep_workers[0]}')
-    loads = [measure_loader(corpus_dir, seq_len, w, a.seconds, a.batch)
-             for seq_len in SHAPES.values() for w in loader_workers]
+    dirs, docs, prep = {}, {}, []
+    for shape, (_, _, lines_per_doc) in SHAPES.items():
+      src = os.path.join(tmp, f'{shape}.jsonl')
+      docs[shape] = synthetic_corpus(src, a.tokens, lines_per_doc)
+      runs = prep_workers if shape == 'owt' else prep_workers[:1]
+      prep_runs = [measure_prepare(src, os.path.join(tmp, f'{shape}{w}'), w) for w in runs]
+      for r in prep_runs:
+        r['shape'] = shape
+      prep += prep_runs
+      dirs[shape] = os.path.join(tmp, f'{shape}{runs[0]}')
+    loads = [measure_loader(dirs[shape], shape, w, a.seconds, a.batch)
+             for shape in SHAPES for w in loader_workers]
   steps = step_times()
   lines = [common.table('prepare (offline bert-base-uncased; JSON lines)',
-                        ['workers', 'tokens', 'wall s', 'tokens/s', 'CPU s', 'tokens/CPU-s'],
-                        [[r['workers'], f'{r["tokens"]:,}', f'{r["wall_s"]:.1f}',
+                        ['corpus', 'workers', 'tokens', 'wall s', 'tokens/s', 'CPU s',
+                         'tokens/CPU-s'],
+                        [[r['shape'], r['workers'], f'{r["tokens"]:,}', f'{r["wall_s"]:.1f}',
                           f'{r["tokens_per_s"]:,.0f}', f'{r["cpu_s"]:.1f}',
                           f'{r["tokens_per_cpu_s"]:,.0f}'] for r in prep]),
-           common.table('loader (wrap packing, frequency levels)',
-                        ['L', 'workers', 'rows/s (this host)', 'rows/CPU-s', 'tokens/s'],
-                        [[r['seq_len'], r['workers'], f'{r["rows_per_s"]:,.0f}',
+           common.table('loader (frequency levels)',
+                        ['shape', 'L', 'packing', 'workers', 'rows/s (this host)', 'rows/CPU-s',
+                         'tokens/s'],
+                        [[r['shape'], r['seq_len'], r['packing'], r['workers'], f'{r["rows_per_s"]:,.0f}',
                           f'{r["rows_per_cpu_s"]:,.0f}', f'{r["rows_per_s"] * r["seq_len"]:,.0f}']
                          for r in loads])]
   need = []
   for key, step in steps.items():
     shape, mode, hw = key.split('/')
-    mine = [r for r in loads if r['seq_len'] == SHAPES[shape]]
+    mine = [r for r in loads if r['shape'] == shape]
     rate = min(r['rows_per_cpu_s'] for r in mine if r['workers'] == max(loader_workers))
     rows_s = GLOBAL_BATCH / step
     need.append([shape, mode, hw, f'{step * 1e3:.1f}', f'{rows_s:,.0f}', f'{rate:,.0f}',

@@ -163,6 +163,30 @@ def test_wrap_train_rows_reproduce_the_stream(prepared, tok):
   assert all(b['loss_mask'].all() and not b['given'].any() and b['weight'].all() for b in batches)
 
 
+@pytest.mark.parametrize('overlong', ['truncate', 'drop'])
+def test_truncate_train_rows_are_one_document_each(prepared, tok, overlong):
+  out, _, _ = prepared
+  config = _config(out, **{'data.packing': 'truncate', 'data.overlong': overlong})
+  root, manifest = corpus.read_manifest(out, 'train')
+  stored = corpus.Documents(root, manifest)
+  (seed,) = pipeline.derive_seeds(7, 'train', 1)
+  share = np.arange(len(stored))[0::2]
+  order = np.concatenate([share[corpus.epoch_permutation(len(share), seed, e)] for e in range(3)])
+  want = []
+  for i in order:
+    row = text_lib.build_row(tok, [(stored[i], text_lib.SEG_BODY)], L, overlong=overlong)
+    if row is not None:
+      want.append(row[0])
+  ds = corpus.make_corpus_dataset(config, 'train', seed=7, process_index=0, process_count=2)
+  n = len(want) // 2
+  assert n >= 5
+  batches = _take(iter(ds), n)
+  np.testing.assert_array_equal(np.concatenate([b['tokens'] for b in batches]), want[:2 * n])
+  for b in batches:
+    np.testing.assert_array_equal(b['loss_mask'], b['tokens'] != tok.pad_id)
+  assert (overlong == 'drop') == (len(want) < len(order))
+
+
 def test_wrap_test_split_shares_and_padding(prepared, tok):
   out, _, _ = prepared
   config = _config(out)

@@ -2,11 +2,12 @@
 
 `data.corpus_dir`/{train,test}/ holds ArrayRecord shards (one record = one document's token ids)
 and manifest.json. Each process reads its share of the documents (`[process_index::process_count]`
-of the shards' global index). `data.packing='wrap'` (MDLM's OpenWebText rows, docs/method.md §6,
-"Packed rows"): each document followed by EOS, concatenated, cut into chunks of L - 2 tokens, each
-row `BOS chunk EOS` (grain's ConcatThenSplitIterDataset in training); `'truncate'`: one row per
-document, as the 'text' kind (`data.overlong`). Levels come from `text.AssignLevels` on each row.
-Batches: the contract of data/pipeline.py; the iterators' state is checkpointable.
+of the shards' global index). `data.packing='wrap'` (MDLM's OpenWebText rows; docs/method.md §6,
+"Prepared corpora and packed rows"): each document followed by EOS, concatenated, cut into chunks
+of L - 2 tokens, each row `BOS chunk EOS` (grain's ConcatThenSplitIterDataset in training);
+`'truncate'`: one row per document, as the 'text' kind (`data.overlong`). Levels: the
+`data.hierarchy` rule of data/text.py on each packed row. Batches: the contract of
+data/pipeline.py; the iterator state is checkpointable.
 """
 
 from __future__ import annotations
@@ -210,10 +211,39 @@ class FrameChunk(grain.transforms.Map):
 
 def wrap_row(tok: tokenizers_lib.TextTokenizer, chunk: np.ndarray, seq_len: int
              ) -> tuple[np.ndarray, np.ndarray]:
-  """chunk [<= L - 2] -> (tokens int32 [L] = BOS chunk EOS pad..., segments int8 [L])."""
-  row = text_lib.build_row(tok, [(chunk, text_lib.SEG_BODY)], seq_len, overlong='truncate')
-  assert row is not None
-  return row
+  """chunk [<= L - 2] -> (tokens int32 [L] = BOS chunk EOS pad..., segments int8 [L]): the row
+  `text.build_row` makes of one body piece, built with numpy (docs/method.md §6, wrap)."""
+  n = len(chunk)
+  if n > seq_len - 2:
+    raise ValueError(f'a wrap chunk of {n} tokens does not fit data.seq_len={seq_len}.')
+  tokens = np.full((seq_len,), tok.pad_id, np.int32)
+  tokens[0], tokens[1:n + 1], tokens[n + 1] = tok.bos_id, chunk, tok.eos_id
+  segments = np.full((seq_len,), text_lib.SEG_PAD, np.int8)
+  segments[:n + 2] = text_lib.SEG_BODY
+  return tokens, segments
+
+
+class TruncateRow(grain.transforms.Map):
+  """Grain map: document ids [n] -> {'tokens', 'segments'} [L] = BOS doc EOS pad..., the document
+  cut to L - 2 tokens (`data.overlong='truncate'`) or None (`'drop'`): `text.EncodeRows`'s row of
+  one body piece, built with numpy."""
+
+  def __init__(self, tok: tokenizers_lib.TextTokenizer, seq_len: int, overlong: str):
+    if overlong not in text_lib.OVERLONG:
+      raise ValueError(f'config.data.overlong={overlong!r}; allowed: {list(text_lib.OVERLONG)}.')
+    self._tok, self._seq_len, self._drop = tok, seq_len, overlong == 'drop'
+
+  def map(self, ids: np.ndarray) -> dict[str, np.ndarray] | None:
+    if len(ids) > self._seq_len - 2:
+      if self._drop:
+        return None
+      ids = ids[:self._seq_len - 2]
+    tokens, segments = wrap_row(self._tok, ids, self._seq_len)
+    return {'tokens': tokens, 'segments': segments}
+
+
+def _is_row(row: dict[str, np.ndarray] | None) -> bool:
+  return row is not None  # module level: worker processes pickle the pipeline
 
 
 def wrap_stream(docs: Sequence[np.ndarray], eos_id: int) -> np.ndarray:
@@ -265,9 +295,9 @@ def _decode_pieces(ids: np.ndarray) -> list[tuple[np.ndarray, int]]:
 def make_corpus_dataset(config: Any, split: str, *, seed: int, process_index: int,
                         process_count: int) -> grain.IterDataset:
   """Batches {tokens, levels [B, L] int32; given, loss_mask [B, L] bool; weight [B]} of a prepared
-  corpus (module docstring). Train: this process's documents reshuffled every epoch (`ShuffledEpochs`),
-  packed (or truncated) into rows, last partial batch dropped. Test: one pass in order, padded to
-  the same number of batches on every process (data/pipeline.py)."""
+  corpus (module docstring). Train: this process's documents in a fresh order every epoch
+  (`ShuffledEpochs`), packed (or truncated) into rows, last partial batch dropped. Test: one pass
+  in order, padded to the same number of batches on every process (data/pipeline.py)."""
   tok = check_corpus_config(config)
   if split not in text_lib.SPLITS:
     raise ValueError(f'split={split!r}; allowed: {text_lib.SPLITS}.')
@@ -283,11 +313,11 @@ def make_corpus_dataset(config: Any, split: str, *, seed: int, process_index: in
   docs = Documents(root, manifest)
   if len(docs) < process_count:
     raise ValueError(f'{root}: {len(docs)} documents, fewer than the {process_count} processes.')
-  if d.packing == 'truncate':
+  train = split == 'train'
+  if d.packing == 'truncate' and not train:
     encode = text_lib.EncodeRows(tok, _decode_pieces, seq_len, d.overlong)
     return text_lib.batched_dataset(docs, encode, config, split, seed=seed,
                                     process_index=process_index, process_count=process_count)
-  train = split == 'train'
   field = 'data.batch_size' if train else 'data.eval_batch_size'
   batch = pipeline.local_batch_size(d.batch_size if train else d.eval_batch_size, process_count,
                                     field)
@@ -295,11 +325,19 @@ def make_corpus_dataset(config: Any, split: str, *, seed: int, process_index: in
     (shuffle_seed,) = pipeline.derive_seeds(seed, split, 1)
     workers, threads, buffer = pipeline.loader_options(config)
     share = ShuffledEpochs(docs, np.arange(len(docs))[process_index::process_count], shuffle_seed)
-    ds = grain.MapDataset.source(share).map(AppendEos(tok.eos_id))
+    ds = grain.MapDataset.source(share)
+    if d.packing == 'truncate':
+      probe = [len(docs[int(i)]) for i in share._indices[:256]]  # pylint: disable=protected-access
+      if d.overlong == 'drop' and min(probe) > seq_len - 2:  # the stream would never yield
+        raise ValueError(f'None of the first {len(probe)} train documents fits data.seq_len='
+                         f'{seq_len} (data.overlong=\'drop\'); raise data.seq_len.')
+      ds = ds.map(TruncateRow(tok, seq_len, d.overlong)).filter(_is_row)
+    else:
+      ds = ds.map(AppendEos(tok.eos_id))
     it = ds.to_iter_dataset(grain.ReadOptions(num_threads=threads, prefetch_buffer_size=buffer))
-    it = ConcatThenSplit(it, seq_len - 2)
-    it = it.map(FrameChunk(tok, seq_len)).batch(batch, drop_remainder=True)
-    it = it.map(LabelBatch(d.hierarchy, d.tau))
+    if d.packing == 'wrap':
+      it = ConcatThenSplit(it, seq_len - 2).map(FrameChunk(tok, seq_len))
+    it = it.batch(batch, drop_remainder=True).map(LabelBatch(d.hierarchy, d.tau))
     if workers > 0:
       it = it.mp_prefetch(grain.MultiprocessingOptions(num_workers=workers))
     return it
