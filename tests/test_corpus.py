@@ -249,10 +249,17 @@ def test_iterator_state_round_trips_through_a_checkpoint(prepared, tmp_path):
       np.testing.assert_array_equal(a[k], b[k])
 
 
-def test_wrong_tokenizer_and_missing_split_are_clear(prepared, tmp_path):
+def test_bad_inputs_and_fields_are_clear(prepared, tok, tmp_path):
   out, _, _ = prepared
   with pytest.raises(ValueError, match=r'corpus_dir=.* holds no prepared train split'):
     corpus.read_manifest(str(tmp_path), 'train')
+  (tmp_path / 'bad.jsonl').write_text('{"text": "fine"}\n{"body": "no text"}\n')
+  with pytest.raises(ValueError, match=r'bad.jsonl \(lines counted from byte 0\):2: expected an '
+                     r"object with a string field 'text'; set --text_field"):
+    prepare.prepare(str(tmp_path / 'bad.jsonl'), str(tmp_path / 'o'), BERT)
+  (tmp_path / 'p.txt').write_text('one\ntwo\n\n\nthree\n')
+  m = prepare.prepare(str(tmp_path / 'p.txt'), str(tmp_path / 'p'), BERT, text_unit='paragraph')
+  assert m['documents'] == 2 and m['tokens'] == len(tok.encode('one two')) + len(tok.encode('three'))
   config = _config(out, **{'data.packing': 'zip'})
   with pytest.raises(ValueError, match=r"data.packing='zip'; allowed: \['wrap', 'truncate'\]"):
     corpus.check_corpus_config(config)
