@@ -109,6 +109,7 @@ def test_rerun_resumes_and_refuses_another_tokenizer(tmp_path, tok, capsys):
   (split / f'{lost}.json').unlink()  # an interrupted run: the shard's sidecar not yet written
   (split / f'{lost}{corpus.SHARD_SUFFIX}').unlink()
   (split / corpus.MANIFEST_FILE).unlink()
+  (split / f'{lost}{corpus.SHARD_SUFFIX}.tmp123').write_bytes(b'half a shard')
   kept = {p.name: p.stat().st_mtime_ns for p in split.glob(f'*{corpus.SHARD_SUFFIX}')}
   again = prepare.prepare(str(tmp_path / 'in'), out, BERT, workers=2, shard_mb=0.002)
   assert again['skipped_shards'] == len(first['shards']) - 1
@@ -116,6 +117,7 @@ def test_rerun_resumes_and_refuses_another_tokenizer(tmp_path, tok, capsys):
           if p.name in kept} == kept  # finished shards were not rewritten
   assert again['shards'] == first['shards'] and again['tokens'] == first['tokens']
   assert again['documents'] == len(docs)
+  assert not list(split.glob('*.tmp*'))
   # Another vocabulary (a WordPiece vocab.txt): one clear error, nothing written.
   vocab = tmp_path / 'vocab.txt'
   vocab.write_text('\n'.join(['[PAD]', '[UNK]', '[CLS]', '[SEP]', '[MASK]', 'the', 'a']) + '\n')
@@ -245,6 +247,31 @@ def test_iterator_state_round_trips_through_a_checkpoint(prepared, tmp_path):
   ckpt.close()
   for a, b in zip(_take(it2, 40), expected):
     assert a.keys() == b.keys()
+    for k in a:
+      np.testing.assert_array_equal(a[k], b[k])
+
+
+def test_worker_process_iterator_resumes_exactly(prepared):
+  """With data.num_workers=1 (Grain worker processes) get_state / set_state resume the stream."""
+  from absl import flags  # pylint: disable=g-import-not-at-top
+  out, _, _ = prepared
+  config = _config(out, **{'data.num_workers': 1})
+  was_parsed = flags.FLAGS.is_parsed()
+  flags.FLAGS.mark_as_parsed()  # Grain's workers read its absl flags
+  try:
+    make = lambda: iter(corpus.make_corpus_dataset(config, 'train', seed=3, process_index=0,
+                                                   process_count=1))
+    it = make()
+    _take(it, 7)
+    state = json.loads(json.dumps(it.get_state()))  # as a checkpoint stores it
+    expected = _take(it, 30)
+    it2 = make()
+    it2.set_state(state)
+    got = _take(it2, 30)
+  finally:
+    if not was_parsed:
+      flags.FLAGS.unparse_flags()
+  for a, b in zip(got, expected):
     for k in a:
       np.testing.assert_array_equal(a[k], b[k])
 

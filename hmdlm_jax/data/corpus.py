@@ -338,9 +338,7 @@ def make_corpus_dataset(config: Any, split: str, *, seed: int, process_index: in
     if d.packing == 'wrap':
       it = ConcatThenSplit(it, seq_len - 2).map(FrameChunk(tok, seq_len))
     it = it.batch(batch, drop_remainder=True).map(LabelBatch(d.hierarchy, d.tau))
-    if workers > 0:
-      it = it.mp_prefetch(grain.MultiprocessingOptions(num_workers=workers))
-    return it
+    return pipeline.worker_prefetch(it, workers)
   lengths = document_lengths(root, manifest)
   counts = wrap_row_counts(lengths, process_count, seq_len)
   indices = np.arange(len(docs))[process_index::process_count]

@@ -267,6 +267,8 @@ def prepare(inputs: str, output: str, tokenizer: str, *, split: str = 'train', w
                        'new --output, or the same --input, --text_field, --text_unit, --shard_mb.')
   else:
     _write_json_atomic(plan_file, head)
+  for partial in out.glob('*.tmp*'):  # left by an interrupted run (one run per output at a time)
+    partial.unlink()
   done = {u['name']: _finished(out, u['name']) for u in units}
   todo = [u for u in units if done[u['name']] is None]
   remote = str(output).startswith('gs://')

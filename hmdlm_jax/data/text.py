@@ -283,10 +283,7 @@ def _finalize_train(ds: grain.MapDataset, config: Any, batch: int) -> grain.Iter
   workers, threads, buffer = pipeline.loader_options(config)
   it = ds.to_iter_dataset(grain.ReadOptions(num_threads=threads,
                                             prefetch_buffer_size=buffer * batch))
-  it = it.batch(batch, drop_remainder=True)
-  if workers > 0:
-    it = it.mp_prefetch(grain.MultiprocessingOptions(num_workers=workers))
-  return it
+  return pipeline.worker_prefetch(it.batch(batch, drop_remainder=True), workers)
 
 
 def batched_dataset(records: Sequence[Any], encode: EncodeRows, config: Any, split: str, *,
