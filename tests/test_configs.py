@@ -67,7 +67,7 @@ def test_shipped_config_passes_validation(name, option, monkeypatch, tmp_path):
   # The data locations a user sets on the command line (the configs leave them empty).
   (tmp_path / 'train.txt').write_text('a line\n', encoding='utf-8')
   for field, value in (('train_path', str(tmp_path / 'train.txt')),
-                       ('tfds_data_dir', str(tmp_path))):
+                       ('tfds_data_dir', str(tmp_path)), ('corpus_dir', str(tmp_path))):
     if field in config.data and not config.data[field]:
       config.data[field] = value
   h = config.process.hdlm

@@ -17,7 +17,7 @@ from hmdlm_jax.config.checks import is_int as _is_int
 
 DISTILL_KL = ('reverse', 'forward')
 # The data kinds whose tokenizer defines the words (the masks go after them: data.mask_token).
-TEXT_DATA_KINDS = ('text', 'lm1b', 'wikihow')
+TEXT_DATA_KINDS = ('text', 'lm1b', 'wikihow', 'corpus')
 
 
 @dataclasses.dataclass(frozen=True)

@@ -209,7 +209,7 @@ class DataSection:
   max_givens: int = 34
   gen_attempts: int = 8
   gen_processes: int = 1
-  # Text kinds ('text', 'lm1b', 'wikihow').
+  # Text kinds ('text', 'lm1b', 'wikihow', 'corpus').
   seq_len: int = 128  # tokens per row, BOS/EOS included; must equal model.seq_len
   tokenizer: str = ''  # HF name / directory / vocab.txt / 'offline:bert-base-uncased'
   tokenizer_allow_download: bool = False
@@ -220,6 +220,9 @@ class DataSection:
   text_unit: str = 'line'  # plain text: 'line' | 'paragraph' records
   test_fraction: float = 0.0  # plain text without test_path: hold out this share of the records
   tfds_data_dir: str = ''  # LM1B: a prepared TFDS data directory
+  # 'corpus': a folder written by `python -m hmdlm_jax.data.prepare` (train/ and test/ inside).
+  corpus_dir: str = ''
+  packing: str = 'wrap'  # 'corpus': 'wrap' (documents packed into rows) | 'truncate' (one per row)
 
 
 @dataclasses.dataclass(frozen=True)

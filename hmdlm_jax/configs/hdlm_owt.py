@@ -7,9 +7,11 @@ The authors' small model and recipe: DiT 12 × 768 (dropout 0), L = 512 rows BOS
 GPT-2 vocabulary with MASK at 50,257 and the 64 cluster tokens after it (vocab_size = 50,322),
 n = 64, γ = 1, ξ = 1, weight clipping [0, 2] in training, t ∈ [1e-4, 1]; AdamW lr 5e-4, betas
 (0.9, 0.99), eps 1e-9, weight decay 0.02, clip 1.0, 10k warm-up steps then cosine to 0.1 × lr,
-batch 512, bf16, no EMA, 500k steps (131B tokens). The clusters come from the MDLM-OWT
-checkpoint's embedding (the authors used GIDD's); the deviations are stated in docs/method.md
-§13.1. The commands for the clusters, training and evaluation: docs/results/hdlm.md.
+batch 512, bf16, no EMA, 500k steps (131B tokens). Data: a corpus prepared once
+(`python -m hmdlm_jax.data.prepare --tokenizer=gpt2 --output=DIR`, train/ and test/ splits) read by
+the 'corpus' kind with MDLM's wrap packing (docs/method.md §6); set --config.data.corpus_dir=DIR.
+The clusters come from the MDLM-OWT checkpoint's embedding (the authors used GIDD's); deviations:
+docs/method.md §13.1. Commands for clusters, training and evaluation: docs/results/hdlm.md.
 """
 
 from __future__ import annotations
@@ -61,13 +63,11 @@ def get_config() -> ml_collections.ConfigDict:
   c.loss.antithetic = True
 
   d = c.data
-  d.kind = 'text'
+  d.kind = 'corpus'
+  d.corpus_dir = ''  # set on the command line: the folder `prepare` wrote
+  d.packing = 'wrap'
   d.batch_size = 512
   d.eval_batch_size = 256
-  d.train_path = ''
-  d.test_path = ''
-  d.test_fraction = 0.0
-  d.text_unit = 'line'
   d.tokenizer = 'gpt2'
   d.tokenizer_allow_download = False
   d.mask_token = 'append'

@@ -6,11 +6,11 @@ HMDLM (docs/results/hdlm.md).
 
 `configs/text.py` with the forward process replaced: `process.kind='hdlm'` (word -> cluster ->
 MASK), α_t = (1 - t)^γ with γ = 1, ξ = 1, force-within, the exact NELBO as the training loss (no
-weight clipping), `model.num_levels=1` and `data.hierarchy='none'`; everything else is text.py's,
-so the three runs of the script differ only in the process. Standalone it trains on text.py's
-default data with the committed n = 64 MiniLM clusters (assets/hdlm_clusters/). For the script's
-vocabulary, n = `NUM_CLUSTERS_WORDPIECE` = 16 clusters of all-MiniLM-L6-v2's embeddings mapped onto
-its pieces (why: docs/results/hdlm.md). Reproduce:
+weight clipping), `model.num_levels=1` and `data.hierarchy='none'`; everything else is text.py's
+(its data: the small-corpus shortcut, or --config.data.kind=corpus). Standalone: text.py's data,
+the committed n = 64 MiniLM clusters (assets/hdlm_clusters/). For the script's vocabulary,
+n = `NUM_CLUSTERS_WORDPIECE` = 16 clusters of all-MiniLM-L6-v2's embeddings mapped onto its pieces
+(why: docs/results/hdlm.md). Reproduce:
   python -m scripts.text_vs_unigram --archive=/tmp/shk --data_dir=/tmp/shakespeare_text \
       --workdir=/tmp/hdlm_text --runs=hdlm,hmdlm,mdlm --seeds=0,1,2
 """

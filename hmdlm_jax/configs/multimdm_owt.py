@@ -2,15 +2,14 @@ r"""MultiMDM on OpenWebText: the paper's 170M DiT, M = 50, batch 1024, lr 3e-4, 
 
 Expected: not measured in this repository (it needs an accelerator pod and OpenWebText).
 
-Point `data.train_path` at your export (JSON lines of {"text": ...}, or a folder of .jsonl / .txt)
-and tokenise with GPT-2's tokenizer from the local Hugging Face cache (`data.tokenizer='gpt2'`).
-Recipes as configs/multimdm_lm1b.py (`:rand`, `:mdlm`, `:cont`, `:distill`, `:mdlm_distill`, each
-with --config.data.train_path=...); or start MultiMDM from MDLM's released OWT checkpoint,
-converted by `python -m hmdlm_jax.convert_mdlm` (MASK = 50257):
---config.init.mdlm_checkpoint=mdlm_owt.npz. Rows: one document of L = 1,024 GPT-2 tokens,
-truncated (the paper packs the stream). Vocabulary: 50,257 GPT-2 ids, then MDLM's MASK or the 50
-masks. Held-out split: `data.test_fraction` (by hash) or `data.test_path`. Batch 1,024 × 1,024
-tokens needs `train.grad_accum` on small meshes. Details: docs/results/multimdm.md.
+Data: your export (JSON lines of {"text": ...}, parquet, .txt) tokenised once with GPT-2's
+tokenizer by `python -m hmdlm_jax.data.prepare --tokenizer=gpt2 --output=DIR` (--split=train and
+--split=test), then --config.data.corpus_dir=DIR: rows of L = 1,024 packed as MDLM wraps
+OpenWebText (docs/method.md §6). Recipes as configs/multimdm_lm1b.py (`:rand`, `:mdlm`, `:cont`,
+`:distill`, `:mdlm_distill`); or start from MDLM's released OWT checkpoint converted by
+`python -m hmdlm_jax.convert_mdlm` (MASK = 50257): --config.init.mdlm_checkpoint=mdlm_owt.npz.
+Vocabulary: 50,257 GPT-2 ids, then MDLM's MASK or the 50 masks. Batch 1,024 × 1,024 tokens needs
+`train.grad_accum` on small meshes. Details: docs/results/multimdm.md.
 """
 
 from __future__ import annotations
@@ -32,15 +31,13 @@ def get_config(arg: str = '') -> ml_collections.ConfigDict:
   c.schedule.offsets = (0.0,)
   c.model.seq_len = 1024
   d = c.data
-  d.kind = 'text'
+  d.kind = 'corpus'
+  d.corpus_dir = ''  # set on the command line: the folder `prepare` wrote
+  d.packing = 'wrap'
   d.tokenizer = 'gpt2'
   d.mask_token = 'append'
   d.hierarchy = 'none'
   d.seq_len = 1024
-  d.train_path = ''
-  d.test_path = ''
-  d.test_fraction = 0.0005
-  d.text_unit = 'line'
   multimdm_lm1b.paper_settings(c)
   c.eval.kind = 'perplexity'
   c.eval.num_samples = 128

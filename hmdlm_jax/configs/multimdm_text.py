@@ -10,7 +10,8 @@ Recipes (config string after the file name): the default (or `:rand`) 2,000 step
 MultiMDM-cont / of MDLM (--config.init.workdir=...). `python -m scripts.few_step --task=text
 --archive=...` runs them all with a 512-piece WordPiece vocabulary trained on the train split.
 Choices: K = 1; M = 16 masks appended after the words (data.mask_token='append'); α = β = 1 - t;
-'-cont' 3:1 as the paper's 150K + 50K (docs/results/multimdm.md).
+'-cont' 3:1 as the paper's 150K + 50K (docs/results/multimdm.md). Data: text.py's small-corpus
+shortcut (tokenised at start-up); a prepared corpus with --config.data.kind=corpus (data/corpus.py).
 """
 
 from __future__ import annotations

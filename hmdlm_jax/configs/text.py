@@ -10,7 +10,8 @@ default data the public-domain excerpt in the package's assets/text (5% held out
 `data.train_path` (and `data.test_path`, or keep `data.test_fraction`) at a plain-text file, a
 folder of .txt files or JSON lines of {"text": ...}; `data.tokenizer` may be any WordPiece
 vocab.txt. Single-pass with `model.hier_stop_gradient`: the variant whose bound is lowest at this
-budget (why, and the other choices: docs/results/text.md).
+budget (why, and the other choices: docs/results/text.md). Data kind 'text' is the small-corpus
+shortcut (tokenised at start-up); a large corpus: `python -m hmdlm_jax.data.prepare`, kind 'corpus'.
 """
 
 from __future__ import annotations

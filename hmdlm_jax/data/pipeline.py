@@ -96,6 +96,11 @@ def finalize(ds: grain.MapDataset, config: config_lib.Config) -> grain.IterDatas
   """
   workers, threads, buffer = loader_options(config)
   it_ds = ds.to_iter_dataset(grain.ReadOptions(num_threads=threads, prefetch_buffer_size=buffer))
+  return worker_prefetch(it_ds, workers)
+
+
+def worker_prefetch(it_ds: grain.IterDataset, workers: int) -> grain.IterDataset:
+  """`it_ds` run by `workers` Grain worker processes (`mp_prefetch`); unchanged when 0."""
   if workers > 0:
     from absl import flags  # pylint: disable=g-import-not-at-top
     if not flags.FLAGS.is_parsed():

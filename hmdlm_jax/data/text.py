@@ -60,15 +60,23 @@ def frequency_levels(tokens: np.ndarray, real: np.ndarray, tau: int) -> np.ndarr
   tokens, real = np.asarray(tokens), np.asarray(real, dtype=bool)
   if tokens.shape != real.shape:
     raise ValueError(f'tokens {tokens.shape} and real {real.shape} must have the same shape.')
-  flat_t = tokens.reshape(-1, tokens.shape[-1])
-  flat_r = real.reshape(-1, real.shape[-1])
-  out = np.zeros(flat_t.shape, np.int32)
-  for b in range(flat_t.shape[0]):
-    row = flat_t[b][flat_r[b]]
-    if row.size:
-      _, inverse, counts = np.unique(row, return_inverse=True, return_counts=True)
-      out[b, flat_r[b]] = counts[inverse] <= tau
-  return out.reshape(tokens.shape)
+  if tokens.size == 0:
+    return np.zeros(tokens.shape, np.int32)
+  length = tokens.shape[-1]
+  flat = tokens.reshape(-1, length).astype(np.int64)
+  flat_r = real.reshape(-1, length)
+  # Vectorised over rows: padding gets distinct negative ids (never counted with real tokens);
+  # each row is sorted, runs of equal ids are counted, the counts scattered back.
+  flat = np.where(flat_r, flat, -1 - np.arange(length))
+  order = np.argsort(flat, axis=-1, kind='stable')
+  srt = np.take_along_axis(flat, order, axis=-1)
+  new_run = np.ones(srt.shape, bool)
+  new_run[:, 1:] = srt[:, 1:] != srt[:, :-1]
+  run = np.cumsum(new_run.reshape(-1)) - 1  # run id of every sorted position, over all rows
+  counts = np.bincount(run)[run].reshape(srt.shape)
+  out = np.zeros(flat.shape, np.int32)
+  np.put_along_axis(out, order, (counts <= tau).astype(np.int32), axis=-1)
+  return (out * flat_r).reshape(tokens.shape)
 
 
 def position_levels(segments: np.ndarray) -> np.ndarray:
@@ -275,10 +283,7 @@ def _finalize_train(ds: grain.MapDataset, config: Any, batch: int) -> grain.Iter
   workers, threads, buffer = pipeline.loader_options(config)
   it = ds.to_iter_dataset(grain.ReadOptions(num_threads=threads,
                                             prefetch_buffer_size=buffer * batch))
-  it = it.batch(batch, drop_remainder=True)
-  if workers > 0:
-    it = it.mp_prefetch(grain.MultiprocessingOptions(num_workers=workers))
-  return it
+  return pipeline.worker_prefetch(it.batch(batch, drop_remainder=True), workers)
 
 
 def batched_dataset(records: Sequence[Any], encode: EncodeRows, config: Any, split: str, *,

@@ -11,6 +11,7 @@ from __future__ import annotations
 import flax.linen as nn
 
 from hmdlm_jax import config as config_lib
+from hmdlm_jax.data import corpus
 from hmdlm_jax.data import lm1b
 from hmdlm_jax.data import text as text_data
 from hmdlm_jax.data import wikihow
@@ -21,6 +22,7 @@ from hmdlm_jax.tasks import text
 TASKS: dict[str, base.Task] = {
     'sudoku': sudoku.SudokuTask(),
     'text': text.TextTask(text_data.make_text_dataset, text_data.check_text_kind),
+    'corpus': text.TextTask(corpus.make_corpus_dataset, corpus.check_corpus_config),
     'lm1b': text.TextTask(lm1b.make_lm1b_dataset, lm1b.check_lm1b_config),
     'wikihow': text.TextTask(wikihow.make_wikihow_dataset, wikihow.check_wikihow_config,
                              prompted=True),

@@ -1,4 +1,4 @@
-"""The language tasks ('text', 'lm1b', 'wikihow'; docs/method.md §6, §8): perplexity and samples.
+"""The language tasks (kinds text, lm1b, wikihow, corpus; docs/method.md §6, §8): perplexity, samples.
 
 Evaluation: the rigorous bound over the test split (evaluation/perplexity.py); with
 config.eval.num_samples > 0 (and samples wanted, i.e. not during training) also that many samples
