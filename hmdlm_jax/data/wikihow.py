@@ -107,7 +107,7 @@ def read_parquet(path: pathlib.Path) -> tuple[list[dict[str, str]], int]:
   try:
     import pyarrow.parquet as pq  # pylint: disable=g-import-not-at-top
   except ImportError as e:
-    raise ValueError(f'{path}: reading parquet needs pyarrow (pip install pyarrow).') from e
+    raise ValueError(f'{path}: reading parquet needs pyarrow (pip install "pyarrow>=26").') from e
   table = pq.read_table(path)
   missing = [c for c in FIELDS if c not in table.column_names]
   if missing:
