@@ -147,7 +147,7 @@ def parse_flags(argv: list[str]) -> list[str]:
   # --config=FILE: the file goes first (in place: `argv` is sys.argv), so the order is free.
   sys.argv[:] = config_loading.config_first(sys.argv)
   try:
-    return config_loading.parse(flags.FLAGS, config_loading.config_first(argv))
+    return config_loading.parse(flags.FLAGS, argv)
   except ValueError as e:
     _fail(e)
     raise  # unreachable: _fail exits

@@ -76,6 +76,8 @@ run)
     case "$a" in --workdir=*) workdir="${a#--workdir=}" ;; esac
   done
   [[ -n "${workdir}" ]] || fail "pass --workdir=DIR, storage every worker shares (gs://...)"
+  [[ "${workdir}" == gs://* || "${workdir}" == /* ]] \
+    || fail "--workdir=${workdir}: give gs://... or an absolute path (a relative one would lie in the worker's ~/hmdlm_jax, which setup replaces)"
   [[ "${workdir}" == gs://* ]] || echo "launch/tpu_pod.sh: --workdir=${workdir} is not gs://: each worker writes its own disk, right for a one-host slice only" >&2
   allocator=""
   if [[ -n "${HMDLM_ALLOCATOR:-}" ]]; then

@@ -144,6 +144,7 @@ def test_slurm_tasks_get_every_gpu_of_their_node():
     (['start'], {}, "unknown subcommand 'start'"),
     (['setup'], {'TPU_NAME': ''}, 'set TPU_NAME'),
     (['run', '--config=configs/tiny_test.py'], {}, 'pass --workdir=DIR'),
+    (['run', '--workdir=runs/a b'], {}, '--workdir=runs/a b: give gs://... or an absolute path'),
     (['logs', '--worker=first'], {}, '--worker=first: a number or all'),
     (['stop', 'now'], {}, 'stop takes no arguments'),
 ])
@@ -216,8 +217,8 @@ def test_slurm_two_tasks_train_resume(tmp_path, puzzle_cache, jax_cache):
 # ----------------------------------------------------------------------------- TPU slice
 
 
-def _log(root: str) -> str:
-  path = os.path.join(root, 'worker-0', 'hmdlm_logs', 'run.log')
+def _log(root: str, worker: int = 0) -> str:
+  path = os.path.join(root, f'worker-{worker}', 'hmdlm_logs', 'run.log')
   return open(path, encoding='utf-8').read() if os.path.exists(path) else ''
 
 
@@ -238,60 +239,69 @@ def _last_step(workdir: str) -> int:
     return 0
 
 
-def _exits(root: str) -> list[str]:
-  return re.findall(r'tpu_pod\.sh: the run exited with status (\d+)', _log(root))
+def _exits(root: str, worker: int = 0) -> list[str]:
+  return re.findall(r'tpu_pod\.sh: the run exited with status (\d+)', _log(root, worker))
 
 
-def test_tpu_slice_setup_run_logs_resume_stop(tmp_path, puzzle_cache, jax_cache):
-  """setup copies the checkout and installs it; run returns at once and trains detached (its
-  log on the worker, HMDLM_ALLOCATOR passed on); running again resumes, and stop makes that
-  running job checkpoint and exit."""
-  root = str(tmp_path / 'slice')
-  workdir = str(tmp_path / 'run dir')
-  env = _base_env(jax_cache, workdir)
-  del env['PYTHONPATH']  # the worker runs its own copy of the code
-  env.update(TPU_NAME='hmdlm-test', ZONE='local-a', STANDIN_TPU_NAME='hmdlm-test',
-             STANDIN_TPU_ROOT=root, STANDIN_TPU_COORDINATOR_PORT=str(_free_port()),
-             STANDIN_WORKER_ENV=WORKER_ENV, PIP_NO_INDEX='1', PIP_NO_DEPS='1',
-             PIP_NO_BUILD_ISOLATION='0', PIP_DISABLE_PIP_VERSION_CHECK='1',
-             HMDLM_ALLOCATOR='glibc')
-  # The worker image: a virtual environment that already holds the dependencies (this one's).
-  venv = os.path.join(root, 'worker-0', 'hmdlm_venv')
+def _worker_image(home: str) -> str:
+  """A worker's virtual environment as an image would hold it: the dependencies (this one's
+  packages, through a .pth file), not hmdlm_jax. Returns its python."""
+  venv = os.path.join(home, 'hmdlm_venv')
   subprocess.run([sys.executable, '-m', 'venv', '--without-pip', venv], check=True, timeout=120)
-  site = subprocess.run([os.path.join(venv, 'bin', 'python'), '-c',
-                         'import sysconfig; print(sysconfig.get_paths()["purelib"])'],
+  python = os.path.join(venv, 'bin', 'python')
+  site = subprocess.run([python, '-c', 'import sysconfig; print(sysconfig.get_paths()["purelib"])'],
                         capture_output=True, text=True, check=True).stdout.strip()
   with open(os.path.join(site, 'image.pth'), 'w', encoding='utf-8') as f:
     f.write(sysconfig.get_paths()['purelib'] + '\n')
+  return python
+
+
+@pytest.mark.parametrize('workers', [1, pytest.param(2, marks=pytest.mark.slow)])
+def test_tpu_slice_setup_run_logs_resume_stop(tmp_path, puzzle_cache, jax_cache, workers):
+  """setup copies the checkout and installs it on every worker; run returns at once and trains
+  detached (a log per worker, HMDLM_ALLOCATOR passed on); running again resumes, and stop makes
+  that running job checkpoint and exit on every worker."""
+  root = str(tmp_path / 'slice')
+  workdir = str(tmp_path / 'run dir')  # a space: the arguments must reach python intact
+  env = _base_env(jax_cache, workdir)
+  del env['PYTHONPATH']  # the worker runs its own copy of the code
+  env.update(TPU_NAME='hmdlm-test', ZONE='local-a', STANDIN_TPU_NAME='hmdlm-test',
+             STANDIN_TPU_ROOT=root, STANDIN_TPU_WORKERS=str(workers),
+             STANDIN_TPU_COORDINATOR_PORT=str(_free_port()), STANDIN_WORKER_ENV=WORKER_ENV,
+             PIP_NO_INDEX='1', PIP_NO_DEPS='1', PIP_NO_BUILD_ISOLATION='0',
+             PIP_DISABLE_PIP_VERSION_CHECK='1', HMDLM_ALLOCATOR='glibc')
+  homes = [os.path.join(root, f'worker-{w}') for w in range(workers)]
+  pythons = [_worker_image(h) for h in homes]
   cmds = readme_commands()
+  every = range(workers)
 
   proc = _run_line(cmds['setup'], env, timeout=300)
   assert proc.returncode == 0, proc.stdout + proc.stderr
-  home = os.path.join(root, 'worker-0')
-  assert os.path.isfile(os.path.join(home, 'hmdlm_jax', 'launch', 'tpu_pod.sh'))
-  where = subprocess.run([os.path.join(venv, 'bin', 'python'), '-c',
-                          'import hmdlm_jax; print(hmdlm_jax.__file__)'], cwd='/',
-                         capture_output=True, text=True, check=True).stdout
-  assert where.startswith(os.path.join(home, 'hmdlm_jax', 'hmdlm_jax')), where  # installed there
+  for home, python in zip(homes, pythons):
+    assert os.path.isfile(os.path.join(home, 'hmdlm_jax', 'launch', 'tpu_pod.sh'))
+    where = subprocess.run([python, '-c', 'import hmdlm_jax; print(hmdlm_jax.__file__)'], cwd='/',
+                           capture_output=True, text=True, check=True).stdout
+    assert where.startswith(os.path.join(home, 'hmdlm_jax', 'hmdlm_jax')), where  # installed
 
   t0 = time.time()
   proc = _run_line(cmds['run'], env, _overrides(puzzle_cache, 2, 2))
   assert proc.returncode == 0, proc.stdout + proc.stderr
   assert time.time() - t0 < 20, 'run did not return at once'
-  assert 'started; its log is ~/hmdlm_logs/run.log' in proc.stdout
+  assert proc.stdout.count('started; its log is ~/hmdlm_logs/run.log') == workers, proc.stdout
   _wait_for(lambda: 'run on' in _log(root), 'the run to start', root)
   proc = _run_line(cmds['logs'], env)
   assert proc.returncode == 0 and '=== tpu_pod.sh run on' in proc.stdout, proc
-  _wait_for(lambda: len(_exits(root)) == 1, 'the first run to end', root)
-  log = _log(root)
-  assert _exits(root) == ['0'], log[-4000:]
-  assert 'jax.distributed initialised: process 0 of 1' in log
-  assert 'HMDLM_ALLOCATOR=glibc' in log  # passed on: the worker restarted with the glibc settings
+  _wait_for(lambda: all(len(_exits(root, w)) == 1 for w in every), 'the first run to end', root)
+  for w in every:
+    log = _log(root, w)
+    assert _exits(root, w) == ['0'], log[-4000:]
+    assert f'jax.distributed initialised: process {w} of {workers}' in log
+    assert 'HMDLM_ALLOCATOR=glibc' in log  # passed on: the worker restarted with glibc settings
   assert sorted(train_losses(workdir)) == [1, 2]
   assert os.listdir(os.path.join(workdir, 'checkpoints')) == ['2']
 
   # The same command resumes from step 2; stop on the running job: it checkpoints the step it
-  # reached and exits 0.
+  # reached and exits 0 on every worker.
   proc = _run_line(cmds['run'], env, _overrides(puzzle_cache, 100000, 100000))
   assert proc.returncode == 0, proc.stdout + proc.stderr
   _wait_for(lambda: _last_step(workdir) >= 3 or len(_exits(root)) > 1, 'a step of the second run',
@@ -302,12 +312,16 @@ def test_tpu_slice_setup_run_logs_resume_stop(tmp_path, puzzle_cache, jax_cache)
   assert again.returncode == 1 and 'a run is going' in again.stderr, again  # one run at a time
   proc = _run_line(cmds['stop'], env, timeout=300)
   assert proc.returncode == 0, proc.stdout + proc.stderr
-  assert 'SIGTERM sent' in proc.stdout and 'exited with status 0' in proc.stdout, proc.stdout
-  assert _exits(root) == ['0', '0']
+  assert proc.stdout.count('SIGTERM sent') == workers, proc.stdout
+  assert proc.stdout.count('exited with status 0') == workers, proc.stdout
+  assert all(_exits(root, w) == ['0', '0'] for w in every)
   steps = [r['step'] for r in read_jsonl(os.path.join(workdir, 'metrics.jsonl'))]
   last = steps[-1]
   assert steps == list(range(1, last + 1)) and last >= 3, steps
   assert sorted(os.listdir(os.path.join(workdir, 'checkpoints')), key=int) == ['2', str(last)]
+  it_dir = os.path.join(workdir, 'checkpoints', str(last), 'data_iter')
+  assert sorted(f for f in os.listdir(it_dir) if f.endswith('.json')) == [
+      f'process_{w}-of-{workers}.json' for w in every]
   with open(os.path.join(workdir, 'train_summary.json'), encoding='utf-8') as f:
     summary = json.load(f)
   assert summary['step'] == last and 'SIGTERM' in summary['stop_reason'], summary
