@@ -186,32 +186,56 @@ def _slurm_job_id() -> str:
   return str(4096 * 7 + port - 61440)
 
 
-def test_slurm_two_tasks_train_resume(tmp_path, puzzle_cache, jax_cache):
+def test_slurm_two_tasks_train_resume_sigterm(tmp_path, puzzle_cache, jax_cache):
   """sbatch on a one-node cluster with 2 GPUs' worth of tasks: a 2-process cluster trains 2 steps
-  and checkpoints; the same command with more steps resumes from step 2."""
+  and checkpoints; the same command resumes from step 2, and SIGTERM to the job's tasks (what
+  --signal=TERM@120 sends before the time limit) makes both checkpoint and exit 0."""
   workdir = str(tmp_path / 'run dir')  # a space: the arguments must reach python intact
   env = _base_env(jax_cache, workdir)
-  env.update(SBATCH_OUTPUT=str(tmp_path / 'hmdlm_%j.out'), HMDLM_ALLOCATOR='none')
+  env.update(SBATCH_OUTPUT=str(tmp_path / 'hmdlm_%j.out'), HMDLM_ALLOCATOR='none',
+             STANDIN_SLURM_STATE=str(tmp_path))
   line = readme_commands()['sbatch'].replace(
       'sbatch ', 'sbatch --nodes=1 --gpus-per-node=2 --ntasks-per-node=2 ', 1)
-  outs = []
-  for steps in (2, 4):
-    job = env['STANDIN_SLURM_JOB_ID'] = _slurm_job_id()
-    proc = _run_line(line, env, _overrides(puzzle_cache, steps, 2), timeout=300)
-    out = (tmp_path / f'hmdlm_{job}.out').read_text()
-    assert proc.returncode == 0, proc.stdout + proc.stderr + out[-4000:]
-    assert f'Submitted batch job {job}' in proc.stdout
-    outs.append(out)
-  for out in outs:
+  job = env['STANDIN_SLURM_JOB_ID'] = _slurm_job_id()
+  proc = _run_line(line, env, _overrides(puzzle_cache, 2, 2), timeout=300)
+  first = (tmp_path / f'hmdlm_{job}.out').read_text()
+  assert proc.returncode == 0, proc.stdout + proc.stderr + first[-4000:]
+  assert f'Submitted batch job {job}' in proc.stdout
+  assert [r['step'] for r in read_jsonl(os.path.join(workdir, 'metrics.jsonl'))] == [1, 2]
+
+  job = env['STANDIN_SLURM_JOB_ID'] = _slurm_job_id()
+  missing = [v for v in re.findall(r'\$\{?([A-Z_]+)', line) if v not in env]
+  assert not missing, missing
+  with subprocess.Popen(['bash', '-c', f'{line} {_overrides(puzzle_cache, 100000, 100000)}'],
+                        cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                        text=True) as batch:
+    try:
+      deadline = time.time() + 300
+      while _last_step(workdir) < 3 and batch.poll() is None and time.time() < deadline:
+        time.sleep(0.5)
+      assert batch.poll() is None and _last_step(workdir) >= 3, 'the resumed job did not train'
+      subprocess.run(['scancel', '--signal=TERM', job], env=env, check=True, timeout=30)
+      batch.wait(timeout=300)
+    finally:
+      if batch.poll() is None:
+        batch.kill()
+  second = (tmp_path / f'hmdlm_{job}.out').read_text()
+  assert batch.returncode == 0, second[-4000:]
+  for out in (first, second):
     for rank in (0, 1):
       assert f'jax.distributed initialised: process {rank} of 2, 1 local / 2 global' in out, out
-  assert 'Resumed from' not in outs[0] and 'Resumed from' in outs[1]
-  runs = [r['step'] for r in read_jsonl(os.path.join(workdir, 'metrics.jsonl'))]
-  assert runs == [1, 2, 3, 4], runs  # steps 1-2, then 3-4 from the checkpoint
-  assert sorted(os.listdir(os.path.join(workdir, 'checkpoints'))) == ['2', '4']
-  it_dir = os.path.join(workdir, 'checkpoints', '4', 'data_iter')
+  assert 'Resumed from' not in first and 'Resumed from' in second
+  assert second.count('Received SIGTERM') >= 2, second[-4000:]  # both tasks
+  steps = [r['step'] for r in read_jsonl(os.path.join(workdir, 'metrics.jsonl'))]
+  last = steps[-1]
+  assert steps == list(range(1, last + 1)) and last >= 3, steps  # 1-2, then 3.. from step 2
+  assert sorted(os.listdir(os.path.join(workdir, 'checkpoints')), key=int) == ['2', str(last)]
+  it_dir = os.path.join(workdir, 'checkpoints', str(last), 'data_iter')
   assert sorted(f for f in os.listdir(it_dir) if f.endswith('.json')) == [
       'process_0-of-2.json', 'process_1-of-2.json']
+  with open(os.path.join(workdir, 'train_summary.json'), encoding='utf-8') as f:
+    summary = json.load(f)
+  assert summary['step'] == last and 'SIGTERM' in summary['stop_reason'], summary
 
 
 # ----------------------------------------------------------------------------- TPU slice
