@@ -1,14 +1,16 @@
-"""The cluster launch scripts (launch/tpu_pod.sh, launch/slurm_gpu.sh), run as the README writes them.
+"""The cluster launch scripts (launch/tpu_pod.sh, launch/slurm_gpu.sh), run as the README has them.
 
 The README's "Run on a cluster" lines run here as they are, with stand-in `gcloud`, `sbatch` and
-`srun` (tests/cluster_standins) first on PATH: a TPU slice whose worker is a folder on localhost,
-and a one-node SLURM cluster whose `srun` starts real processes with SLURM's variables. Every run
-is a real `jax.distributed` cluster on localhost training configs/tiny_test.py: two processes
-found by JAX's SLURM auto-detection, one worker for the TPU slice. The test sets the variables
-the README's `export` line sets, and appends the tiny run's overrides to `run` and `sbatch`.
+`srun` (plus `scancel --signal`; tests/cluster_standins) first on PATH: a TPU slice whose workers
+are folders on localhost, and a one-node SLURM cluster whose `srun` starts real processes with
+SLURM's variables. Every run is a real `jax.distributed` cluster on localhost training
+configs/tiny_test.py: two processes found by JAX's SLURM auto-detection; one TPU worker (two in
+the slow variant). The test sets the variables of the README's `export` line itself, adds the
+one-node shape to `sbatch`, and appends the tiny run's overrides to `run` and `sbatch`.
 Not simulated: gcloud's own ssh/scp, installing jax[tpu] (the worker's virtual environment is
-made beforehand and sees this one's packages; pip runs offline, without dependencies), TPU
-metadata (the worker finds its cluster through Open MPI variables), GPUs and several nodes.
+made beforehand and sees this one's packages; pip installs the copied checkout offline, without
+dependencies), TPU metadata (workers find their cluster through Open MPI variables), GPUs,
+several nodes, SLURM's timer for --signal.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import json
 import os
 import re
 import shlex
+import signal
 import socket
 import subprocess
 import sys
@@ -37,9 +40,9 @@ ERROR = 'hmdlm_jax: error: '
 # The variables of the worker image that the stand-in ssh passes on (a real ssh session passes none
 # of the caller's): XLA on CPU, the session's compile cache, pip offline without dependencies.
 WORKER_ENV = ('JAX_PLATFORMS XLA_FLAGS JAX_COMPILATION_CACHE_DIR '
-              'JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES '
-              'TF_CPP_MIN_LOG_LEVEL PIP_NO_INDEX PIP_NO_DEPS PIP_NO_BUILD_ISOLATION '
-              'PIP_DISABLE_PIP_VERSION_CHECK')
+              'JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS '
+              'JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES TF_CPP_MIN_LOG_LEVEL PIP_NO_INDEX '
+              'PIP_NO_DEPS PIP_NO_BUILD_ISOLATION PIP_DISABLE_PIP_VERSION_CHECK')
 
 
 def readme_commands() -> dict[str, str]:
@@ -281,7 +284,8 @@ def _worker_image(home: str) -> str:
 
 
 @pytest.mark.parametrize('workers', [1, pytest.param(2, marks=pytest.mark.slow)])
-def test_tpu_slice_setup_run_logs_resume_stop(tmp_path, puzzle_cache, jax_cache, workers):
+def test_tpu_slice_setup_run_logs_resume_stop(request, tmp_path, puzzle_cache, jax_cache,
+                                             workers):
   """setup copies the checkout and installs it on every worker; run returns at once and trains
   detached (a log per worker, HMDLM_ALLOCATOR passed on); running again resumes, and stop makes
   that running job checkpoint and exit on every worker."""
@@ -295,6 +299,15 @@ def test_tpu_slice_setup_run_logs_resume_stop(tmp_path, puzzle_cache, jax_cache,
              PIP_NO_INDEX='1', PIP_NO_DEPS='1', PIP_NO_BUILD_ISOLATION='0',
              PIP_DISABLE_PIP_VERSION_CHECK='1', HMDLM_ALLOCATOR='glibc')
   homes = [os.path.join(root, f'worker-{w}') for w in range(workers)]
+
+  def kill_leftovers():  # a failed assertion must not leave a detached run behind
+    for home in homes:
+      try:
+        with open(os.path.join(home, 'hmdlm_logs', 'run.pid'), encoding='utf-8') as f:
+          os.kill(int(f.read()), signal.SIGKILL)
+      except (OSError, ValueError):
+        pass
+  request.addfinalizer(kill_leftovers)
   pythons = [_worker_image(h) for h in homes]
   cmds = readme_commands()
   every = range(workers)
