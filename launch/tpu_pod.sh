@@ -15,9 +15,9 @@
 #   detached from the ssh session (nohup, setsid), and returns at once. Each worker appends to its
 #   own log ~/hmdlm_logs/run.log, which ends with "tpu_pod.sh: the run exited with status N".
 #   jax.distributed.initialize() finds the slice's workers itself. --workdir must be storage all
-#   workers share (gs://) unless the slice has one host. HMDLM_ALLOCATOR, when set here, is passed
-#   on (the workers otherwise leave the allocator alone, hmdlm_jax/runtime.py). Running it again
-#   resumes from the workdir's last checkpoint.
+#   workers share (gs://) unless the slice has one host. HMDLM_ALLOCATOR is passed on to every
+#   worker (none unless set here; hmdlm_jax/runtime.py). Running it again resumes from the
+#   workdir's last checkpoint.
 # stop: SIGTERM to the run on every worker; each saves a checkpoint and exits, and stop waits for
 #   that (at most STOP_TIMEOUT seconds, 600 by default).
 # Optional: PROJECT (gcloud --project), WORKER_PYTHON, JAX_PACKAGE.
@@ -79,10 +79,9 @@ run)
   [[ "${workdir}" == gs://* || "${workdir}" == /* ]] \
     || fail "--workdir=${workdir}: give gs://... or an absolute path (a relative one would lie in the worker's ~/hmdlm_jax, which setup replaces)"
   [[ "${workdir}" == gs://* ]] || echo "launch/tpu_pod.sh: --workdir=${workdir} is not gs://: each worker writes its own disk, right for a one-host slice only" >&2
-  allocator=""
-  if [[ -n "${HMDLM_ALLOCATOR:-}" ]]; then
-    allocator="export HMDLM_ALLOCATOR=$(printf '%q' "${HMDLM_ALLOCATOR}")"
-  fi
+  # The host allocator of hmdlm_jax/runtime.py keeps XLA:CPU's buffers resident; the TPU's
+  # buffers live on the chips, so it is off unless HMDLM_ALLOCATOR=auto|glibc|tcmalloc says so.
+  allocator="export HMDLM_ALLOCATOR=$(printf '%q' "${HMDLM_ALLOCATOR:-none}")"
   # On each worker, bash -c WRAPPER starts python in the background, records its pid (SIGTERM
   # from `stop` reaches python itself), waits for it and appends its exit status to the log.
   # shellcheck disable=SC2016  # expanded on the worker
