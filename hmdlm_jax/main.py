@@ -143,6 +143,9 @@ def main(argv: list[str]) -> None:
 def parse_flags(argv: list[str]) -> list[str]:
   """absl's flag parsing, with one `hmdlm_jax: error:` line (exit 1) for every mistake
   (hmdlm_jax/config/loading.py checks the config file first and names unknown overrides)."""
+  # --config's overrides are read from sys.argv by ml_collections, which refuses one before
+  # --config=FILE: the file goes first (in place: `argv` is sys.argv), so the order is free.
+  sys.argv[:] = config_loading.config_first(sys.argv)
   try:
     return config_loading.parse(flags.FLAGS, argv)
   except ValueError as e:

@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import math
 import os
+import re
 from typing import Any, Iterator, Mapping, Sequence
 
 import flax.linen as nn
@@ -53,6 +54,50 @@ def _slurm_multi_task() -> bool:
   return int(os.environ.get('SLURM_NTASKS', '1')) > 1 and 'SLURM_PROCID' in os.environ
 
 
+def _tasks_on_node(spec: str, node: int) -> int:
+  """This node's count in SLURM's tasks-per-node list, e.g. '4(x2),2' -> 4, 4, 2."""
+  counts: list[int] = []
+  for part in spec.split(','):
+    m = re.fullmatch(r'\s*(\d+)(?:\(x(\d+)\))?\s*', part)
+    if not m:
+      raise ValueError(f'SLURM tasks per node {spec!r}: not a list like 4(x2),2')
+    counts += [int(m[1])] * int(m[2] or 1)
+  return counts[node] if 0 <= node < len(counts) else counts[-1]
+
+
+def slurm_local_device_ids(environ: Mapping[str, str] | None = None) -> list[int] | None:
+  """The GPUs a SLURM task drives, where JAX's SLURM auto-detection alone would get them wrong.
+
+  JAX gives every task `local_device_ids=[SLURM_LOCALID]`: right for one task per GPU that sees
+  all the node's GPUs (launch/slurm_gpu.sh). With fewer tasks than visible GPUs it would leave
+  GPUs idle, and a task bound to its own GPU would ask for an id it cannot see. Returns an even
+  share of the visible GPUs (CUDA_VISIBLE_DEVICES) per task, all of them when there are fewer than
+  the node's tasks (bound), or None for JAX's own choice (not a SLURM task, JAX_LOCAL_DEVICE_IDS
+  set, no CUDA_VISIBLE_DEVICES, one task per visible GPU).
+
+  Raises:
+    ValueError when this node's tasks do not share its visible GPUs evenly.
+  """
+  env = os.environ if environ is None else environ
+  if ('SLURM_PROCID' not in env or 'SLURM_LOCALID' not in env or env.get('JAX_LOCAL_DEVICE_IDS')
+      or not env.get('CUDA_VISIBLE_DEVICES', '').strip()):
+    return None
+  visible = len([d for d in env['CUDA_VISIBLE_DEVICES'].split(',') if d.strip()])
+  spec = env.get('SLURM_STEP_TASKS_PER_NODE') or env.get('SLURM_TASKS_PER_NODE') or '1'
+  tasks, local = _tasks_on_node(spec, int(env.get('SLURM_NODEID', '0'))), int(env['SLURM_LOCALID'])
+  if visible == tasks:
+    return None
+  if visible < tasks:  # SLURM bound each task to its own GPUs (--gpus-per-task, --gpu-bind)
+    return list(range(visible))
+  if visible % tasks:
+    raise ValueError(f'SLURM runs {tasks} tasks on this node, which sees {visible} GPUs '
+                     f'(CUDA_VISIBLE_DEVICES={env["CUDA_VISIBLE_DEVICES"]}): they cannot share '
+                     'them evenly; use --ntasks-per-node equal to --gpus-per-node (one task per '
+                     'GPU, as launch/slurm_gpu.sh does).')
+  share = visible // tasks
+  return list(range(local * share, (local + 1) * share))
+
+
 def maybe_initialize_distributed(dist_cfg: Any) -> bool:
   """Calls `jax.distributed.initialize` when `distributed.enabled` (before any device use).
 
@@ -84,8 +129,13 @@ def maybe_initialize_distributed(dist_cfg: Any) -> bool:
     jax.distributed.initialize(coordinator_address=address, num_processes=num_processes,
                                process_id=process_id)
   else:
-    # Auto-detection (TPU pod metadata, SLURM environment, ...).
-    jax.distributed.initialize()
+    # Auto-detection (TPU pod metadata, SLURM environment, ...); under SLURM, the GPUs of
+    # each task where JAX's one-GPU-per-task guess is wrong.
+    ids = slurm_local_device_ids()
+    if ids is not None:
+      logging.info('SLURM task %s drives the GPUs %s of its node.', os.environ['SLURM_LOCALID'],
+                   ids)
+    jax.distributed.initialize(local_device_ids=ids)
   logging.info('jax.distributed initialised: process %d of %d, %d local / %d global devices.',
                jax.process_index(), jax.process_count(), jax.local_device_count(),
                jax.device_count())

@@ -30,6 +30,27 @@ def config_spec(argv: Sequence[str], default: str = DEFAULT_CONFIG) -> str:
   return spec
 
 
+def config_first(argv: Sequence[str]) -> list[str]:
+  """`argv` (argv[0] = the program) with its --config file flags moved before everything else.
+
+  ml_collections refuses a `--config.a.b=` override that comes before `--config=FILE`; a launch
+  script that adds its overrides ahead of the user's flags would stop there. The order among the
+  overrides (the last value of a field wins) and among the other flags is kept.
+  """
+  rest, files, i = list(argv[1:]), [], 0
+  while i < len(rest):
+    a = rest[i]
+    if a == '--':
+      break
+    if a.startswith(('--config=', '-config=')):
+      files.append(rest.pop(i))
+    elif a in ('--config', '-config') and i + 1 < len(rest):
+      files += [rest.pop(i), rest.pop(i)]
+    else:
+      i += 1
+  return list(argv[:1]) + files + rest
+
+
 def packaged(path: str) -> str:
   """`path`, or for a `configs/NAME.py` that is not a file here the config installed with the
   package (hmdlm_jax/configs): `--config=configs/lm1b.py` works in a checkout and after
@@ -109,11 +130,11 @@ def unknown_overrides(config: ml_collections.ConfigDict, argv: Sequence[str]) ->
 def define_config_flag(flag_values: flags.FlagValues, default: str = DEFAULT_CONFIG,
                        argv: Sequence[str] | None = None) -> Any:
   """Defines `--config` (a config file with `--config.a.b=` overrides) on `flag_values`; the
-  overrides are read from `argv` (None: sys.argv, the command line)."""
+  overrides are read from `argv` (None: sys.argv, the command line), in `config_first` order."""
   return config_flags.DEFINE_config_file(
       'config', default, 'Experiment config file (a Python file with get_config()).',
       flag_values=flag_values, lock_config=True,
-      sys_argv=None if argv is None else list(argv))
+      sys_argv=None if argv is None else config_first(argv))
 
 
 def _with_config(argv: list[str], spec: str) -> list[str]:
@@ -131,8 +152,11 @@ def parse(flag_values: flags.FlagValues, argv: Sequence[str],
   """absl's parsing of `argv` (argv[0] = the program) with the config checked first.
 
   Returns the arguments absl leaves over. Raises ValueError: the config file's own problems
-  (`load_file`), an unknown override (named, with the schema to look in), a bad value.
+  (`load_file`), an unknown override (named, with the schema to look in), a bad value. The
+  overrides may come before `--config=FILE` (`config_first`); where the flag reads sys.argv
+  (`define_config_flag` without argv), the caller reorders sys.argv itself.
   """
+  argv = config_first(argv)
   spec = config_spec(argv[1:], default)
   config = load_file(spec)
   try:
@@ -158,7 +182,7 @@ def load(spec: str, overrides: Sequence[str] = ()) -> ml_collections.ConfigDict:
   bad = [o for o in overrides if not o.startswith(OVERRIDE_PREFIXES)]
   if bad:
     raise ValueError(f'{bad[0]!r}: overrides are written --config.section.field=value.')
-  argv = ['load', f'--config={spec}', *overrides]
+  argv = ['load', f'--config={spec}', *overrides]  # already in config_first's order
   fv = flags.FlagValues()
   holder = define_config_flag(fv, spec, argv)
   parse(fv, argv, spec)

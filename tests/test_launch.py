@@ -1,0 +1,366 @@
+"""The cluster launch scripts (launch/tpu_pod.sh, launch/slurm_gpu.sh), run as the README has them.
+
+The README's "Run on a cluster" lines run here as they are, with stand-in `gcloud`, `sbatch` and
+`srun` (plus `scancel --signal`; tests/cluster_standins) first on PATH: a TPU slice whose workers
+are folders on localhost, and a one-node SLURM cluster whose `srun` starts real processes with
+SLURM's variables. Every run is a real `jax.distributed` cluster on localhost training
+configs/tiny_test.py: two processes found by JAX's SLURM auto-detection; one TPU worker (two in
+the slow variant). The test sets the variables of the README's `export` line itself, adds the
+one-node shape to `sbatch`, and appends the tiny run's overrides to `run` and `sbatch`.
+Not simulated: gcloud's own ssh/scp, installing jax[tpu] (the worker's virtual environment is
+made beforehand and sees this one's packages; pip installs the copied checkout offline, without
+dependencies), TPU metadata (workers find their cluster through Open MPI variables), GPUs,
+several nodes, SLURM's timer for --signal.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shlex
+import signal
+import socket
+import subprocess
+import sys
+import sysconfig
+import time
+
+import pytest
+
+from tests.conftest import REPO, read_jsonl, subprocess_env, train_losses
+
+from hmdlm_jax import sharding
+from hmdlm_jax.config import loading
+
+STANDINS = os.path.join(REPO, 'tests', 'cluster_standins')
+TPU_SCRIPT = os.path.join(REPO, 'launch', 'tpu_pod.sh')
+SLURM_SCRIPT = os.path.join(REPO, 'launch', 'slurm_gpu.sh')
+ERROR = 'hmdlm_jax: error: '
+# The variables of the worker image that the stand-in ssh passes on (a real ssh session passes none
+# of the caller's): XLA on CPU, the session's compile cache, pip offline without dependencies.
+WORKER_ENV = ('JAX_PLATFORMS XLA_FLAGS JAX_COMPILATION_CACHE_DIR '
+              'JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS '
+              'JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES TF_CPP_MIN_LOG_LEVEL PIP_NO_INDEX '
+              'PIP_NO_DEPS PIP_NO_BUILD_ISOLATION PIP_DISABLE_PIP_VERSION_CHECK')
+
+
+def readme_commands() -> dict[str, str]:
+  """The README's cluster commands (the fenced block of "Run on a cluster"), by what they do:
+  'setup', 'run', 'logs', 'stop' (launch/tpu_pod.sh) and 'sbatch'; comments dropped."""
+  text = open(os.path.join(REPO, 'README.md'), encoding='utf-8').read()
+  section = text.split('\n## Run on a cluster\n', 1)[1].split('\n## ', 1)[0]
+  block = re.search(r'```bash\n(.*?)```', section, flags=re.S).group(1)
+  out = {}
+  for line in block.splitlines():
+    line = re.sub(r'\s+#\s.*$', '', line).strip()
+    if line.startswith('launch/tpu_pod.sh '):
+      out[line.split()[1]] = line
+    elif line.startswith('sbatch '):
+      out['sbatch'] = line
+  return out
+
+
+def _run_line(line: str, env: dict[str, str], extra: str = '', timeout: float = 120
+              ) -> subprocess.CompletedProcess:
+  """`line` (+ `extra`) in bash, from the repository root, with `env`; the line's $VARIABLES must
+  all be set by the test (the README's export line is not run)."""
+  missing = [v for v in re.findall(r'\$\{?([A-Z_]+)', line) if v not in env]
+  assert not missing, f'README line uses {missing}, which the test does not set: {line}'
+  return subprocess.run(['bash', '-c', f'{line} {extra}'], cwd=REPO, env=env, timeout=timeout,
+                        capture_output=True, text=True, check=False)
+
+
+def _overrides(cache: str, steps: int, ckpt_every: int) -> str:
+  return (f'--config.data.cache_dir={shlex.quote(cache)} --config.train.num_steps={steps} '
+          f'--config.train.ckpt_every={ckpt_every}')
+
+
+def _free_port(low: int = 0, high: int = 0) -> int:
+  """A TCP port nobody listens on (in [low, high] when given)."""
+  for _ in range(200):
+    with socket.socket() as s:
+      try:
+        s.bind(('localhost', int.from_bytes(os.urandom(2), 'big') % (high - low + 1) + low
+                if high else 0))
+      except OSError:
+        continue
+      return s.getsockname()[1]
+  raise RuntimeError('no free port')
+
+
+def _base_env(jax_cache: str, workdir: str) -> dict[str, str]:
+  env = subprocess_env(jax_cache, devices=1)
+  env['PATH'] = STANDINS + os.pathsep + os.path.dirname(sys.executable) + os.pathsep + env['PATH']
+  env.update(CONFIG='configs/tiny_test.py', WORKDIR=workdir)
+  return env
+
+
+# ----------------------------------------------------------------------------- fast checks
+
+
+def test_readme_holds_every_cluster_command():
+  cmds = readme_commands()
+  assert sorted(cmds) == ['logs', 'run', 'sbatch', 'setup', 'stop'], cmds
+  assert '--workdir=' in cmds['run'] and '--workdir=' in cmds['sbatch']
+
+
+def test_overrides_may_come_before_the_config_file():
+  assert loading.config_first(['prog', '--config.a=1', '--x=2', '--config', 'f.py',
+                               '--config.b=2', '--config=g.py']) == [
+      'prog', '--config', 'f.py', '--config=g.py', '--config.a=1', '--x=2', '--config.b=2']
+  config = loading.load('configs/tiny_test.py', ['--config.train.num_steps=7'])
+  assert config.train.num_steps == 7
+  import ml_collections  # pylint: disable=g-import-not-at-top
+  from absl import flags  # pylint: disable=g-import-not-at-top
+  fv = flags.FlagValues()
+  argv = ['prog', '--config.train.num_steps=9', '--config=configs/tiny_test.py']
+  holder = loading.define_config_flag(fv, 'configs/tiny_test.py', argv)
+  loading.parse(fv, argv)
+  assert isinstance(holder.value, ml_collections.ConfigDict)
+  assert holder.value.train.num_steps == 9
+
+
+def test_slurm_tasks_get_every_gpu_of_their_node():
+  base = dict(SLURM_PROCID='5', SLURM_NODEID='1', CUDA_VISIBLE_DEVICES='0,1,2,3')
+  ids = sharding.slurm_local_device_ids
+  # One task per GPU: JAX's own choice (GPU SLURM_LOCALID) is right.
+  assert ids({**base, 'SLURM_LOCALID': '1', 'SLURM_STEP_TASKS_PER_NODE': '4(x2)'}) is None
+  # One task per node (the old script): all four GPUs, not GPU 0 only.
+  assert ids({**base, 'SLURM_LOCALID': '0', 'SLURM_STEP_TASKS_PER_NODE': '1(x2)'}) == [0, 1, 2, 3]
+  assert ids({**base, 'SLURM_LOCALID': '1', 'SLURM_STEP_TASKS_PER_NODE': '4,2'}) == [2, 3]
+  # A task bound to its own GPU sees one device, index 0.
+  assert ids({**base, 'SLURM_LOCALID': '3', 'SLURM_STEP_TASKS_PER_NODE': '4(x2)',
+              'CUDA_VISIBLE_DEVICES': '3'}) == [0]
+  with pytest.raises(ValueError, match=r'3 tasks on this node, which sees 4 GPUs.*'
+                     r'--ntasks-per-node equal to --gpus-per-node'):
+    ids({**base, 'SLURM_LOCALID': '0', 'SLURM_STEP_TASKS_PER_NODE': '3(x2)'})
+  # Not a SLURM task, no GPUs, or the user's own choice: JAX decides.
+  assert ids({'CUDA_VISIBLE_DEVICES': '0,1'}) is None
+  assert ids({**base, 'SLURM_LOCALID': '0', 'CUDA_VISIBLE_DEVICES': ''}) is None
+  assert ids({**base, 'SLURM_LOCALID': '0', 'SLURM_STEP_TASKS_PER_NODE': '1(x2)',
+              'JAX_LOCAL_DEVICE_IDS': '0'}) is None
+
+
+@pytest.mark.parametrize('args,env,says', [
+    ([], {}, 'no subcommand'),
+    (['start'], {}, "unknown subcommand 'start'"),
+    (['setup'], {'TPU_NAME': ''}, 'set TPU_NAME'),
+    (['run', '--config=configs/tiny_test.py'], {}, 'pass --workdir=DIR'),
+    (['run', '--workdir=runs/a b'], {}, '--workdir=runs/a b: give gs://... or an absolute path'),
+    (['logs', '--worker=first'], {}, '--worker=first: a number or all'),
+    (['stop', 'now'], {}, 'stop takes no arguments'),
+])
+def test_tpu_script_refuses_bad_input_in_one_line(tmp_path, args, env, says):
+  e = dict(os.environ, PATH=STANDINS + os.pathsep + os.environ['PATH'], TPU_NAME='t',
+           ZONE='z', STANDIN_TPU_NAME='t', STANDIN_TPU_ROOT=str(tmp_path))
+  e.update(env)
+  proc = subprocess.run(['bash', TPU_SCRIPT, *args], env=e, capture_output=True, text=True,
+                        timeout=30, check=False)
+  assert proc.returncode == 1, proc
+  lines = proc.stderr.strip().splitlines()
+  assert len(lines) == 1 and lines[0].startswith(ERROR) and says in lines[0], proc.stderr
+  assert not os.listdir(tmp_path)  # nothing reached a worker
+
+
+def test_slurm_script_refuses_bad_input_in_one_line(tmp_path):
+  env = dict(os.environ, PATH=STANDINS + os.pathsep + os.environ['PATH'])
+  env.pop('SLURM_JOB_ID', None)
+  proc = subprocess.run(['bash', SLURM_SCRIPT, '--workdir=/tmp/x'], env=env, capture_output=True,
+                        text=True, timeout=30, check=False)
+  assert proc.returncode == 1 and proc.stderr.startswith(ERROR + 'launch/slurm_gpu.sh: not inside '
+                                                         'a SLURM job'), proc.stderr
+  env['SBATCH_OUTPUT'] = str(tmp_path / 'out-%j.txt')
+  proc = subprocess.run(['sbatch', '--nodes=1', 'launch/slurm_gpu.sh', '--config=a b.py'],
+                        cwd=REPO, env=env, capture_output=True, text=True, timeout=30, check=False)
+  assert proc.returncode == 1
+  (out,) = tmp_path.iterdir()
+  assert out.read_text().strip().splitlines() == [
+      ERROR + 'launch/slurm_gpu.sh: pass --workdir=DIR on storage every node sees (a shared '
+      'filesystem, or gs://)']
+
+
+# ----------------------------------------------------------------------------- SLURM
+
+
+def _slurm_job_id() -> str:
+  """A job id whose coordinator port (JAX: 61440 + id % 4096) is free now."""
+  port = _free_port(61440, 65535)
+  return str(4096 * 7 + port - 61440)
+
+
+def test_slurm_two_tasks_train_resume_sigterm(tmp_path, puzzle_cache, jax_cache):
+  """sbatch on a one-node cluster with 2 GPUs' worth of tasks: a 2-process cluster trains 2 steps
+  and checkpoints; the same command resumes from step 2, and SIGTERM to the job's tasks (what
+  --signal=TERM@120 sends before the time limit) makes both checkpoint and exit 0."""
+  workdir = str(tmp_path / 'run dir')  # a space: the arguments must reach python intact
+  env = _base_env(jax_cache, workdir)
+  env.update(SBATCH_OUTPUT=str(tmp_path / 'hmdlm_%j.out'), HMDLM_ALLOCATOR='none',
+             STANDIN_SLURM_STATE=str(tmp_path))
+  line = readme_commands()['sbatch'].replace(
+      'sbatch ', 'sbatch --nodes=1 --gpus-per-node=2 --ntasks-per-node=2 ', 1)
+  job = env['STANDIN_SLURM_JOB_ID'] = _slurm_job_id()
+  proc = _run_line(line, env, _overrides(puzzle_cache, 2, 2), timeout=300)
+  first = (tmp_path / f'hmdlm_{job}.out').read_text()
+  assert proc.returncode == 0, proc.stdout + proc.stderr + first[-4000:]
+  assert f'Submitted batch job {job}' in proc.stdout
+  assert [r['step'] for r in read_jsonl(os.path.join(workdir, 'metrics.jsonl'))] == [1, 2]
+
+  job = env['STANDIN_SLURM_JOB_ID'] = _slurm_job_id()
+  missing = [v for v in re.findall(r'\$\{?([A-Z_]+)', line) if v not in env]
+  assert not missing, missing
+  with subprocess.Popen(['bash', '-c', f'{line} {_overrides(puzzle_cache, 100000, 100000)}'],
+                        cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                        text=True) as batch:
+    try:
+      deadline = time.time() + 300
+      while _last_step(workdir) < 3 and batch.poll() is None and time.time() < deadline:
+        time.sleep(0.5)
+      assert batch.poll() is None and _last_step(workdir) >= 3, 'the resumed job did not train'
+      subprocess.run(['scancel', '--signal=TERM', job], env=env, check=True, timeout=30)
+      batch.wait(timeout=300)
+    finally:
+      if batch.poll() is None:
+        batch.kill()
+  second = (tmp_path / f'hmdlm_{job}.out').read_text()
+  assert batch.returncode == 0, second[-4000:]
+  for out in (first, second):
+    for rank in (0, 1):
+      assert f'jax.distributed initialised: process {rank} of 2, 1 local / 2 global' in out, out
+  assert 'Resumed from' not in first and 'Resumed from' in second
+  assert second.count('Received SIGTERM') >= 2, second[-4000:]  # both tasks
+  steps = [r['step'] for r in read_jsonl(os.path.join(workdir, 'metrics.jsonl'))]
+  last = steps[-1]
+  assert steps == list(range(1, last + 1)) and last >= 3, steps  # 1-2, then 3.. from step 2
+  assert sorted(os.listdir(os.path.join(workdir, 'checkpoints')), key=int) == ['2', str(last)]
+  it_dir = os.path.join(workdir, 'checkpoints', str(last), 'data_iter')
+  assert sorted(f for f in os.listdir(it_dir) if f.endswith('.json')) == [
+      'process_0-of-2.json', 'process_1-of-2.json']
+  with open(os.path.join(workdir, 'train_summary.json'), encoding='utf-8') as f:
+    summary = json.load(f)
+  assert summary['step'] == last and 'SIGTERM' in summary['stop_reason'], summary
+
+
+# ----------------------------------------------------------------------------- TPU slice
+
+
+def _log(root: str, worker: int = 0) -> str:
+  path = os.path.join(root, f'worker-{worker}', 'hmdlm_logs', 'run.log')
+  return open(path, encoding='utf-8').read() if os.path.exists(path) else ''
+
+
+def _wait_for(predicate, what: str, root: str, timeout: float = 300) -> None:
+  deadline = time.time() + timeout
+  while not predicate():
+    assert time.time() < deadline, f'timed out waiting for {what}; log:\n{_log(root)[-4000:]}'
+    time.sleep(0.5)
+
+
+def _last_step(workdir: str) -> int:
+  """The last step in DIR/metrics.jsonl so far (0 before any; a line being written is skipped)."""
+  try:
+    with open(os.path.join(workdir, 'metrics.jsonl'), encoding='utf-8') as f:
+      lines = f.read().splitlines()
+    return max((json.loads(l)['step'] for l in lines[:-1] if l.strip()), default=0)
+  except (OSError, ValueError):
+    return 0
+
+
+def _exits(root: str, worker: int = 0) -> list[str]:
+  return re.findall(r'tpu_pod\.sh: the run exited with status (\d+)', _log(root, worker))
+
+
+def _worker_image(home: str) -> str:
+  """A worker's virtual environment as an image would hold it: the dependencies (this one's
+  packages, through a .pth file), not hmdlm_jax. Returns its python."""
+  venv = os.path.join(home, 'hmdlm_venv')
+  subprocess.run([sys.executable, '-m', 'venv', '--without-pip', venv], check=True, timeout=120)
+  python = os.path.join(venv, 'bin', 'python')
+  site = subprocess.run([python, '-c', 'import sysconfig; print(sysconfig.get_paths()["purelib"])'],
+                        capture_output=True, text=True, check=True).stdout.strip()
+  with open(os.path.join(site, 'image.pth'), 'w', encoding='utf-8') as f:
+    f.write(sysconfig.get_paths()['purelib'] + '\n')
+  return python
+
+
+@pytest.mark.parametrize('workers', [1, pytest.param(2, marks=pytest.mark.slow)])
+def test_tpu_slice_setup_run_logs_resume_stop(request, tmp_path, puzzle_cache, jax_cache,
+                                             workers):
+  """setup copies the checkout and installs it on every worker; run returns at once and trains
+  detached (a log per worker, HMDLM_ALLOCATOR passed on); running again resumes, and stop makes
+  that running job checkpoint and exit on every worker."""
+  root = str(tmp_path / 'slice')
+  workdir = str(tmp_path / 'run dir')  # a space: the arguments must reach python intact
+  env = _base_env(jax_cache, workdir)
+  del env['PYTHONPATH']  # the worker runs its own copy of the code
+  env.update(TPU_NAME='hmdlm-test', ZONE='local-a', STANDIN_TPU_NAME='hmdlm-test',
+             STANDIN_TPU_ROOT=root, STANDIN_TPU_WORKERS=str(workers),
+             STANDIN_TPU_COORDINATOR_PORT=str(_free_port()), STANDIN_WORKER_ENV=WORKER_ENV,
+             PIP_NO_INDEX='1', PIP_NO_DEPS='1', PIP_NO_BUILD_ISOLATION='0',
+             PIP_DISABLE_PIP_VERSION_CHECK='1', HMDLM_ALLOCATOR='glibc')
+  homes = [os.path.join(root, f'worker-{w}') for w in range(workers)]
+
+  def kill_leftovers():  # a failed assertion must not leave a detached run behind
+    for home in homes:
+      try:
+        with open(os.path.join(home, 'hmdlm_logs', 'run.pid'), encoding='utf-8') as f:
+          os.kill(int(f.read()), signal.SIGKILL)
+      except (OSError, ValueError):
+        pass
+  request.addfinalizer(kill_leftovers)
+  pythons = [_worker_image(h) for h in homes]
+  cmds = readme_commands()
+  every = range(workers)
+
+  proc = _run_line(cmds['setup'], env, timeout=300)
+  assert proc.returncode == 0, proc.stdout + proc.stderr
+  for home, python in zip(homes, pythons):
+    assert os.path.isfile(os.path.join(home, 'hmdlm_jax', 'launch', 'tpu_pod.sh'))
+    where = subprocess.run([python, '-c', 'import hmdlm_jax; print(hmdlm_jax.__file__)'], cwd='/',
+                           capture_output=True, text=True, check=True).stdout
+    assert where.startswith(os.path.join(home, 'hmdlm_jax', 'hmdlm_jax')), where  # installed
+
+  t0 = time.time()
+  proc = _run_line(cmds['run'], env, _overrides(puzzle_cache, 2, 2))
+  assert proc.returncode == 0, proc.stdout + proc.stderr
+  assert time.time() - t0 < 20, 'run did not return at once'
+  assert proc.stdout.count('started; its log is ~/hmdlm_logs/run.log') == workers, proc.stdout
+  _wait_for(lambda: 'run on' in _log(root), 'the run to start', root)
+  proc = _run_line(cmds['logs'], env)
+  assert proc.returncode == 0 and '=== tpu_pod.sh run on' in proc.stdout, proc
+  _wait_for(lambda: all(len(_exits(root, w)) == 1 for w in every), 'the first run to end', root)
+  for w in every:
+    log = _log(root, w)
+    assert _exits(root, w) == ['0'], log[-4000:]
+    assert f'jax.distributed initialised: process {w} of {workers}' in log
+    assert 'HMDLM_ALLOCATOR=glibc' in log  # passed on: the worker restarted with glibc settings
+  assert sorted(train_losses(workdir)) == [1, 2]
+  assert os.listdir(os.path.join(workdir, 'checkpoints')) == ['2']
+
+  # The same command resumes from step 2; stop on the running job: it checkpoints the step it
+  # reached and exits 0 on every worker.
+  proc = _run_line(cmds['run'], env, _overrides(puzzle_cache, 100000, 100000))
+  assert proc.returncode == 0, proc.stdout + proc.stderr
+  _wait_for(lambda: _last_step(workdir) >= 3 or len(_exits(root)) > 1, 'a step of the second run',
+            root)
+  assert len(_exits(root)) == 1, _log(root)[-4000:]
+  assert 'Resumed from' in _log(root).split('=== tpu_pod.sh run on')[-1]
+  again = _run_line(cmds['run'], env, _overrides(puzzle_cache, 100000, 100000))
+  assert again.returncode == 1 and 'a run is going' in again.stderr, again  # one run at a time
+  proc = _run_line(cmds['stop'], env, timeout=300)
+  assert proc.returncode == 0, proc.stdout + proc.stderr
+  assert proc.stdout.count('SIGTERM sent') == workers, proc.stdout
+  assert proc.stdout.count('exited with status 0') == workers, proc.stdout
+  assert all(_exits(root, w) == ['0', '0'] for w in every)
+  steps = [r['step'] for r in read_jsonl(os.path.join(workdir, 'metrics.jsonl'))]
+  last = steps[-1]
+  assert steps == list(range(1, last + 1)) and last >= 3, steps
+  assert sorted(os.listdir(os.path.join(workdir, 'checkpoints')), key=int) == ['2', str(last)]
+  it_dir = os.path.join(workdir, 'checkpoints', str(last), 'data_iter')
+  assert sorted(f for f in os.listdir(it_dir) if f.endswith('.json')) == [
+      f'process_{w}-of-{workers}.json' for w in every]
+  with open(os.path.join(workdir, 'train_summary.json'), encoding='utf-8') as f:
+    summary = json.load(f)
+  assert summary['step'] == last and 'SIGTERM' in summary['stop_reason'], summary
+  proc = _run_line(cmds['logs'], env)
+  assert 'not running' in proc.stdout, proc.stdout
