@@ -246,9 +246,12 @@ def list_tmp_dirs(directory: str) -> list[str]:
 class StopSignal:
   """Context manager that turns SIGTERM (and optionally others) into a flag the loop polls.
 
-  The train loop checks `.received` after each step; on a signal it saves a checkpoint of the
-  current step and returns normally (exit code 0). Outside the main thread (where Python cannot
-  install handlers) it is a no-op flag.
+  The train loop reads `.received` after each step (through `StopVote` when there are several
+  processes); on a signal it saves a checkpoint of the current step and returns normally (exit
+  code 0). Outside the main thread (where Python cannot install handlers) it is a no-op flag.
+  Its Python handler replaces the C handler that jax.distributed.initialize installs for JAX's
+  own preemption service (multihost_utils.reached_preemption_sync_point), which the loop does
+  not use: docs/design.md ("Stopping").
   """
 
   def __init__(self, signals: tuple[int, ...] = (signal.SIGTERM,)) -> None:
@@ -271,6 +274,44 @@ class StopSignal:
       signal.signal(s, h)
     self._previous = {}
 
-  @property
-  def name(self) -> str:
-    return signal.Signals(self.received).name if self.received is not None else ''
+
+class StopVote:
+  """The processes' stop flags, agreed at every step and read one step later.
+
+  `exchange(flags)` takes this process's flags (non-negative ints, e.g. a signal number, 0 =
+  none) after a train step has been dispatched, dispatches their element-wise maximum over all
+  devices (a tiny all-reduce program) and returns the maximum dispatched at the previous call
+  (zeros at the first). That one was queued behind the previous train step, whose metrics the
+  loop has already waited for, so reading it adds no wait; every process reads the same flags at
+  the same step. With one process `exchange` returns `flags` at once. Cost: docs/design.md
+  ("Stopping").
+  """
+
+  def __init__(self, num_flags: int) -> None:
+    self._zeros = (0,) * num_flags
+    self._multi = jax.process_count() > 1
+    self._pending: jax.Array | None = None
+    self._votes: dict[tuple[int, ...], jax.Array] = {}
+    if self._multi:
+      mesh = jax.sharding.Mesh(np.asarray(jax.devices()), ('devices',))
+      self._in = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec('devices'))
+      self._max = jax.jit(lambda x: x.max(axis=0),
+                          out_shardings=jax.sharding.NamedSharding(mesh,
+                                                                   jax.sharding.PartitionSpec()))
+
+  def exchange(self, flags: tuple[int, ...]) -> tuple[int, ...]:
+    if not self._multi:
+      return tuple(flags)
+    previous = self._zeros
+    if self._pending is not None:
+      previous = tuple(int(v) for v in np.asarray(self._pending.addressable_data(0)))
+    flags = tuple(int(f) for f in flags)
+    votes = self._votes.get(flags)
+    if votes is None:  # built once per distinct value: the flags rarely change
+      row = np.asarray([flags], np.int32)
+      votes = jax.make_array_from_single_device_arrays(
+          (jax.device_count(), len(flags)), self._in,
+          [jax.device_put(row, d) for d in jax.local_devices()])
+      self._votes[flags] = votes
+    self._pending = self._max(votes)
+    return previous

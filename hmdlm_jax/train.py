@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import time
 from typing import Any, Callable, Mapping
 
@@ -25,7 +26,6 @@ import chex
 import flax
 import flax.linen as nn
 import jax
-from jax.experimental import multihost_utils
 import jax.numpy as jnp
 import numpy as np
 import optax
@@ -274,13 +274,6 @@ def make_train_step(config: config_lib.Config, model: nn.Module,
 # ----------------------------------------------------------------------------- loop helpers
 
 
-def _agree(flag: bool) -> bool:
-  """True on every process when `flag` is True on any (multi-host stop decisions)."""
-  if jax.process_count() == 1:
-    return bool(flag)
-  return bool(np.any(multihost_utils.process_allgather(np.asarray([int(flag)], np.int32))))
-
-
 def _scalar_items(d: Mapping[str, Any]) -> dict[str, float]:
   out = {}
   for k, v in d.items():
@@ -340,8 +333,9 @@ def train_and_evaluate(config: config_lib.Config, workdir: str, *, model: nn.Mod
   step, workdir)` the task's evaluation (None: none).
 
   Stops at train.num_steps; after train.time_budget_s of wall time in the loop (start-up such as
-  puzzle generation excluded; checkpoint, final evaluation); on SIGTERM (checkpoint, return
-  normally: exit code 0); or after train.max_bad_steps consecutive non-finite steps (checkpoint,
+  puzzle generation excluded; checkpoint, final evaluation); on SIGTERM to any one process (every
+  process stops at the same step, at most two steps later: checkpoint, return normally: exit code
+  0); or after train.max_bad_steps consecutive non-finite steps (checkpoint,
   raise NonFiniteLossError). Rerunning the same command resumes from the latest checkpoint.
   The returned dict has step, stop_reason, step_compilations, wall_time_s (also written to
   DIR/train_summary.json), the last logged train metrics, the eval results and the final state.
@@ -393,7 +387,6 @@ def train_and_evaluate(config: config_lib.Config, workdir: str, *, model: nn.Mod
   bar = metrics_lib.Progress(num_steps, step, enabled=is_main,
                              desc=f'train (budget {budget:g}s)' if budget else 'train')
   max_bad = int(tc.max_bad_steps)
-  multi = jax.process_count() > 1
   last_train: dict[str, float] = {}
   eval_result: dict[str, Any] = {}
   stop_reason = 'num_steps'
@@ -423,6 +416,9 @@ def train_and_evaluate(config: config_lib.Config, workdir: str, *, model: nn.Mod
       raise NonFiniteLossError(done_step)
 
   pending: tuple[int, dict[str, jax.Array]] | None = None
+  # (signal number, over budget), the maximum over the processes: every process stops at the same
+  # step, at most two steps after any one of them is signalled, whatever train.log_every is.
+  vote = ckpt_lib.StopVote(num_flags=2)
   t_loop = time.monotonic()  # the time budget counts the loop, not start-up (data, init)
   try:
     with ckpt_lib.StopSignal() as stop_signal:
@@ -435,7 +431,6 @@ def train_and_evaluate(config: config_lib.Config, workdir: str, *, model: nn.Mod
         previous, pending = pending, (step, m)
         if previous is not None:
           on_host(*previous)
-        sync_point = (not multi) or step % log_every == 0
         ckpt_now = step % ckpt_every == 0 and step < num_steps
         eval_now = eval_every and step % eval_every == 0 and step < num_steps
         if ckpt_now or eval_now:  # never save or evaluate a step whose metrics are not written
@@ -445,13 +440,14 @@ def train_and_evaluate(config: config_lib.Config, workdir: str, *, model: nn.Mod
           save(step)
         if eval_now:
           eval_result = run_evaluation(config, state, step, workdir, writer, eval_fn)
-        if sync_point:
-          if _agree(stop_signal.received is not None):
-            stop_reason = f'signal {stop_signal.name or "SIGTERM"}'
-            break
-          if budget and _agree(time.monotonic() - t_loop > budget):
-            stop_reason = f'time budget {budget:g}s'
-            break
+        signum, over_budget = vote.exchange(
+            (stop_signal.received or 0, int(bool(budget) and time.monotonic() - t_loop > budget)))
+        if signum:
+          stop_reason = f'signal {signal.Signals(signum).name}'
+          break
+        if over_budget:
+          stop_reason = f'time budget {budget:g}s'
+          break
       if pending is not None:
         on_host(*pending)
         pending = None
