@@ -109,9 +109,9 @@ def run(mode: str, config: Any, workdir: str, *, step: int | None = None,
 
 
 class _QuietLibraries:
-  """absl-handler filter: drops the INFO chatter of Orbax/Grain/TensorStore (warnings pass)."""
+  """absl-handler filter: drops the INFO chatter of Orbax/Grain/epath/gcsfs (warnings pass)."""
 
-  _NOISY = (f'{os.sep}orbax{os.sep}', f'{os.sep}grain{os.sep}', f'{os.sep}etils{os.sep}')
+  _NOISY = tuple(f'{os.sep}{lib}{os.sep}' for lib in ('orbax', 'grain', 'etils', 'gcsfs', 'fsspec'))
 
   def filter(self, record) -> bool:
     if record.levelno > 20 or logging.get_verbosity() > logging.INFO:
