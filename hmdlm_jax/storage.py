@@ -41,8 +41,9 @@ def join(path: str, *names: str) -> str:
 
 
 def as_path(path: str | os.PathLike[str]) -> epath.Path:
-  """The etils.epath.Path of `path` (for libraries that take one, e.g. pictures)."""
-  return epath.Path(os.fspath(path))
+  """The etils.epath.Path of `path` (a local one with ~ expanded): globbing, reading, pictures."""
+  path = os.fspath(path)
+  return epath.Path(path if is_url(path) else os.path.expanduser(path))
 
 
 # ------------------------------------------------------------------------------------ queries
