@@ -20,10 +20,12 @@ import urllib.parse
 import urllib.request
 from typing import Any, Iterator
 
+import numpy as np
 import portpicker
 import pytest
 
 from hmdlm_jax import storage
+from hmdlm_jax import warm_start
 from tests.conftest import REPO, read_jsonl, subprocess_env, train_losses
 
 BUCKET = 'test-bucket'
@@ -146,7 +148,8 @@ def test_missing_bucket_is_one_error_line(sandbox, gcs):
   sandbox.assert_nothing_local()
 
 
-def test_gs_workdir_train_eval_sample(sandbox, gcs):
+def test_gs_workdir_train_eval_sample(sandbox, gcs_env):
+  gcs = gcs_env
   run = f'gs://{BUCKET}/fast'
   _ok(sandbox.run(run, '--config.train.num_steps=4', '--config.train.ckpt_every=2'))
   _ok(sandbox.run(run, '--mode=eval'))
@@ -169,6 +172,9 @@ def test_gs_workdir_train_eval_sample(sandbox, gcs):
   assert steps == [1, 2, 3, 4]
   assert json.loads(gcs.read('fast/train_summary.json'))['step'] == 4
   assert json.loads(gcs.read('fast/eval_4.json'))
+  # The run as an init.workdir of another (warm_start reads its config.json and latest step).
+  params, _, step = warm_start.read_workdir(run)
+  assert step == 4 and params
 
 
 @pytest.mark.slow
@@ -258,3 +264,67 @@ def test_urls_on_the_emulator(gcs, monkeypatch):
   assert storage.probe_writable(base) is None
   assert storage.probe_writable('gs://no-such-bucket/x') == 'the bucket does not exist'
   assert gcs.objects('unit/') == {'unit/runs.jsonl': 14, 'unit/summary.json': 2}
+
+
+@pytest.fixture
+def gcs_env(gcs, monkeypatch) -> Emulator:
+  """This process's gcsfs / TensorStore pointed at the emulator."""
+  for k, v in gcs.env().items():
+    monkeypatch.setenv(k, v)
+  return gcs
+
+
+def _upload(local: str, url: str) -> None:
+  storage.write_bytes(url, open(local, 'rb').read())  # pylint: disable=consider-using-with
+
+
+def test_data_files_from_urls(gcs_env, tmp_path):
+  """Corpora, puzzle files and cluster artefacts read from gs:// as from a local folder."""
+  from hmdlm_jax.data import clusters, sudoku_csv, text, wikihow  # pylint: disable=g-import-not-at-top
+  base = f'gs://{BUCKET}/data'
+  local = tmp_path / 'corpus'
+  local.mkdir()
+  (local / 'a.txt').write_text('first line\nsecond line\n', encoding='utf-8')
+  (local / 'b.jsonl').write_text('{"text": "third"}\n', encoding='utf-8')
+  for f in local.iterdir():
+    _upload(str(f), f'{base}/corpus/{f.name}')
+  assert text.read_text_source(f'{base}/corpus') == text.read_text_source(str(local))
+  assert text.read_text_source(f'{base}/corpus') == ['first line', 'second line', 'third']
+
+  csv_text = 'title,headline,text\nHow to,"Step one.\nStep two.","Body, with a comma."\n'
+  (tmp_path / 'wh.csv').write_text(csv_text, encoding='utf-8')
+  _upload(str(tmp_path / 'wh.csv'), f'{base}/wikihow/wh.csv')
+  got = wikihow.read_articles(f'{base}/wikihow')
+  assert got == wikihow.read_articles(str(tmp_path / 'wh.csv')) and len(got) == 1
+
+  solution = '534678912672195348198342567859761423426853791713924856961537284287419635345286179'
+  quiz = '.' + solution[1:]
+  storage.write_text(f'{base}/puzzles.csv', f'quiz,solution\n{quiz},{solution}\n')
+  q, sol = sudoku_csv.read_puzzles(f'{base}/puzzles.csv', need_solution=True)
+  assert q.shape == sol.shape == (1, 81) and q[0, 0] == 0
+
+  art = clusters.ClusterArtefact(token_to_cluster=clusters.fallback_clusters(12, 3),
+                                 centroids=np.zeros((3, 0), np.float32), source='id', metric='id')
+  clusters.save(f'{base}/clusters.npz', art)
+  back = clusters.load(f'{base}/clusters.npz')
+  assert (back.token_to_cluster == art.token_to_cluster).all() and back.source == art.source
+  assert 'data/clusters.npz' in gcs_env.objects('data/')
+
+
+def test_lm1b_tfds_data_dir_on_gs(gcs_env, tmp_path):
+  """A prepared TFDS lm1b folder copied to gs:// is found and opened there (reading its records
+  is array_record's own GCS reader, which does not talk to an emulator)."""
+  from hmdlm_jax.data import lm1b  # pylint: disable=g-import-not-at-top
+  src = tmp_path / 'src'
+  src.mkdir()
+  lines = [f'sentence number {i} of the test .' for i in range(30)]
+  (src / 'train').write_text('\n'.join(lines[:20]) + '\n', encoding='utf-8')
+  (src / 'test').write_text('\n'.join(lines) + '\n', encoding='utf-8')
+  version = lm1b.prepare_lm1b(str(tmp_path / 'tfds'), train_files=[str(src / 'train')],
+                              test_files=[str(src / 'test')])
+  url = f'gs://{BUCKET}/tfds'
+  for f in sorted(os.listdir(version)):
+    _upload(os.path.join(version, f), f'{url}/{os.path.relpath(version, tmp_path / "tfds")}/{f}')
+  assert len(lm1b.lm1b_source(url, 'test')) == 30 and len(lm1b.lm1b_source(url, 'train')) == 20
+  with pytest.raises(ValueError, match='holds no prepared lm1b dataset'):
+    lm1b.lm1b_source(f'gs://{BUCKET}/empty', 'test')
