@@ -16,6 +16,7 @@ from __future__ import annotations
 import os
 import re
 import tempfile
+import threading
 import uuid
 from typing import IO, Any
 
@@ -143,16 +144,19 @@ class Rewritten:
   def __init__(self, path: str, data: bytes = b'') -> None:
     self._path = as_path(path)
     self._data = bytearray(data)
-    self._dirty = True
+    self._uploaded = -1  # bytes in the object; -1: not written yet
+    # tensorboardX flushes from its own thread too: a snapshot and its length change together.
+    self._lock = threading.Lock()
 
   def write(self, data: bytes | str) -> None:
-    self._data += data.encode('utf-8') if isinstance(data, str) else data
-    self._dirty = True
+    with self._lock:
+      self._data += data.encode('utf-8') if isinstance(data, str) else data
 
   def flush(self) -> None:
-    if self._dirty:
-      self._path.write_bytes(bytes(self._data))
-      self._dirty = False
+    with self._lock:
+      if self._uploaded != len(self._data):
+        self._path.write_bytes(bytes(self._data))
+        self._uploaded = len(self._data)
 
   def close(self) -> None:
     self.flush()
