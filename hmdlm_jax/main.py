@@ -46,7 +46,8 @@ PREFIX = 'hmdlm_jax: error: '
 
 _CONFIG = config_loading.define_config_flag(flags.FLAGS)
 _WORKDIR = flags.DEFINE_string('workdir', DEFAULT_WORKDIR,
-                               'Run directory: checkpoints, metrics.jsonl, tb/, eval results.')
+                               'Run directory, local or gs://bucket/path: checkpoints, '
+                               'metrics.jsonl, tb/, eval results.')
 _MODE = flags.DEFINE_enum('mode', 'train', MODES, 'What to do.')
 _INPUTS = flags.DEFINE_list('inputs', None, 'sample mode: comma-separated task inputs: Sudoku '
                             "grids of 81 characters ('.' or '0' for blanks); for text, prompts.")
