@@ -71,10 +71,13 @@ class Emulator:
 
 
 @pytest.fixture(scope='module')
-def gcs() -> Iterator[Emulator]:
+def gcs(tmp_path_factory) -> Iterator[Emulator]:
   port = portpicker.pick_unused_port()
-  proc = subprocess.Popen([sys.executable, '-m', 'tests.gcs_emulator', str(port), BUCKET],
-                          cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+  # Its log goes to a file: a pipe nobody reads fills up and blocks the emulator mid-request.
+  log = tmp_path_factory.mktemp('gcs_emulator') / 'log.txt'
+  with open(log, 'w', encoding='utf-8') as out:
+    proc = subprocess.Popen([sys.executable, '-m', 'tests.gcs_emulator', str(port), BUCKET],
+                            cwd=REPO, stdout=out, stderr=subprocess.STDOUT)
   emulator = Emulator(f'http://localhost:{port}')
   try:
     deadline = time.monotonic() + 30
@@ -84,7 +87,7 @@ def gcs() -> Iterator[Emulator]:
         break
       except OSError:
         if proc.poll() is not None or time.monotonic() > deadline:
-          pytest.fail(f'the GCS emulator did not start:\n{proc.communicate()[1][-2000:]}')
+          pytest.fail(f'the GCS emulator did not start:\n{log.read_text()[-2000:]}')
         time.sleep(0.1)
     yield emulator
   finally:
