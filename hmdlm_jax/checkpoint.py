@@ -16,7 +16,6 @@ names the directory and what is wrong.
 
 from __future__ import annotations
 
-import os
 import signal
 import threading
 import time
@@ -27,6 +26,8 @@ import jax
 import numpy as np
 import orbax.checkpoint as ocp
 from absl import logging
+
+from hmdlm_jax import storage
 
 FORMAT_VERSION = 1
 _TMP_MARK = '.orbax-checkpoint-tmp'
@@ -39,7 +40,7 @@ class CheckpointError(ValueError):
 
 
 def _check_directory(path: str, what: str) -> None:
-  if os.path.exists(path) and not os.path.isdir(path):
+  if storage.exists(path) and not storage.isdir(path):
     raise CheckpointError(f'{what} {path!r} exists but is not a directory; choose another '
                           '--workdir or remove that file.')
 
@@ -89,9 +90,9 @@ class Checkpointer:
   """The run's checkpoints in DIR/checkpoints (Orbax CheckpointManager)."""
 
   def __init__(self, workdir: str, train_cfg: Any, *, read_only: bool = False) -> None:
-    workdir = os.path.abspath(workdir)
+    workdir = storage.resolve(workdir)
     _check_directory(workdir, 'workdir')
-    self.directory = os.path.join(workdir, 'checkpoints')
+    self.directory = storage.join(workdir, 'checkpoints')
     _check_directory(self.directory, 'checkpoint directory')
     keep_last = int(train_cfg.keep_last)
     keep_period = int(train_cfg.keep_period)
@@ -99,7 +100,7 @@ class Checkpointer:
       raise ValueError(f'train.keep_last={keep_last} must be >= 1.')
     if keep_period < 0:
       raise ValueError(f'train.keep_period={keep_period} must be >= 0 (0 = off).')
-    if read_only and not os.path.isdir(self.directory):
+    if read_only and not storage.isdir(self.directory):
       raise CheckpointError(f'No checkpoint directory {self.directory!r}: train first '
                             '(--mode=train with the same --workdir).')
     options = ocp.CheckpointManagerOptions(
@@ -126,7 +127,7 @@ class Checkpointer:
     return steps[-1] if steps else None
 
   def step_dir(self, step: int) -> str:
-    return os.path.join(self.directory, str(int(step)))
+    return storage.join(self.directory, str(int(step)))
 
   # -- save
 
@@ -238,9 +239,9 @@ def _short(e: BaseException, n: int = 600) -> str:
 
 def list_tmp_dirs(directory: str) -> list[str]:
   """Unfinished (temporary) step directories left by an interrupted save."""
-  if not os.path.isdir(directory):
+  if not storage.isdir(directory):
     return []
-  return sorted(d for d in os.listdir(directory) if _TMP_MARK in d)
+  return sorted(d for d in storage.listdir(directory) if _TMP_MARK in d)
 
 
 class StopSignal:

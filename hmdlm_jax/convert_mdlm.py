@@ -28,6 +28,8 @@ import numpy as np
 from safetensors import safe_open
 from safetensors import SafetensorError
 
+from hmdlm_jax import storage
+
 ROTARY_BASE = 1e4
 _ANCHOR = 'vocab_embed.embedding'
 HMDLM_ONLY = ('level_embed', 'hier_layer', 'token_level_embed')  # freshly initialised
@@ -276,7 +278,7 @@ def save_params(path: str | pathlib.Path, params: Mapping[str, Any]) -> None:
 def load_params(path: str | pathlib.Path) -> dict[str, Any]:
   """Reads `save_params`' `.npz` back into a nested dict of numpy arrays."""
   try:
-    with np.load(str(path), allow_pickle=False) as z:
+    with storage.open_file(os.fspath(path), 'rb') as f, np.load(f, allow_pickle=False) as z:
       return unflatten({k: z[k] for k in z.files})
   except (OSError, ValueError, zipfile.BadZipFile, EOFError) as e:
     raise ValueError(f'{path}: not a parameter file written by hmdlm_jax.convert_mdlm '
@@ -285,11 +287,12 @@ def load_params(path: str | pathlib.Path) -> dict[str, Any]:
 
 def load_pretrained(path: str | pathlib.Path, *, use_ema: bool = False,
                     allow_pickle: bool = False) -> dict[str, Any]:
-  """A converted `.npz`, or an MDLM safetensors / .ckpt converted on the fly."""
-  path = pathlib.Path(path)
-  if path.suffix == '.npz':
-    if not path.is_file():
-      raise ValueError(f'init.mdlm_checkpoint={str(path)!r} does not exist.')
+  """A converted `.npz` (a local path or URL), or a local MDLM safetensors / .ckpt converted on
+  the fly."""
+  path = os.fspath(path)
+  if path.endswith('.npz'):
+    if not storage.isfile(path):
+      raise ValueError(f'init.mdlm_checkpoint={path!r} does not exist.')
     return load_params(path)
   state = load_mdlm_state_dict(path, use_ema=use_ema, allow_pickle=allow_pickle)
   return convert_state_dict(state)[0]
@@ -323,11 +326,11 @@ def pretrained_shapes(path: str | pathlib.Path) -> dict[str, tuple[int, ...]]:
   A converted `.npz` is checked whole (zip CRCs) and its array headers are read, no array is
   loaded; other files are converted (as `load_pretrained` does). Raises ValueError naming the file.
   """
-  path = pathlib.Path(path)
-  if path.suffix != '.npz':
+  path = os.fspath(path)
+  if not path.endswith('.npz'):
     return {k: tuple(v.shape) for k, v in flatten(load_pretrained(path)).items()}
   try:
-    with zipfile.ZipFile(path) as z:
+    with storage.open_file(path, 'rb') as raw, zipfile.ZipFile(raw) as z:
       bad = z.testzip()
       if bad is not None:
         raise ValueError(f'member {bad} fails its CRC check')

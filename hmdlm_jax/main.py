@@ -46,7 +46,8 @@ PREFIX = 'hmdlm_jax: error: '
 
 _CONFIG = config_loading.define_config_flag(flags.FLAGS)
 _WORKDIR = flags.DEFINE_string('workdir', DEFAULT_WORKDIR,
-                               'Run directory: checkpoints, metrics.jsonl, tb/, eval results.')
+                               'Run directory, local or gs://bucket/path: checkpoints, '
+                               'metrics.jsonl, tb/, eval results.')
 _MODE = flags.DEFINE_enum('mode', 'train', MODES, 'What to do.')
 _INPUTS = flags.DEFINE_list('inputs', None, 'sample mode: comma-separated task inputs: Sudoku '
                             "grids of 81 characters ('.' or '0' for blanks); for text, prompts.")
@@ -109,9 +110,9 @@ def run(mode: str, config: Any, workdir: str, *, step: int | None = None,
 
 
 class _QuietLibraries:
-  """absl-handler filter: drops the INFO chatter of Orbax/Grain/TensorStore (warnings pass)."""
+  """absl-handler filter: drops the INFO chatter of Orbax/Grain/epath/gcsfs (warnings pass)."""
 
-  _NOISY = (f'{os.sep}orbax{os.sep}', f'{os.sep}grain{os.sep}', f'{os.sep}etils{os.sep}')
+  _NOISY = tuple(f'{os.sep}{lib}{os.sep}' for lib in ('orbax', 'grain', 'etils', 'gcsfs', 'fsspec'))
 
   def filter(self, record) -> bool:
     if record.levelno > 20 or logging.get_verbosity() > logging.INFO:

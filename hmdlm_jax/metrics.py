@@ -12,13 +12,14 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import re
 import time
 from typing import Any, Mapping
 
 import jax
 import numpy as np
+
+from hmdlm_jax import storage
 
 REQUIRED_TRAIN_KEYS: tuple[str, ...] = ('step', 'split', 'loss', 'lr', 'grad_norm', 'steps_per_s',
                                         'tokens_per_s')
@@ -56,21 +57,24 @@ class MetricsWriter:
   """Appends metrics to DIR/metrics.jsonl and TensorBoard event files in DIR/tb (process 0 only).
 
   Appending (not truncating) lets a resumed run continue the same file; a resumed run may repeat
-  steps after the last checkpoint, and readers should keep the last line per (split, step).
+  steps after the last checkpoint, and readers should keep the last line per (split, step). Every
+  write is flushed, so a killed run loses no logged line; on a URL each flush uploads the whole
+  file again (storage.Rewritten).
   """
 
   def __init__(self, workdir: str, *, enabled: bool = True, tensorboard: bool = True) -> None:
     self.workdir = workdir
     self.enabled = enabled
-    self.path = os.path.join(workdir, 'metrics.jsonl')
+    self.path = storage.join(workdir, 'metrics.jsonl')
     self._tb = None
     if not enabled:
       return
-    os.makedirs(workdir, exist_ok=True)
-    self._file = open(self.path, 'a', encoding='utf-8')  # pylint: disable=consider-using-with
+    storage.makedirs(workdir)
+    self._file = storage.open_append(self.path)
     if tensorboard:
       from tensorboardX import SummaryWriter  # pylint: disable=g-import-not-at-top
-      self._tb = SummaryWriter(os.path.join(workdir, 'tb'))
+      storage.register_tensorboard(workdir)
+      self._tb = SummaryWriter(storage.join(workdir, 'tb'))
 
   def write(self, step: int, split: str, scalars: Mapping[str, float]) -> None:
     """Writes one record; `scalars` maps names to host floats."""
@@ -98,16 +102,15 @@ class MetricsWriter:
 
 def read_metrics(workdir: str) -> list[dict[str, Any]]:
   """All records of DIR/metrics.jsonl (raises ValueError naming the line that is not JSON)."""
-  path = os.path.join(workdir, 'metrics.jsonl')
+  path = storage.join(workdir, 'metrics.jsonl')
   out = []
-  with open(path, encoding='utf-8') as f:
-    for i, line in enumerate(f, 1):
-      if not line.strip():
-        continue
-      try:
-        out.append(json.loads(line))
-      except json.JSONDecodeError as e:
-        raise ValueError(f'{path}:{i} is not valid JSON: {e}') from e
+  for i, line in enumerate(storage.read_text(path).splitlines(), 1):
+    if not line.strip():
+      continue
+    try:
+      out.append(json.loads(line))
+    except json.JSONDecodeError as e:
+      raise ValueError(f'{path}:{i} is not valid JSON: {e}') from e
   return out
 
 

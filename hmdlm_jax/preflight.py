@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 from typing import Any, Sequence
 
 import flax.linen as nn
@@ -22,6 +21,7 @@ from hmdlm_jax import checkpoint as ckpt_lib
 from hmdlm_jax import config as config_lib
 from hmdlm_jax import processes
 from hmdlm_jax import sharding
+from hmdlm_jax import storage
 from hmdlm_jax import tasks
 from hmdlm_jax import train
 from hmdlm_jax import warm_start
@@ -53,11 +53,10 @@ def _stored_config(ckpt: ckpt_lib.Checkpointer, workdir: str, step: int) -> tupl
   """(the config a checkpoint was trained with, where it was read): its meta, else config.json."""
   stored = ckpt.meta(step).get('config')
   if stored:
-    return stored, os.path.join(ckpt.step_dir(step), 'meta')
-  path = os.path.join(workdir, 'config.json')
+    return stored, storage.join(ckpt.step_dir(step), 'meta')
+  path = storage.join(workdir, 'config.json')
   try:
-    with open(path, encoding='utf-8') as f:
-      return json.load(f), path
+    return json.loads(storage.read_text(path)), path
   except (OSError, ValueError):  # none, or unreadable: the tree check below still applies
     return None, ''
 
@@ -66,7 +65,7 @@ def check_resume(config: config_lib.Config, workdir: str, model: nn.Module, *,
                  resume_with_changes: bool = False) -> int | None:
   """The step a training run of `model` in `workdir` resumes from (None: a fresh start),
   checked."""
-  if not os.path.isdir(os.path.join(workdir, 'checkpoints')):
+  if not storage.isdir(storage.join(workdir, 'checkpoints')):
     return None
   ckpt = ckpt_lib.Checkpointer(workdir, config.train, read_only=True)
   try:
@@ -131,7 +130,7 @@ def check(mode: str, config: config_lib.Config, workdir: str, *,
   # The process as the train step will run it on this mesh (e.g. loss.token_rows='selected' is
   # refused on several devices here, before anything is written).
   processes.build(config).for_devices(jax.device_count())
-  workdir = os.path.abspath(workdir)
+  workdir = storage.resolve(workdir)
   if mode == 'train':
     extra = [f for f, v in (('--step', step is not None), ('--out', out),
                             ('--inputs', inputs), ('--input_file', input_file)) if v]

@@ -17,7 +17,6 @@ docs/design.md ("Training").
 from __future__ import annotations
 
 import json
-import os
 import signal
 import time
 from typing import Any, Callable, Mapping
@@ -39,6 +38,7 @@ from hmdlm_jax import models
 from hmdlm_jax import optim
 from hmdlm_jax import processes
 from hmdlm_jax import sharding as shd
+from hmdlm_jax import storage
 from hmdlm_jax import warm_start
 from hmdlm_jax import workdir as workdir_lib
 
@@ -315,8 +315,7 @@ def _write_summary(workdir: str, step: int, stop_reason: str, train_step: Any,
     logging.warning('The train step was compiled %d times (expected once).',
                     summary['step_compilations'])
   if jax.process_index() == 0:
-    with open(os.path.join(workdir, 'train_summary.json'), 'w', encoding='utf-8') as f:
-      json.dump(summary, f, indent=2)
+    storage.write_text(storage.join(workdir, 'train_summary.json'), json.dumps(summary, indent=2))
   return summary
 
 

@@ -31,6 +31,7 @@ from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 import numpy as np
 
+from hmdlm_jax import storage
 from hmdlm_jax.processes import schedules as schedules_lib
 
 # Face colours: given cells / prompt tokens (light grey), cells not yet revealed in GIF frames (white).
@@ -284,10 +285,10 @@ def new_figure(figsize: tuple[float, float], dpi: int = 100) -> Figure:
 
 
 def write_bytes(path: str | os.PathLike[str], data: bytes) -> None:
-  """Writes `data` to a local or `etils.epath` path, creating its folder."""
-  p = epath.Path(os.fspath(path))
-  p.parent.mkdir(parents=True, exist_ok=True)
-  p.write_bytes(data)
+  """Writes `data` to a local path or URL (hmdlm_jax/storage.py), creating its folder."""
+  path = storage.resolve(path)
+  storage.makedirs(os.path.dirname(path))
+  storage.write_bytes(path, data)
 
 
 def finish(fig: Figure, path: str | os.PathLike[str] | None) -> Figure:
@@ -374,6 +375,6 @@ def record_field(records: Sequence[dict[str, Any]], field: str) -> np.ndarray:
 
 def picture_dir(workdir: str | os.PathLike[str], subdir: str) -> epath.Path:
   """DIR/subdir (local or `gs://`), created."""
-  out = epath.Path(os.fspath(workdir)) / subdir
-  out.mkdir(parents=True, exist_ok=True)
-  return out
+  out = storage.join(storage.resolve(workdir), subdir)
+  storage.makedirs(out)
+  return storage.as_path(out)

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 from typing import Any, Mapping
 
 import flax.linen as nn
@@ -32,6 +31,7 @@ from absl import logging
 from hmdlm_jax import config as config_lib
 from hmdlm_jax import convert_mdlm
 from hmdlm_jax import models
+from hmdlm_jax import storage
 
 PyTree = Any
 
@@ -66,19 +66,21 @@ def maps_rows(config: config_lib.Config) -> bool:
 
 def _source_dirs(workdir: str) -> tuple[config_lib.Config, str, int]:
   """(DIR's config, its latest checkpoint's state folder, that step); ValueError if unusable."""
-  path = os.path.join(workdir, 'config.json')
+  path = storage.join(workdir, 'config.json')
   try:
-    with open(path, encoding='utf-8') as f:
-      source = config_lib.from_record(json.load(f))
+    source = config_lib.from_record(json.loads(storage.read_text(path)))
   except (OSError, ValueError) as e:
     raise ValueError(f'init.workdir={workdir!r}: cannot read {path} ({e}).') from e
-  ckpt_dir = os.path.join(os.path.abspath(workdir), 'checkpoints')
-  steps = sorted(int(d) for d in (os.listdir(ckpt_dir) if os.path.isdir(ckpt_dir) else [])
-                 if d.isdigit())
+  ckpt_dir = storage.join(storage.resolve(workdir), 'checkpoints')
+  # Finished steps only: on an object store a step being written has its final name already (Orbax
+  # marks it finished with commit_success.txt); locally it is still a *.orbax-checkpoint-tmp-*.
+  steps = sorted(int(d) for d in (storage.listdir(ckpt_dir) if storage.isdir(ckpt_dir) else [])
+                 if d.isdigit() and ocp.path.step.is_checkpoint_finalized(
+                     storage.as_path(storage.join(ckpt_dir, d))))
   if not steps:
     raise ValueError(f'init.workdir={workdir!r} holds no finished checkpoint in {ckpt_dir}; '
                      'train there first.')
-  return source, os.path.join(ckpt_dir, str(steps[-1]), 'state'), steps[-1]
+  return source, storage.join(ckpt_dir, str(steps[-1]), 'state'), steps[-1]
 
 
 def read_workdir(workdir: str, *, use_ema: bool = True) -> tuple[PyTree, Layout, int]:

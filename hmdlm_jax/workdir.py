@@ -17,12 +17,12 @@ from __future__ import annotations
 import datetime
 import json
 import os
-import tempfile
 from typing import Any, Iterable, Mapping, Sequence
 
 import jax
 
 from hmdlm_jax import config as config_lib
+from hmdlm_jax import storage
 
 RUNS_FILE = 'runs.jsonl'
 # What a resumed training run must share with its checkpoints (dotted prefixes of config fields).
@@ -39,33 +39,27 @@ def config_to_dict(config: config_lib.Config) -> dict[str, Any]:
 # ------------------------------------------------------------------------------------ directories
 
 
-def _probe_writable(directory: str) -> str | None:
-  """None if a file can be created in the existing `directory`, else why not.
-
-  Creates and at once removes an empty probe folder: permission bits alone cannot tell (root
-  ignores them; /proc and read-only mounts refuse anyway).
-  """
-  if not os.access(directory, os.W_OK | os.X_OK):
-    return 'permission denied'
-  try:
-    os.rmdir(tempfile.mkdtemp(prefix='.hmdlm_write_probe_', dir=directory))
-  except OSError as e:
-    return f'creating a folder there fails: {e.strerror or type(e).__name__}'
-  return None
-
-
 def check_creatable(path: str, flag: str) -> bool:
-  """Raises ValueError unless `path` is a writable directory or can be created; creates nothing.
+  """Raises ValueError unless `path` is a writable directory or can be created; creates nothing
+  (a URL: a probe object is written and removed at once).
 
   Returns:
     Whether `path` already exists.
   """
-  path = os.path.abspath(path)
+  path = storage.resolve(path)
+  if storage.is_url(path):
+    if storage.isfile(path):
+      raise ValueError(f'{flag}={path!r} is an object, not a folder; choose another {flag}.')
+    why = storage.probe_writable(path)
+    if why:
+      raise ValueError(f'{flag}={path!r} cannot be written ({why}); check that the bucket exists '
+                       f'and that these credentials may write to it, or choose another {flag}.')
+    return storage.isdir(path)
   if os.path.exists(path):
     if not os.path.isdir(path):
       raise ValueError(f'{flag}={path!r} exists and is not a directory; choose another '
                        f'{flag} or remove that file.')
-    why = _probe_writable(path)
+    why = storage.probe_writable(path)
     if why:
       raise ValueError(f'{flag}={path!r} is not writable ({why}); choose a writable {flag}.')
     return True
@@ -75,7 +69,7 @@ def check_creatable(path: str, flag: str) -> bool:
   if not os.path.isdir(parent):
     raise ValueError(f'{flag}={path!r} cannot be created: {parent!r} is a file, not a '
                      f'directory; choose another {flag}.')
-  why = _probe_writable(parent)
+  why = storage.probe_writable(parent)
   if why:
     raise ValueError(f'{flag}={path!r} cannot be created: {parent!r} is not writable ({why}); '
                      f'choose a writable {flag}.')
@@ -84,10 +78,10 @@ def check_creatable(path: str, flag: str) -> bool:
 
 def check_run_dir(workdir: str) -> None:
   """Raises ValueError unless `workdir` is an existing directory (eval / sample read it)."""
-  if not os.path.exists(workdir):
+  if not storage.exists(workdir):
     raise ValueError(f'--workdir={workdir!r} does not exist: train first (--mode=train with this '
                      '--workdir) or point --workdir at a trained run.')
-  if not os.path.isdir(workdir):
+  if not storage.isdir(workdir):
     raise ValueError(f'--workdir={workdir!r} is not a directory; point --workdir at a trained '
                      'run.')
 
@@ -96,12 +90,12 @@ def output_dir(workdir: str, out: str | None, mode: str) -> str:
   """The directory an eval / sample run writes to: `out`, else `workdir` when it is writable."""
   if out:
     check_creatable(out, '--out')
-    return os.path.abspath(out)
-  why = _probe_writable(workdir)
+    return storage.resolve(out)
+  why = storage.probe_writable(workdir)
   if why:
     raise ValueError(f'--workdir={workdir!r} is not writable ({why}); pass --out=DIR for the '
                      f'outputs of this --mode={mode} run.')
-  return os.path.abspath(workdir)
+  return storage.resolve(workdir)
 
 
 def check_outputs(directory: str, names: Iterable[str], overwrite: bool) -> None:
@@ -110,8 +104,8 @@ def check_outputs(directory: str, names: Iterable[str], overwrite: bool) -> None
   if overwrite:
     return
   for name in names:
-    path = os.path.join(directory, name)
-    if os.path.isfile(path) or (os.path.isdir(path) and os.listdir(path)):
+    path = storage.join(directory, name)
+    if storage.isfile(path) or (storage.isdir(path) and storage.listdir(path)):
       raise ValueError(f'{path} exists (from an earlier run) and would be replaced: pass '
                        '--overwrite to replace it, or --out=ANOTHER_DIR to keep it.')
 
@@ -145,13 +139,6 @@ def config_changes(stored: Mapping[str, Any] | None, config: config_lib.Config
 # ------------------------------------------------------------------------------------ the record
 
 
-def _atomic_write(path: str, text: str) -> None:
-  tmp = f'{path}.tmp'
-  with open(tmp, 'w', encoding='utf-8') as f:
-    f.write(text)
-  os.replace(tmp, path)
-
-
 def start_run(config: config_lib.Config, directory: str, mode: str, *, workdir: str,
               step: int, write_config: bool, argv: Sequence[str] | None = None) -> None:
   """Creates `directory`, writes config.json/.yaml when `write_config` and appends the run's line
@@ -175,23 +162,23 @@ def start_run(config: config_lib.Config, directory: str, mode: str, *, workdir: 
   """
   if jax.process_index() != 0:
     return
-  os.makedirs(directory, exist_ok=True)
+  storage.makedirs(directory)
   d = config_to_dict(config)
   if write_config:
-    _atomic_write(os.path.join(directory, 'config.json'), json.dumps(d, indent=2, sort_keys=True))
+    storage.write_text(storage.join(directory, 'config.json'),
+                       json.dumps(d, indent=2, sort_keys=True))
     try:
       import yaml  # pylint: disable=g-import-not-at-top
     except ImportError:
       yaml = None
     if yaml is not None:
-      _atomic_write(os.path.join(directory, 'config.yaml'), yaml.safe_dump(d, sort_keys=True))
+      storage.write_text(storage.join(directory, 'config.yaml'), yaml.safe_dump(d, sort_keys=True))
   record = {
       'time': datetime.datetime.now(datetime.timezone.utc).isoformat(timespec='seconds'),
-      'mode': mode, 'workdir': os.path.abspath(workdir),
-      'out': None if mode == 'train' else os.path.abspath(directory), 'step': int(step),
+      'mode': mode, 'workdir': storage.resolve(workdir),
+      'out': None if mode == 'train' else storage.resolve(directory), 'step': int(step),
       'argv': None if argv is None else list(argv),
       'overrides': [a for a in argv or () if a.startswith(('--config.', '--noconfig.'))],
       'config': d,
   }
-  with open(os.path.join(directory, RUNS_FILE), 'a', encoding='utf-8') as f:
-    f.write(json.dumps(record, sort_keys=True) + '\n')
+  storage.append_text(storage.join(directory, RUNS_FILE), json.dumps(record, sort_keys=True) + '\n')

@@ -10,9 +10,10 @@ data or devices: one ValueError naming the field and what to do. No JAX here.
 from __future__ import annotations
 
 import copy
-import os
 
 import ml_collections
+
+from hmdlm_jax import storage
 
 from hmdlm_jax.config import kinds as config_kinds
 from hmdlm_jax.config import schema
@@ -106,13 +107,13 @@ def _check_init(config: ml_collections.ConfigDict) -> None:
   if ini.workdir:
     if ini.mdlm_checkpoint:
       raise ValueError('init.workdir and init.mdlm_checkpoint are both set; keep one.')
-    if not os.path.isfile(os.path.join(ini.workdir, 'config.json')):
+    if not storage.isfile(storage.join(ini.workdir, 'config.json')):
       raise ValueError(f'init.workdir={ini.workdir!r} is not a run directory of this project (no '
                        'config.json); train there first or set it to \'\'.')
   path = ini.mdlm_checkpoint
   if not path:
     return
-  if not os.path.isfile(path):
+  if not storage.isfile(path):
     raise ValueError(f'init.mdlm_checkpoint={path!r} does not exist; convert an MDLM checkpoint '
                      'with python -m hmdlm_jax.convert_mdlm, or set it to \'\' (random init).')
   if not path.endswith(('.npz', '.safetensors', '.ckpt', '.pt', '.pth')):

@@ -16,7 +16,9 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import io
 import math
+import os
 import pathlib
 import sys
 import time
@@ -24,6 +26,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from hmdlm_jax import storage
 from hmdlm_jax.data import tokenizers
 
 FORMAT_VERSION = 1
@@ -67,11 +70,10 @@ class ClusterArtefact:
 
 
 def save(path: str | pathlib.Path, art: ClusterArtefact) -> None:
-  """Writes the artefact as .npz (atomically: a temporary file, then a rename)."""
-  path = pathlib.Path(path)
-  path.parent.mkdir(parents=True, exist_ok=True)
-  tmp = path.with_name(path.name + '.tmp')
-  with open(tmp, 'wb') as f:
+  """Writes the artefact as .npz to a local path or URL, atomically (storage.write_bytes)."""
+  path = storage.resolve(path)
+  storage.makedirs(os.path.dirname(path))
+  with io.BytesIO() as f:
     np.savez_compressed(
         f, token_to_cluster=art.token_to_cluster.astype(np.int32),
         centroids=art.centroids.astype(np.float32), sizes=art.sizes,
@@ -79,14 +81,14 @@ def save(path: str | pathlib.Path, art: ClusterArtefact) -> None:
         metric=np.str_(art.metric), seed=np.int64(art.seed), iterations=np.int32(art.iterations),
         min_ratio=np.float64(art.min_ratio), max_ratio=np.float64(art.max_ratio),
         inertia=np.float64(art.inertia))
-  tmp.replace(path)
+    storage.write_bytes(path, f.getvalue())
 
 
 def load(path: str | pathlib.Path) -> ClusterArtefact:
   """Reads and checks an artefact (ValueError naming the problem and the command to rebuild)."""
   rebuild = 'rebuild it with python -m hmdlm_jax.data.clusters'
   try:
-    with np.load(path, allow_pickle=False) as z:
+    with storage.open_file(os.fspath(path), 'rb') as f, np.load(f, allow_pickle=False) as z:
       version = int(z['format_version'])
       if version != FORMAT_VERSION:
         raise ValueError(f'{path}: cluster artefact format {version}, this code reads '

@@ -19,12 +19,12 @@ from __future__ import annotations
 import glob
 import json
 import os
-import pathlib
 from collections.abc import Sequence
 from typing import Any
 
 import grain
 
+from hmdlm_jax import storage
 from hmdlm_jax.data import text as text_lib
 from hmdlm_jax.data import tokenizers as tokenizers_lib
 
@@ -97,7 +97,7 @@ def lm1b_source(data_dir: str, split: str) -> Sequence[dict[str, Any]]:
   if not data_dir:
     raise ValueError(f'config.data.tfds_data_dir is empty: LM1B is read from a prepared TFDS '
                      f'data_dir. {PREPARE_HINT}')
-  root = pathlib.Path(data_dir).expanduser() / TFDS_NAME
+  root = storage.as_path(data_dir) / TFDS_NAME
   infos = sorted(root.glob('*/dataset_info.json'))
   if not infos:
     raise ValueError(f'config.data.tfds_data_dir={data_dir!r} holds no prepared lm1b dataset '
@@ -125,7 +125,7 @@ def check_lm1b_config(config: Any) -> tokenizers_lib.TextTokenizer:
   if not data_dir:
     raise ValueError(f'config.data.tfds_data_dir is empty: LM1B is read from a prepared TFDS '
                      f'data_dir. {PREPARE_HINT}')
-  if not pathlib.Path(data_dir).expanduser().is_dir():
+  if not storage.as_path(data_dir).is_dir():
     raise ValueError(f'config.data.tfds_data_dir={data_dir!r} is not a folder: LM1B is read from '
                      f'a prepared TFDS data_dir. {PREPARE_HINT}')
   return tok

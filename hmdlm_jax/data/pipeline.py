@@ -18,19 +18,21 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 import json
+import os
 from typing import Any
 
 import grain
 import numpy as np
 
 from hmdlm_jax import config as config_lib
+from hmdlm_jax import storage
 
 
 def read_utf8(path: Any, *, prefix: str, hint: str) -> str:
-  """The text of a local UTF-8 file; a non-UTF-8 file raises `not_utf8`'s ValueError."""
+  """The text of a UTF-8 file (a local path or URL); a non-UTF-8 file raises `not_utf8`'s
+  ValueError."""
   try:
-    with open(path, encoding='utf-8') as f:
-      return f.read()
+    return storage.read_text(os.fspath(path))
   except UnicodeDecodeError:
     raise not_utf8(path, prefix=prefix, hint=hint) from None
 
@@ -39,7 +41,7 @@ def not_utf8(path: Any, *, prefix: str, hint: str) -> ValueError:
   """The one error for a file that is not UTF-8: '<prefix>not UTF-8 text (byte b'..' at offset
   N); <hint>', N the first bad byte's offset in the file. Read from the bytes again because a
   streaming reader's UnicodeDecodeError (csv over a text file) counts from its buffer's start."""
-  with open(path, 'rb') as f:
+  with storage.open_file(os.fspath(path), 'rb') as f:
     data = f.read()
   try:
     data.decode('utf-8')

@@ -5,13 +5,13 @@ Split semantics as hmdlm_jax/data/pipeline.py; batches are `[B_local, 81]`.
 
 from __future__ import annotations
 
-import os
 
 import chex
 import grain
 import numpy as np
 
 from hmdlm_jax import config as config_lib
+from hmdlm_jax import storage
 from hmdlm_jax.data import pipeline
 from hmdlm_jax.data import sudoku
 from hmdlm_jax.data import sudoku_csv
@@ -81,7 +81,7 @@ def sudoku_source(config: config_lib.Config, split: str,
   d = config.data
   path = getattr(d, f'{split}_path')
   if path:
-    if not os.path.isfile(path):
+    if not storage.isfile(path):
       raise ValueError(f'data.{split}_path={path!r} is not a file')
     return sudoku_csv.PalmCsvSource(path)
   count_field = f'num_{split}_puzzles'

@@ -17,14 +17,15 @@ of each example's text (docs/method.md §6, "Offline text").
 from __future__ import annotations
 
 import hashlib
-import pathlib
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from etils import epath
 import grain
 import numpy as np
 
 from hmdlm_jax import config as config_lib
+from hmdlm_jax import storage
 from hmdlm_jax.data import pipeline
 from hmdlm_jax.data import text_encode
 from hmdlm_jax.data import tokenizers as tokenizers_lib
@@ -242,7 +243,7 @@ def check_local_paths(config: Any) -> None:
   if not d.train_path:
     raise ValueError(f'config.data.train_path is empty; data.kind={d.kind!r} reads local files.')
   for field in ('train_path', 'test_path'):
-    if getattr(d, field) and not pathlib.Path(getattr(d, field)).expanduser().exists():
+    if getattr(d, field) and not storage.as_path(getattr(d, field)).exists():
       raise ValueError(f'config.data.{field}={getattr(d, field)!r}: no such file or folder.')
 
 
@@ -347,10 +348,10 @@ def _paragraphs(lines: Sequence[str]) -> list[str]:
   return out
 
 
-def read_text_file(path: str | pathlib.Path, unit: str = 'line', *,
+def read_text_file(path: str | epath.Path, unit: str = 'line', *,
                    field: str = 'data.train_path') -> list[str]:
   """Examples of one file: JSON-lines (`.jsonl`/`.json`, objects with a string 'text') or text."""
-  path = pathlib.Path(path)
+  path = storage.as_path(path)
   if unit not in TEXT_UNITS:
     raise ValueError(f'config.data.text_unit={unit!r}; allowed: {list(TEXT_UNITS)}.')
   raw = pipeline.read_utf8(path, prefix=f'config.{field}: {path} is ', hint=(
@@ -374,9 +375,9 @@ def read_text_source(path: str, unit: str = 'line', *, field: str = 'data.train_
 
 
 def read_text_files(path: str, unit: str = 'line', *, field: str = 'data.train_path'
-                    ) -> list[tuple[pathlib.Path, list[str]]]:
+                    ) -> list[tuple[epath.Path, list[str]]]:
   """`read_text_source`, file by file: [(file, its examples), ...]."""
-  p = pathlib.Path(path).expanduser()
+  p = storage.as_path(path)
   if p.is_dir():
     suffixes = ('.txt', '.jsonl', '.json')
     files = sorted(f for f in p.iterdir() if f.is_file() and f.suffix in suffixes)

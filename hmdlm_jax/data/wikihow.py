@@ -15,14 +15,16 @@ path is split by a hash of the title: docs/method.md §6 ("WikiHow").
 from __future__ import annotations
 
 import csv
+import io
 import logging
-import pathlib
 import re
 import sys
 from typing import Any
 
+from etils import epath
 import grain
 
+from hmdlm_jax import storage
 from hmdlm_jax.data import pipeline
 from hmdlm_jax.data import text as text_lib
 from hmdlm_jax.data import tokenizers as tokenizers_lib
@@ -53,11 +55,12 @@ def _check_fields(row: Any, where: str) -> None:
     raise ValueError(f'{where}: field(s) {bad} are not strings ({[row[f] for f in bad]!r}).')
 
 
-def read_csv(path: pathlib.Path) -> tuple[list[dict[str, str]], int]:
+def read_csv(path: epath.Path) -> tuple[list[dict[str, str]], int]:
   """wikihowAll.csv -> (articles, number of empty rows skipped)."""
   csv.field_size_limit(sys.maxsize)
   out, skipped = [], 0
-  with open(path, encoding='utf-8', newline='') as f:
+  # epath's open() takes no newline=; csv needs newline='' (quoted fields may hold newlines).
+  with io.TextIOWrapper(path.open('rb'), encoding='utf-8', newline='') as f:
     reader = csv.reader(f)
     try:
       header = next(reader)
@@ -93,9 +96,9 @@ def _append(out: list[dict[str, str]], art: dict[str, str] | None) -> bool:
   return art is not None
 
 
-def read_jsonl(path: pathlib.Path) -> tuple[list[dict[str, str]], int]:
+def read_jsonl(path: epath.Path) -> tuple[list[dict[str, str]], int]:
   out, skipped = [], 0
-  with open(path, encoding='utf-8') as f:  # a UnicodeDecodeError is named by read_articles
+  with path.open(encoding='utf-8') as f:  # a UnicodeDecodeError is named by read_articles
     raw = f.read()
   for n, row in pipeline.json_lines(raw, path):
     _check_fields(row, f'{path}:{n}')
@@ -103,12 +106,13 @@ def read_jsonl(path: pathlib.Path) -> tuple[list[dict[str, str]], int]:
   return out, skipped
 
 
-def read_parquet(path: pathlib.Path) -> tuple[list[dict[str, str]], int]:
+def read_parquet(path: epath.Path) -> tuple[list[dict[str, str]], int]:
   try:
     import pyarrow.parquet as pq  # pylint: disable=g-import-not-at-top
   except ImportError as e:
     raise ValueError(f'{path}: reading parquet needs pyarrow (pip install "pyarrow>=26").') from e
-  table = pq.read_table(path)
+  with path.open('rb') as f:  # a file object: pyarrow would take a gs:// string to its own GCS
+    table = pq.read_table(f)
   missing = [c for c in FIELDS if c not in table.column_names]
   if missing:
     raise ValueError(f'{path}: parquet columns {table.column_names} lack {missing}.')
@@ -133,7 +137,7 @@ def read_articles(path: str, field: str = 'data.train_path') -> list[dict[str, s
   the row index). Rows whose title, summary or body is empty after whitespace normalisation carry
   no example and are skipped; the number skipped is logged.
   """
-  p = pathlib.Path(path).expanduser()
+  p = storage.as_path(path)
   if p.is_dir():
     files = sorted(f for f in p.iterdir() if f.suffix in READERS)
     if not files:

@@ -15,6 +15,7 @@ import jax
 import numpy as np
 
 from hmdlm_jax import metrics as metrics_lib
+from hmdlm_jax import storage
 
 
 PICTURES_DIR = 'pictures'  # reveal-order pictures of --mode=sample
@@ -82,21 +83,17 @@ def json_safe(o: Any) -> Any:
 
 
 def write_json(path: str, obj: Any) -> None:
-  """Atomic JSON write (temp file + rename); process 0 only."""
+  """Atomic JSON write (storage.write_text); process 0 only."""
   if jax.process_index() != 0:
     return
-  os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-  tmp = path + '.tmp'
-  with open(tmp, 'w', encoding='utf-8') as f:
-    json.dump(json_safe(obj), f, indent=2, allow_nan=False)
-  os.replace(tmp, path)
+  storage.makedirs(os.path.dirname(storage.resolve(path)))
+  storage.write_text(path, json.dumps(json_safe(obj), indent=2, allow_nan=False))
 
 
 def write_jsonl(path: str, records: Iterable[Mapping[str, Any]]) -> None:
-  """One JSON object per line; process 0 only."""
+  """One JSON object per line, written atomically; process 0 only."""
   if jax.process_index() != 0:
     return
-  os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-  with open(path, 'w', encoding='utf-8') as f:
-    for r in records:
-      f.write(json.dumps(json_safe(r), allow_nan=False) + '\n')
+  storage.makedirs(os.path.dirname(storage.resolve(path)))
+  storage.write_text(path, ''.join(json.dumps(json_safe(r), allow_nan=False) + '\n'
+                                   for r in records))

@@ -16,7 +16,6 @@ head; the metrics report the unclipped exact bound of the same sample as 'nelbo'
 from __future__ import annotations
 
 import dataclasses
-import pathlib
 from typing import ClassVar
 
 import chex
@@ -25,6 +24,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from hmdlm_jax import config as config_lib
+from hmdlm_jax import storage
 from hmdlm_jax.config import HDLMConfig
 from hmdlm_jax.config import hdlm_config
 from hmdlm_jax.config import SampleConfig
@@ -169,7 +169,7 @@ def layout_from_config(cfg: HDLMConfig) -> ClusterLayout:
   if n == 1:
     mapping = np.zeros(r, np.int32)
   elif cfg.clusters:
-    if not pathlib.Path(cfg.clusters).is_file():
+    if not storage.isfile(cfg.clusters):
       raise ValueError(f'process.hdlm.clusters={cfg.clusters!r} does not exist; build it with '
                        'python -m hmdlm_jax.data.clusters (its docstring).')
     art = clusters.load(cfg.clusters)

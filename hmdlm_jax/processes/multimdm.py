@@ -17,7 +17,6 @@ reveals the most confident masked positions instead (docs/method.md §13.2).
 from __future__ import annotations
 
 import dataclasses
-import os
 from typing import Any, ClassVar
 
 import chex
@@ -26,6 +25,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from hmdlm_jax import config as config_lib
+from hmdlm_jax import storage
 from hmdlm_jax.config import MultiMDMConfig
 from hmdlm_jax.config import SampleConfig
 from hmdlm_jax.processes import base
@@ -348,10 +348,11 @@ def designation_from_config(config: config_lib.Config) -> Designation:
   spec = cfg.designated
   if spec == 'mod':
     return Designation(cfg.num_words, cfg.num_masks)
-  if not os.path.isfile(spec):
+  if not storage.isfile(spec):
     raise ValueError(f"process.multimdm.designated={spec!r} is neither 'mod' nor a file.")
   try:
-    classes = np.load(spec) if spec.endswith('.npy') else np.loadtxt(spec, dtype=np.int64)
+    with storage.open_file(spec, 'rb') as f:
+      classes = np.load(f) if spec.endswith('.npy') else np.loadtxt(f, dtype=np.int64)
   except (OSError, ValueError) as e:
     raise ValueError(f'process.multimdm.designated={spec!r}: unreadable ({e}).') from e
   return Designation(cfg.num_words, cfg.num_masks, tuple(int(c) for c in np.ravel(classes)))

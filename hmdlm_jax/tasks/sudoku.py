@@ -13,7 +13,6 @@ data/sudoku_csv.py), prints each grid (givens `[d]`) and saves every cell's reve
 from __future__ import annotations
 
 import dataclasses
-import os
 import time
 from typing import Any, Iterable, Mapping, Sequence
 
@@ -21,6 +20,7 @@ import jax
 import numpy as np
 
 from hmdlm_jax import config as config_lib
+from hmdlm_jax import storage
 from hmdlm_jax.config import SampleConfig
 from hmdlm_jax.data import sudoku
 from hmdlm_jax.data import sudoku_csv
@@ -322,7 +322,7 @@ class SudokuTask(base.Task):
                        'satisfy 17 <= min_givens <= max_givens <= 81.')
     for split in sudoku.SPLITS:
       path = getattr(d, f'{split}_path')
-      if path and not os.path.isfile(path):
+      if path and not storage.isfile(path):
         raise ValueError(f'data.{split}_path={path!r} is not a file (a quiz,solution CSV); fix '
                          'the path or set it to \'\' for generated puzzles.')
 
