@@ -52,7 +52,7 @@ def test_tensorboard_tags_are_legal_without_a_log_line(tmp_path, caplog):
 
 def test_registry_keys_and_eval_kind_check():
   config = base_config.get_base_config()
-  assert sorted(tasks.TASKS) == ['lm1b', 'sudoku', 'text', 'wikihow']
+  assert sorted(tasks.TASKS) == ['corpus', 'lm1b', 'sudoku', 'text', 'wikihow']
   assert tasks.get(resolved(config)).eval_kind == 'sudoku'
   assert tasks.TASKS['wikihow'].prompted and not tasks.TASKS['lm1b'].prompted
   config.data.kind = 'text'
@@ -60,7 +60,8 @@ def test_registry_keys_and_eval_kind_check():
                                        r".*--config.eval.kind=perplexity"):
     tasks.get(resolved(config))
   config.data.kind = 'nonsense'
-  with pytest.raises(ValueError, match=r"config.data.kind='nonsense' is not one of \['lm1b'"):
+  with pytest.raises(ValueError,
+                     match=r"config.data.kind='nonsense' is not one of \['corpus', 'lm1b'"):
     tasks.get(resolved(config))
 
 
