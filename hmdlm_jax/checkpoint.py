@@ -90,7 +90,7 @@ class Checkpointer:
   """The run's checkpoints in DIR/checkpoints (Orbax CheckpointManager)."""
 
   def __init__(self, workdir: str, train_cfg: Any, *, read_only: bool = False) -> None:
-    workdir = storage.resolve(workdir)
+    workdir = storage.absolute(workdir)
     _check_directory(workdir, 'workdir')
     self.directory = storage.join(workdir, 'checkpoints')
     _check_directory(self.directory, 'checkpoint directory')

@@ -130,7 +130,7 @@ def check(mode: str, config: config_lib.Config, workdir: str, *,
   # The process as the train step will run it on this mesh (e.g. loss.token_rows='selected' is
   # refused on several devices here, before anything is written).
   processes.build(config).for_devices(jax.device_count())
-  workdir = storage.resolve(workdir)
+  workdir = storage.absolute(workdir)
   if mode == 'train':
     extra = [f for f, v in (('--step', step is not None), ('--out', out),
                             ('--inputs', inputs), ('--input_file', input_file)) if v]

@@ -30,7 +30,7 @@ def is_url(path: str | os.PathLike[str]) -> bool:
   return bool(_URL.match(os.fspath(path)))
 
 
-def resolve(path: str | os.PathLike[str]) -> str:
+def absolute(path: str | os.PathLike[str]) -> str:
   """`path` as the run records and uses it: a URL unchanged, a local path absolute."""
   path = os.fspath(path)
   return path if is_url(path) else os.path.abspath(path)

@@ -286,7 +286,7 @@ def new_figure(figsize: tuple[float, float], dpi: int = 100) -> Figure:
 
 def write_bytes(path: str | os.PathLike[str], data: bytes) -> None:
   """Writes `data` to a local path or URL (hmdlm_jax/storage.py), creating its folder."""
-  path = storage.resolve(path)
+  path = storage.absolute(path)
   storage.makedirs(os.path.dirname(path))
   storage.write_bytes(path, data)
 
@@ -375,6 +375,6 @@ def record_field(records: Sequence[dict[str, Any]], field: str) -> np.ndarray:
 
 def picture_dir(workdir: str | os.PathLike[str], subdir: str) -> epath.Path:
   """DIR/subdir (local or `gs://`), created."""
-  out = storage.join(storage.resolve(workdir), subdir)
+  out = storage.join(storage.absolute(workdir), subdir)
   storage.makedirs(out)
   return storage.as_path(out)

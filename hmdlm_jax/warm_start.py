@@ -71,7 +71,7 @@ def _source_dirs(workdir: str) -> tuple[config_lib.Config, str, int]:
     source = config_lib.from_record(json.loads(storage.read_text(path)))
   except (OSError, ValueError) as e:
     raise ValueError(f'init.workdir={workdir!r}: cannot read {path} ({e}).') from e
-  ckpt_dir = storage.join(storage.resolve(workdir), 'checkpoints')
+  ckpt_dir = storage.join(storage.absolute(workdir), 'checkpoints')
   # Finished steps only: on an object store a step being written has its final name already (Orbax
   # marks it finished with commit_success.txt); locally it is still a *.orbax-checkpoint-tmp-*.
   steps = sorted(int(d) for d in (storage.listdir(ckpt_dir) if storage.isdir(ckpt_dir) else [])

@@ -46,7 +46,7 @@ def check_creatable(path: str, flag: str) -> bool:
   Returns:
     Whether `path` already exists.
   """
-  path = storage.resolve(path)
+  path = storage.absolute(path)
   if storage.is_url(path):
     if storage.isfile(path):
       raise ValueError(f'{flag}={path!r} is an object, not a folder; choose another {flag}.')
@@ -90,12 +90,12 @@ def output_dir(workdir: str, out: str | None, mode: str) -> str:
   """The directory an eval / sample run writes to: `out`, else `workdir` when it is writable."""
   if out:
     check_creatable(out, '--out')
-    return storage.resolve(out)
+    return storage.absolute(out)
   why = storage.probe_writable(workdir)
   if why:
     raise ValueError(f'--workdir={workdir!r} is not writable ({why}); pass --out=DIR for the '
                      f'outputs of this --mode={mode} run.')
-  return storage.resolve(workdir)
+  return storage.absolute(workdir)
 
 
 def check_outputs(directory: str, names: Iterable[str], overwrite: bool) -> None:
@@ -175,8 +175,8 @@ def start_run(config: config_lib.Config, directory: str, mode: str, *, workdir: 
       storage.write_text(storage.join(directory, 'config.yaml'), yaml.safe_dump(d, sort_keys=True))
   record = {
       'time': datetime.datetime.now(datetime.timezone.utc).isoformat(timespec='seconds'),
-      'mode': mode, 'workdir': storage.resolve(workdir),
-      'out': None if mode == 'train' else storage.resolve(directory), 'step': int(step),
+      'mode': mode, 'workdir': storage.absolute(workdir),
+      'out': None if mode == 'train' else storage.absolute(directory), 'step': int(step),
       'argv': None if argv is None else list(argv),
       'overrides': [a for a in argv or () if a.startswith(('--config.', '--noconfig.'))],
       'config': d,

@@ -231,9 +231,9 @@ def test_gs_sigkill_then_resume_is_bit_identical(sandbox, gcs, tmp_path):
 
 def test_local_paths_behave_as_before(tmp_path, monkeypatch):
   monkeypatch.chdir(tmp_path)
-  assert storage.resolve('run') == os.path.join(str(tmp_path), 'run')
+  assert storage.absolute('run') == os.path.join(str(tmp_path), 'run')
   assert not storage.is_url('run') and not storage.is_url('/a/gs://b')
-  path = storage.join(storage.resolve('run'), 'a.jsonl')
+  path = storage.join(storage.absolute('run'), 'a.jsonl')
   storage.makedirs(os.path.dirname(path))
   storage.append_text(path, 'one\n')
   storage.append_text(path, 'two\n')
@@ -249,7 +249,7 @@ def test_urls_on_the_emulator(gcs, monkeypatch):
   for k, v in gcs.env().items():
     monkeypatch.setenv(k, v)
   base = f'gs://{BUCKET}/unit'
-  assert storage.resolve(base) == base and storage.is_url(base)
+  assert storage.absolute(base) == base and storage.is_url(base)
   assert storage.join(base, 'x', 'y.json') == f'{base}/x/y.json'
   path = storage.join(base, 'runs.jsonl')
   storage.append_text(path, 'one\n')

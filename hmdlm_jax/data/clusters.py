@@ -71,7 +71,7 @@ class ClusterArtefact:
 
 def save(path: str | pathlib.Path, art: ClusterArtefact) -> None:
   """Writes the artefact as .npz to a local path or URL, atomically (storage.write_bytes)."""
-  path = storage.resolve(path)
+  path = storage.absolute(path)
   storage.makedirs(os.path.dirname(path))
   with io.BytesIO() as f:
     np.savez_compressed(

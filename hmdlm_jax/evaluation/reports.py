@@ -86,7 +86,7 @@ def write_json(path: str, obj: Any) -> None:
   """Atomic JSON write (storage.write_text); process 0 only."""
   if jax.process_index() != 0:
     return
-  storage.makedirs(os.path.dirname(storage.resolve(path)))
+  storage.makedirs(os.path.dirname(storage.absolute(path)))
   storage.write_text(path, json.dumps(json_safe(obj), indent=2, allow_nan=False))
 
 
@@ -94,6 +94,6 @@ def write_jsonl(path: str, records: Iterable[Mapping[str, Any]]) -> None:
   """One JSON object per line, written atomically; process 0 only."""
   if jax.process_index() != 0:
     return
-  storage.makedirs(os.path.dirname(storage.resolve(path)))
+  storage.makedirs(os.path.dirname(storage.absolute(path)))
   storage.write_text(path, ''.join(json.dumps(json_safe(r), allow_nan=False) + '\n'
                                    for r in records))
