@@ -4,7 +4,7 @@ storage functions (hmdlm_jax/storage.py) on local paths and on the emulator.
 The runs go through `python -m hmdlm_jax.main` with cwd and HOME empty temporary folders, and
 assert afterwards that those stayed empty and that no `gs:` folder appeared anywhere: every file of
 the run is an object in the emulator's bucket, listed and read through its HTTP API (not through
-the code under test). The slow test SIGKILLs a gs:// training run after its first checkpoint,
+the code under test). One test SIGKILLs a gs:// training run after its first checkpoint,
 resumes it, and compares the losses bit for bit with an uninterrupted local run.
 """
 
@@ -180,7 +180,6 @@ def test_gs_workdir_train_eval_sample(sandbox, gcs_env):
   assert step == 4 and params
 
 
-@pytest.mark.slow
 def test_gs_sigkill_then_resume_is_bit_identical(sandbox, gcs, tmp_path):
   flags = ('--config.train.num_steps=12', '--config.train.ckpt_every=4')
   reference = str(tmp_path / 'reference')
