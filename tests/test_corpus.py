@@ -287,6 +287,10 @@ def test_bad_inputs_and_fields_are_clear(prepared, tok, tmp_path):
   (tmp_path / 'p.txt').write_text('one\ntwo\n\n\nthree\n')
   m = prepare.prepare(str(tmp_path / 'p.txt'), str(tmp_path / 'p'), BERT, text_unit='paragraph')
   assert m['documents'] == 2 and m['tokens'] == len(tok.encode('one two')) + len(tok.encode('three'))
+  # A URL: array_record reads shards from a path; one line asks for a gcsfuse mount.
+  with pytest.raises(ValueError, match=r"corpus_dir='gs://bucket/owt': a prepared corpus is read "
+                     r'from a path, not a URL; mount the bucket on every host with gcsfuse'):
+    corpus.check_corpus_config(_config('gs://bucket/owt'))
   config = _config(out, **{'data.packing': 'zip'})
   with pytest.raises(ValueError, match=r"data.packing='zip'; allowed: \['wrap', 'truncate'\]"):
     corpus.check_corpus_config(config)

