@@ -16,7 +16,6 @@ medians per allocator. Writes benchmarks/results/allocator_ab.json (or --json).
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import resource
@@ -72,17 +71,22 @@ def run_once(cmd: list[str], allocator: str, tag: str) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
   argv = sys.argv[1:] if argv is None else argv
-  if '--' not in argv:
-    raise SystemExit('usage: python -m benchmarks.allocator_ab [options] -- COMMAND ...')
-  i = argv.index('--')
-  p = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
+  from benchmarks import common  # pylint: disable=g-import-not-at-top
+  p = common.Parser(prog='python -m benchmarks.allocator_ab',
+                    description=__doc__.split('\n\n')[0])
   p.add_argument('--runs', type=int, default=3)
   p.add_argument('--allocators', default='default,glibc,mallopt')
-  p.add_argument('--json', default=os.path.join(_REPO, 'benchmarks', 'results',
-                                                'allocator_ab.json'))
+  common.add_output_flags(p, os.path.join(common.RESULTS, 'allocator_ab.json'))
+  if '--' not in argv:
+    p.error('-- COMMAND ...: missing (the command to time follows --)')
+  i = argv.index('--')
   a = p.parse_args(argv[:i])
   cmd = argv[i + 1:]
   allocs = a.allocators.split(',')
+  common.check(p, a.runs > 0, '--runs', a.runs, 'must be > 0')
+  common.check(p, all(allocs), '--allocators', a.allocators, 'a comma-separated non-empty list')
+  common.check(p, bool(cmd), '--', '', 'give the COMMAND to run')
+  path = common.output_path(p, a, os.path.join(common.RESULTS, 'allocator_ab.json'))
   recs = []
   t0 = time.perf_counter()
   for r in range(a.runs):
@@ -98,7 +102,6 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
       summary[al] = {k: statistics.median(x[k] for x in ok)
                      for k in ('wall_s', 'user_s', 'sys_s', 'sys_share', 'minflt')}
       summary[al]['runs'] = len(ok)
-  from benchmarks import common  # pylint: disable=g-import-not-at-top
   text = common.table('Allocator A/B (medians over runs)',
                       ['allocator', 'runs', 'wall s', 'user s', 'sys s', 'sys share',
                        'minor faults'],
@@ -108,8 +111,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
   out = {'command': cmd, 'runs': recs, 'summary': summary, 'table': text,
          'date': time.strftime('%Y-%m-%d %H:%M:%S %Z'), 'duration_s': time.perf_counter() - t0,
          'load_average_end': os.getloadavg()}
-  os.makedirs(os.path.dirname(a.json), exist_ok=True)
-  with open(a.json, 'w', encoding='utf-8') as f:
+  os.makedirs(os.path.dirname(path), exist_ok=True)
+  with open(path, 'w', encoding='utf-8') as f:
     json.dump(out, f, indent=1)
   return out
 

@@ -42,6 +42,8 @@ import sys
 import time
 from typing import Any
 
+from benchmarks import common
+
 _REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 GLOBAL_BATCH = 512
@@ -282,17 +284,28 @@ def table(records: list[dict[str, Any]]) -> str:
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
-  p = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
+  p = common.Parser(prog='python -m benchmarks.aot', description=__doc__.split('\n\n')[0])
   p.add_argument('--devices', default=None, help='comma-separated device counts (default PLAN)')
   p.add_argument('--meshes', default=None, help=f'comma-separated subset of {sorted(MESHES)}')
   p.add_argument('--modes', default=None, help='comma-separated (default: PLAN\'s)')
   p.add_argument('--timeout_s', type=float, default=600)
   p.add_argument('--jobs', type=int, default=2, help='children compiling at once')
-  p.add_argument('--json', default=os.path.join(_REPO, 'benchmarks', 'results', 'aot.json'))
+  common.add_output_flags(p, os.path.join(common.RESULTS, 'aot.json'))
   p.add_argument('--child', default=None, help=argparse.SUPPRESS)
   p.add_argument('--from_json', default=None,
                  help='rebuild the roofline and tables from a saved aot.json (no compiling)')
   a = p.parse_args(argv)
+  if not a.child:
+    common.check(p, a.timeout_s > 0, '--timeout_s', a.timeout_s, 'must be > 0')
+    common.check(p, a.jobs > 0, '--jobs', a.jobs, 'must be > 0')
+    common.check(p, not a.meshes or set(a.meshes.split(',')) <= set(MESHES), '--meshes',
+                 a.meshes, f'a comma-separated subset of {",".join(sorted(MESHES))}')
+    common.check(p, not a.modes or set(a.modes.split(',')) <= {'mdlm', 'hmdlm'}, '--modes',
+                 a.modes, 'a comma-separated subset of mdlm,hmdlm')
+    common.check(p, a.devices is None or all(d.isdigit() and int(d) > 0
+                                             for d in a.devices.split(',')),
+                 '--devices', a.devices, 'comma-separated device counts > 0')
+    path = common.output_path(p, a, os.path.join(common.RESULTS, 'aot.json'))
   if a.from_json:
     with open(a.from_json, encoding='utf-8') as f:
       out = json.load(f)
@@ -302,7 +315,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     out['table'] = table(out['records'])
     out['hardware'] = HARDWARE
     print(out['table'])
-    with open(a.json, 'w', encoding='utf-8') as f:
+    with open(path, 'w', encoding='utf-8') as f:
       json.dump(out, f, indent=1)
     return out
   if a.child:
@@ -339,10 +352,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
   out = {'records': records, 'hardware': HARDWARE, 'table': text,
          'duration_s': time.perf_counter() - t0, 'date': time.strftime('%Y-%m-%d %H:%M:%S %Z'),
          'command': ' '.join(['python -m benchmarks.aot'] + (argv or sys.argv[1:]))}
-  os.makedirs(os.path.dirname(a.json), exist_ok=True)
-  with open(a.json, 'w', encoding='utf-8') as f:
+  os.makedirs(os.path.dirname(path), exist_ok=True)
+  with open(path, 'w', encoding='utf-8') as f:
     json.dump(out, f, indent=1)
-  print(f'wrote {a.json} in {out["duration_s"]:.0f}s')
+  print(f'wrote {path} in {out["duration_s"]:.0f}s')
   return out
 
 

@@ -1,4 +1,6 @@
-"""Running a benchmark module in a fresh process, printing tables, reading experiment overrides.
+"""Running a benchmark module in a fresh process, printing tables, reading experiment overrides,
+and the one way a benchmark or script checks its flags and where it writes (`Parser`, `check`,
+`add_output_flags`, `output_path`).
 
 Every measurement runs in its own Python process: XLA flags and the fake-device count must be set
 before JAX starts, and the process's peak RSS is then the peak of that configuration alone.
@@ -13,9 +15,65 @@ import subprocess
 import sys
 import tempfile
 import time
-from typing import Any, Sequence
+from typing import Any, NoReturn, Sequence
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+RESULTS = os.path.join('benchmarks', 'results')
+
+
+class Parser(argparse.ArgumentParser):
+  """argparse whose every mistake is one line `<prog>: error: <message>` and exit code 2 (argparse's
+  own code), so a bad flag stops the tool before it measures or writes anything."""
+
+  def error(self, message: str) -> NoReturn:  # type: ignore[override]
+    print(f'{self.prog}: error: {message}', file=sys.stderr)
+    sys.exit(2)
+
+
+def check(parser: argparse.ArgumentParser, ok: bool, flag: str, value: Any, why: str) -> None:
+  """`parser.error('--flag=value: why')` unless `ok`."""
+  if not ok:
+    parser.error(f'{flag}={value}: {why}')
+
+
+def is_tracked(path: str) -> bool:
+  """Whether `path` is a file git tracks in this repository; outside a git checkout (an unpacked
+  copy), every file under benchmarks/results counts as tracked, since those are the published
+  results."""
+  rel = os.path.relpath(os.path.abspath(path), REPO)
+  if rel.startswith(os.pardir + os.sep) or rel == os.pardir:
+    return False
+  try:
+    inside = subprocess.run(['git', 'rev-parse', '--is-inside-work-tree'], cwd=REPO,
+                            capture_output=True, check=False).returncode == 0
+  except FileNotFoundError:  # no git on this machine
+    inside = False
+  if not inside:
+    return rel.startswith(RESULTS + os.sep)
+  return subprocess.run(['git', 'ls-files', '--error-unmatch', rel], cwd=REPO,
+                        capture_output=True, check=False).returncode == 0
+
+
+def add_output_flags(parser: argparse.ArgumentParser, default: str) -> None:
+  """--json=PATH and --update_results; `default` (relative to the repository) is named in help."""
+  parser.add_argument('--json', default=None,
+                      help=f'output path (default {default}; a tracked file needs --update_results)')
+  parser.add_argument('--update_results', action='store_true',
+                      help='allow replacing a tracked results file')
+
+
+def output_path(parser: argparse.ArgumentParser, args: argparse.Namespace, default: str) -> str:
+  """The output path of `args` (--json, else `default` relative to the repository); a tracked
+  file is the parser's error unless --update_results, so a rerun never silently replaces the
+  published numbers."""
+  path = os.path.abspath(args.json) if args.json else os.path.join(REPO, default)
+  if not args.update_results and is_tracked(path):
+    flag = f'--json={args.json}' if args.json else f'--json={default} (the default)'
+    parser.error(f'{flag}: a tracked results file; give --json=ANOTHER_PATH, or '
+                 '--update_results to replace it')
+  return path
 
 
 class BenchmarkError(RuntimeError):

@@ -44,12 +44,6 @@ GLOBAL_BATCH = 512
 HARDWARE = ('8xH100-SXM', '8xA100-80GB')
 
 
-class _Parser(argparse.ArgumentParser):
-
-  def error(self, message: str) -> None:  # type: ignore[override]
-    raise ValueError(message)
-
-
 def synthetic_corpus(path: str, tokens: float, lines_per_doc: int = 40) -> int:
   """JSON lines of documents (~27 bert tokens a line) until ~`tokens`; returns the documents."""
   lines = [x.strip() for x in open(FIXTURE, encoding='utf-8') if x.strip()]
@@ -142,39 +136,33 @@ def step_times() -> dict[str, dict[str, float]]:
   return out
 
 
-def _ints(flag: str, value: str) -> list[int]:
+def _ints(parser: argparse.ArgumentParser, flag: str, value: str) -> list[int]:
   try:
     return [int(w) for w in value.split(',')]
   except ValueError:
-    raise ValueError(f'{flag}={value!r}: expected comma-separated integers') from None
+    parser.error(f'{flag}={value}: expected comma-separated integers')
+    raise
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-  p = _Parser(prog='python -m benchmarks.corpus_loader', description=__doc__.split('\n\n')[0])
+  p = common.Parser(prog='python -m benchmarks.corpus_loader', description=__doc__.split('\n\n')[0])
   p.add_argument('--tokens', type=float, default=2e6, help='synthetic corpus size')
   p.add_argument('--workers', default='0,1,2', help='Grain worker counts of the loader')
   p.add_argument('--prepare_workers', default='1,2', help='worker counts of prepare')
   p.add_argument('--seconds', type=float, default=6.0, help='timed seconds per loader setting')
   p.add_argument('--batch', type=int, default=64, help='rows per loader batch')
   p.add_argument('--tag', default='')
-  p.add_argument('--json', default=None, help='output path (default benchmarks/results/...)')
-  try:
-    a = p.parse_args(argv)
-    loader_workers = _ints('--workers', a.workers)
-    prep_workers = _ints('--prepare_workers', a.prepare_workers)
-    if a.tokens < 1e4 or a.seconds <= 0 or a.batch < 1 or min(loader_workers) < 0 or min(
-        prep_workers) < 1:
-      raise ValueError('--tokens >= 1e4, --seconds > 0, --batch >= 1, --workers >= 0 and '
-                       '--prepare_workers >= 1 are required')
-    path = a.json or os.path.join(REPO, 'benchmarks', 'results',
-                                  f'corpus_loader{"_" + a.tag if a.tag else ""}.json')
-    tracked = subprocess.run(['git', 'ls-files', '--error-unmatch', path], cwd=REPO,
-                             capture_output=True, check=False).returncode == 0
-    if tracked:
-      raise ValueError(f'{path} is a tracked file; give another --tag or --json')
-  except ValueError as e:
-    print(f'corpus_loader: error: {e}', file=sys.stderr)
-    return 2
+  common.add_output_flags(p, os.path.join(common.RESULTS, 'corpus_loader[_<tag>].json'))
+  a = p.parse_args(argv)
+  loader_workers = _ints(p, '--workers', a.workers)
+  prep_workers = _ints(p, '--prepare_workers', a.prepare_workers)
+  common.check(p, a.tokens >= 1e4, '--tokens', a.tokens, 'must be >= 1e4')
+  common.check(p, a.seconds > 0, '--seconds', a.seconds, 'must be > 0')
+  common.check(p, a.batch >= 1, '--batch', a.batch, 'must be >= 1')
+  common.check(p, min(loader_workers) >= 0, '--workers', a.workers, 'must be >= 0')
+  common.check(p, min(prep_workers) >= 1, '--prepare_workers', a.prepare_workers, 'must be >= 1')
+  path = common.output_path(p, a, os.path.join(
+      common.RESULTS, f'corpus_loader{"_" + a.tag if a.tag else ""}.json'))
   from absl import flags  # pylint: disable=g-import-not-at-top
   flags.FLAGS.mark_as_parsed()  # Grain's worker processes read its absl flags
   t_start, load0 = time.time(), machine.load_average()

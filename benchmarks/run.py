@@ -21,7 +21,6 @@ benchmarks/results/<tag>.json (tag: 'quick' or 'full' unless --tag is given).
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import statistics
@@ -285,7 +284,7 @@ def optim_tables(recs: list[dict[str, Any]], peak: float) -> str:
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
-  p = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
+  p = common.Parser(prog='python -m benchmarks.run', description=__doc__.split('\n\n')[0])
   p.add_argument('--quick', action='store_true', help='tiny shapes, few steps (< 5 min)')
   p.add_argument('--sections', default=None,
                  help=f'comma-separated subset of {SECTIONS} (default: all but optim with '
@@ -296,13 +295,20 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
   p.add_argument('--steps', type=int, default=None, help='timed steps (default 2 quick, 5 full)')
   p.add_argument('--xla_flags', default='', help='extra XLA_FLAGS for every measurement')
   p.add_argument('--tag', default=None, help='results/<tag>.json (default quick / full)')
+  common.add_output_flags(p, os.path.join(common.RESULTS, '<tag>.json'))
   a = p.parse_args(argv)
+  common.check(p, a.steps is None or a.steps > 0, '--steps', a.steps, 'must be > 0')
+  for flag, value in (('--sections', a.sections), ('--shapes', a.shapes), ('--dtypes', a.dtypes)):
+    common.check(p, value is None or all(value.split(',')), flag, value,
+                 'a comma-separated non-empty list')
+  if a.sections:
+    common.check(p, set(a.sections.split(',')) <= set(SECTIONS), '--sections', a.sections,
+                 f'a comma-separated subset of {",".join(SECTIONS)}')
+  path = common.output_path(p, a, os.path.join(
+      common.RESULTS, f'{a.tag or ("quick" if a.quick else "full")}.json'))
   t_start = time.perf_counter()
   sections = (a.sections.split(',') if a.sections else
               (['train', 'sampling', 'scaling'] if a.quick else list(SECTIONS)))
-  for s in sections:
-    if s not in SECTIONS:
-      raise ValueError(f'--sections: {s!r} is not one of {SECTIONS}')
   shapes = (a.shapes.split(',') if a.shapes else
             (['tiny'] if a.quick else ['tiny', 'small', 'sudoku_6m', 'sudoku_25m']))
   dtypes = a.dtypes.split(',') if a.dtypes else (['float32'] if a.quick else
@@ -379,9 +385,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
   print(text, flush=True)
   result['report'] = text
 
-  out_dir = os.path.join(_REPO, 'benchmarks', 'results')
-  os.makedirs(out_dir, exist_ok=True)
-  path = os.path.join(out_dir, f'{tag}.json')
+  os.makedirs(os.path.dirname(path), exist_ok=True)
   with open(path, 'w', encoding='utf-8') as f:
     json.dump(result, f, indent=2, default=str)
   print(f'wrote {os.path.relpath(path, _REPO)}')

@@ -61,6 +61,8 @@ import tempfile
 import time
 from typing import Any, Callable
 
+from benchmarks import common
+
 _REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 # name: (layers, hidden, heads, mlp, cond, vocab, CPU batch, length)
@@ -345,7 +347,6 @@ def summarise(records: list[dict[str, Any]], labels: list[str], baseline: str | 
 
 
 def print_table(shape: str, summary: dict[str, Any], baseline: str | None) -> str:
-  from benchmarks import common  # pylint: disable=g-import-not-at-top
   hdr = ['runner', 'tokens/s', 's/step', 'ratio to best ref', f'ratio to {baseline or "-"}',
          'CPU ratio to best ref', f'CPU ratio to {baseline or "-"}', 'user s/step',
          'sys s/step', 'sys share', 'minflt/step', 'RSS MB', 'compile s']
@@ -364,7 +365,8 @@ def print_table(shape: str, summary: dict[str, Any], baseline: str | None) -> st
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
-  p = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
+  p = common.Parser(prog='python -m benchmarks.side_by_side',
+                    description=__doc__.split('\n\n')[0])
   p.add_argument('--shape', default='tiny', choices=sorted(SHAPES))
   p.add_argument('--runners', default=None,
                  help='comma-separated; default ours_mdlm,ours_hmdlm,bare + the given trees')
@@ -380,7 +382,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
   p.add_argument('--baseline', default='bare', help="label for 'ratio to' ('' = none)")
   p.add_argument('--timeout_s', type=float, default=1800)
   p.add_argument('--tag', default='')
-  p.add_argument('--json', default=None)
+  common.add_output_flags(p, os.path.join(common.RESULTS, 'side_by_side_<shape>[_<tag>].json'))
   p.add_argument('--child', default=None, help=argparse.SUPPRESS)
   a = p.parse_args(argv)
   trees = {}
@@ -397,19 +399,31 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
       json.dump(rec, f)
     return rec
 
-  runners = a.runners.split(',') if a.runners else (
+  common.check(p, a.rounds > 0, '--rounds', a.rounds, 'must be > 0')
+  common.check(p, a.steps > 0, '--steps', a.steps, 'must be > 0')
+  common.check(p, a.warmup >= 0, '--warmup', a.warmup, 'must be >= 0')
+  common.check(p, a.timeout_s > 0, '--timeout_s', a.timeout_s, 'must be > 0')
+  runners = a.runners.split(',') if a.runners is not None else (
       ['ours_mdlm', 'ours_hmdlm', 'bare'] + (['md4'] if 'md4' in trees else [])
       + (['mdlm_eager', 'mdlm_compile'] if 'mdlm' in trees else []))
   allocs = a.allocator.split(',')
   if any(al not in ALLOCATORS for al in allocs):
-    p.error(f'--allocator={a.allocator!r}: allowed {ALLOCATORS}')
+    p.error(f'--allocator={a.allocator}: allowed {",".join(ALLOCATORS)}')
   both = len(allocs) > 1
   plan, labels = [], []
+  known = ('bare', *OURS, *REFERENCE_TREES)
   for r in runners:  # 'runner@allocator' pins one runner's allocator
     r, _, pinned = r.partition('@')
+    name = r.removeprefix(BEFORE).partition(':')[0]
+    common.check(p, name in known, '--runners', a.runners,
+                 f'unknown runner {name!r}; allowed {",".join(known)} (before/NAME, NAME:options, '
+                 'NAME@allocator)')
+    if name in REFERENCE_TREES and REFERENCE_TREES[name] not in trees:
+      p.error(f'--runners={a.runners}: runner {name} needs '
+              f'--reference_tree={REFERENCE_TREES[name]}:PATH')
     for al in ([pinned] if pinned else allocs):
       if al not in ALLOCATORS:
-        p.error(f'allocator {al!r}: allowed {ALLOCATORS}')
+        p.error(f'--runners={a.runners}: allocator {al!r}: allowed {",".join(ALLOCATORS)}')
       plan.append((r, al))
       labels.append(_label(r, al, both or bool(pinned)))
   before = os.path.abspath(os.path.expanduser(a.before_tree)) if a.before_tree else None
@@ -417,6 +431,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
       before and os.path.isfile(os.path.join(before, 'benchmarks', 'side_by_side.py'))):
     p.error(f'runners {BEFORE}NAME need --before_tree=PATH, a checkout of this project '
             f'(got {a.before_tree!r})')
+  path = common.output_path(p, a, os.path.join(
+      common.RESULTS, f'side_by_side_{a.shape}{"_" + a.tag if a.tag else ""}.json'))
   baseline = a.baseline or None
   if baseline and baseline not in labels:
     baseline = None
@@ -446,8 +462,6 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             'summary': summary, 'records': records, 'table': text,
             'duration_s': time.perf_counter() - t0,
             'command': ' '.join(['python -m benchmarks.side_by_side'] + (argv or sys.argv[1:]))}
-  path = a.json or os.path.join(_REPO, 'benchmarks', 'results',
-                                f'side_by_side_{a.shape}{"_" + a.tag if a.tag else ""}.json')
   os.makedirs(os.path.dirname(path), exist_ok=True)
   with open(path, 'w', encoding='utf-8') as f:
     json.dump(result, f, indent=1, default=str)
