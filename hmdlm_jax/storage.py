@@ -117,15 +117,39 @@ def probe_writable(directory: str) -> str | None:
 # ------------------------------------------------------------------------------------ writing
 
 
+TMP_SUFFIX = '.partial'  # write_bytes' temporary files: '.<name>.<random>.partial'
+
+
+def is_partial(name: str) -> bool:
+  """Whether `name` is a temporary file of `write_bytes` (left only by a killed process)."""
+  return name.startswith('.') and name.endswith(TMP_SUFFIX)
+
+
 def write_bytes(path: str, data: bytes) -> None:
-  """Atomic write: readers see the old file or the new one, never a part."""
+  """Atomic write: readers see the old file or the new one, never a part, even after a kill.
+
+  Locally the data goes to a hidden temporary file in the same folder (a rename is atomic only
+  within one file system), is flushed to disk (so a crash cannot leave the new name pointing at
+  unwritten blocks), and is renamed over `path`. The temporary name is unique, so two writers never
+  share one; a failed write removes it, and one left by a kill (`is_partial`) is no output.
+  """
   if is_url(path):
     as_path(path).write_bytes(data)  # one upload: atomic on an object store
     return
-  tmp = f'{path}.tmp'
-  with open(tmp, 'wb') as f:
-    f.write(data)
-  os.replace(tmp, path)
+  folder, name = os.path.split(path)
+  tmp = os.path.join(folder, f'.{name}.{uuid.uuid4().hex}{TMP_SUFFIX}')
+  try:
+    with open(tmp, 'xb') as f:  # the umask's permissions, like the file it replaces
+      f.write(data)
+      f.flush()
+      os.fsync(f.fileno())
+    os.replace(tmp, path)
+  except BaseException:
+    try:
+      os.remove(tmp)
+    except FileNotFoundError:
+      pass
+    raise
 
 
 def write_text(path: str, text: str) -> None:

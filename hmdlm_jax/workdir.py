@@ -99,13 +99,15 @@ def output_dir(workdir: str, out: str | None, mode: str) -> str:
 
 
 def check_outputs(directory: str, names: Iterable[str], overwrite: bool) -> None:
-  """Raises ValueError if an output of `names` exists in `directory` (a non-empty folder counts),
-  unless `overwrite`."""
+  """Raises ValueError if an output of `names` exists in `directory` (a folder with a file counts),
+  unless `overwrite`. A temporary file a killed write left behind (storage.is_partial) is no
+  output: the rerun of a killed command is not refused for it."""
   if overwrite:
     return
   for name in names:
     path = storage.join(directory, name)
-    if storage.isfile(path) or (storage.isdir(path) and storage.listdir(path)):
+    if storage.isfile(path) or (storage.isdir(path) and not all(
+        storage.is_partial(n) for n in storage.listdir(path))):
       raise ValueError(f'{path} exists (from an earlier run) and would be replaced: pass '
                        '--overwrite to replace it, or --out=ANOTHER_DIR to keep it.')
 

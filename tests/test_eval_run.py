@@ -160,3 +160,88 @@ def test_entry_points_from_a_checkpoint(tmp_path, capsys):
   evaluator(config, moved, 8, workdir)
   assert [n for n, _ in counter.events[n0:]] == []  # new parameters, no new compilation
   assert set(_read_json(os.path.join(workdir, 'eval_8.json'))) == SCHEMA
+
+
+# A child that writes one output and is killed part-way through it: its files may not grow past
+# LIMIT bytes, and the write past that gets SIGXFSZ, whose default action ends the process like
+# SIGKILL (Python ignores SIGXFSZ unless told otherwise). The kill point is exact, not a race.
+_KILLED_WRITER = '''
+import resource, signal, sys
+from hmdlm_jax import visualize
+from hmdlm_jax.evaluation import reports
+what, path, limit = sys.argv[1], sys.argv[2], int(sys.argv[3])
+signal.signal(signal.SIGXFSZ, signal.SIG_DFL)
+resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+if what == 'samples':
+  reports.write_jsonl(path, [{'i': i, 'text': 'x' * 100} for i in range(2000)])
+else:
+  visualize.write_bytes(path, bytes(4 * limit))
+'''
+
+
+def _write_and_kill(what: str, path: str, limit: int = 64 * 1024) -> None:
+  import signal  # pylint: disable=g-import-not-at-top
+  import subprocess  # pylint: disable=g-import-not-at-top
+  import sys  # pylint: disable=g-import-not-at-top
+  repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  proc = subprocess.run([sys.executable, '-c', _KILLED_WRITER, what, path, str(limit)], cwd=repo,
+                        env=dict(os.environ, JAX_PLATFORMS='cpu'), capture_output=True,
+                        text=True, timeout=300, check=False)
+  assert proc.returncode == -signal.SIGXFSZ, (proc.returncode, proc.stderr[-2000:])
+
+
+def _outputs(directory) -> list[str]:
+  """Names under `directory` (relative), less hidden ones: a killed write may leave its hidden
+  temporary file, never a visible name."""
+  return sorted(os.path.relpath(os.path.join(d, n), directory)
+                for d, _, names in os.walk(directory) for n in names if not n.startswith('.'))
+
+
+def test_a_kill_mid_write_leaves_the_old_file_or_none_and_the_rerun_runs(tmp_path):
+  """samples_<step>.jsonl killed mid-write keeps the earlier run's file whole; a picture killed
+  mid-write leaves no file in pictures/, and the same command is then not refused."""
+  from hmdlm_jax import workdir as workdir_lib  # pylint: disable=g-import-not-at-top
+  old = tmp_path / 'old'
+  old.mkdir()
+  reports.write_jsonl(str(old / 'samples_20.jsonl'), [{'i': 0}])
+  before = (old / 'samples_20.jsonl').read_bytes()
+  _write_and_kill('samples', str(old / 'samples_20.jsonl'))
+  assert (old / 'samples_20.jsonl').read_bytes() == before
+  assert _outputs(old) == ['samples_20.jsonl']
+
+  fresh = tmp_path / 'fresh'
+  (fresh / 'pictures').mkdir(parents=True)
+  _write_and_kill('picture', str(fresh / 'pictures' / 'reveal_0.png'))
+  assert _outputs(fresh) == []
+  workdir_lib.check_outputs(str(fresh), ['samples_20.jsonl', 'pictures'], overwrite=False)
+
+
+def test_a_failed_output_write_leaves_no_part(tmp_path, monkeypatch):
+  """A record that fails to serialise, or a write that fails before its rename, leaves the old
+  file and nothing else at all (no temporary file either)."""
+  from hmdlm_jax import storage  # pylint: disable=g-import-not-at-top
+  path = str(tmp_path / 'samples_20.jsonl')
+  reports.write_jsonl(path, [{'i': 0}])
+  before = open(path, 'rb').read()
+  real = reports.json_safe
+  calls = []
+
+  def fails_midway(obj):
+    calls.append(obj)
+    if len(calls) == 3:
+      raise ValueError('not serialisable')
+    return real(obj)
+
+  with monkeypatch.context() as m:
+    m.setattr(reports, 'json_safe', fails_midway)
+    with pytest.raises(ValueError, match='not serialisable'):
+      reports.write_jsonl(path, [{'i': i} for i in range(5)])
+
+  def no_rename(src, dst):
+    raise OSError('disk gone')
+
+  monkeypatch.setattr(storage.os, 'replace', no_rename)
+  with pytest.raises(OSError, match='disk gone'):
+    reports.write_jsonl(path, [{'i': i} for i in range(5)])
+  assert open(path, 'rb').read() == before
+  assert os.listdir(tmp_path) == ['samples_20.jsonl']
