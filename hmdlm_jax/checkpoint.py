@@ -245,23 +245,27 @@ def list_tmp_dirs(directory: str) -> list[str]:
 
 
 class StopSignal:
-  """Context manager that turns SIGTERM (and optionally others) into a flag the loop polls.
+  """Context manager that turns SIGTERM and SIGINT (Ctrl-C) into a flag the loop polls.
 
   The train loop reads `.received` after each step (through `StopVote` when there are several
-  processes); on a signal it saves a checkpoint of the current step and returns normally (exit
-  code 0). Outside the main thread (where Python cannot install handlers) it is a no-op flag.
+  processes); on a signal it saves a checkpoint of the current step and returns normally (the
+  command exits 0 after SIGTERM, 130 after SIGINT, as a shell expects of Ctrl-C). A second SIGINT
+  raises KeyboardInterrupt, so a user whose save hangs can still break out. Outside the main
+  thread (where Python cannot install handlers) it is a no-op flag.
   Its Python handler replaces the C handler that jax.distributed.initialize installs for JAX's
   own preemption service (multihost_utils.reached_preemption_sync_point), which the loop does
   not use: docs/design.md ("Stopping").
   """
 
-  def __init__(self, signals: tuple[int, ...] = (signal.SIGTERM,)) -> None:
+  def __init__(self, signals: tuple[int, ...] = (signal.SIGTERM, signal.SIGINT)) -> None:
     self.signals = signals
     self.received: int | None = None
     self._previous: dict[int, Any] = {}
 
   def _handler(self, signum: int, frame: Any) -> None:
     del frame
+    if signum == signal.SIGINT and self.received == signal.SIGINT:
+      raise KeyboardInterrupt
     self.received = signum
 
   def __enter__(self) -> StopSignal:

@@ -8,12 +8,14 @@ Any field of hmdlm_jax/config/schema.py can be overridden (`--config.train.num_s
 config is loaded and resolved here, once (hmdlm_jax/config); the run is checked whole before it
 writes anything (hmdlm_jax/preflight.py): a mistake ends it with ONE line `hmdlm_jax: error: ...`
 naming the file or field, exit code 1, every file left as it was. Rerunning a train command
-resumes from DIR's latest checkpoint; SIGTERM checkpoints and exits.
+resumes from DIR's latest checkpoint; SIGTERM and Ctrl-C (SIGINT) checkpoint and exit (code 0,
+resp. 130).
 """
 
 from __future__ import annotations
 
 import os
+import signal
 import sys
 from typing import Any, Sequence
 
@@ -131,7 +133,7 @@ def main(argv: list[str]) -> None:
     _fail(f'unexpected arguments {argv[1:]}: flags are written --name=value.')
   logging.get_absl_handler().addFilter(_QuietLibraries())
   try:
-    run(_MODE.value, _CONFIG.value, _WORKDIR.value, step=_STEP.value, inputs=_INPUTS.value,
+    result = run(_MODE.value, _CONFIG.value, _WORKDIR.value, step=_STEP.value, inputs=_INPUTS.value,
         input_file=_INPUT_FILE.value, out=_OUT.value, overwrite=_OVERWRITE.value,
         resume_with_changes=_RESUME_WITH_CHANGES.value, argv=sys.argv)
   except (ValueError, OSError, train.NonFiniteLossError) as e:
@@ -139,6 +141,10 @@ def main(argv: list[str]) -> None:
     logging.debug('Fatal error', exc_info=True)
     what = '' if isinstance(e, (ValueError, train.NonFiniteLossError)) else f'{type(e).__name__}: '
     _fail(what + str(e), ' (--verbosity=1 prints the traceback)')
+  # Ctrl-C stopped training after a checkpoint: exit as an interrupted command does (128 + 2), so
+  # a shell script or `make` stops too; SIGTERM (a scheduler's preemption) exits 0.
+  if _MODE.value == 'train' and result['stop_reason'] == f'signal {signal.SIGINT.name}':
+    sys.exit(128 + signal.SIGINT)
 
 
 def parse_flags(argv: list[str]) -> list[str]:

@@ -72,6 +72,15 @@ def check_resume(config: config_lib.Config, workdir: str, model: nn.Module, *,
     step = ckpt.latest_step()
     if step is None:
       return None
+    num_steps = int(config.train.num_steps)
+    # The loop would not run and the command would end with exit 0 and no word. Equal is let
+    # through: rerunning a finished (or preempted-at-its-last-step) command is the documented
+    # resume, and finishes the run (its final evaluation).
+    if step > num_steps:
+      raise ValueError(
+          f'--workdir={workdir!r} holds a checkpoint at step {step}; train.num_steps={num_steps} '
+          'is below it, so there is nothing to train. Raise train.num_steps above '
+          f'{step} to train on, or use another --workdir to start afresh.')
     stored, where = _stored_config(ckpt, workdir, step)
     changes = workdir_lib.config_changes(stored, config)
     if changes and not resume_with_changes:

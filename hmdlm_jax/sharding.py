@@ -98,6 +98,24 @@ def slurm_local_device_ids(environ: Mapping[str, str] | None = None) -> list[int
   return list(range(local * share, (local + 1) * share))
 
 
+def _cluster_detected() -> bool:
+  """Whether jax.distributed.initialize() without an address would find its cluster.
+
+  Without one JAX fails with "coordinator_address should be defined", naming neither our config
+  field nor the launchers; this asks JAX's own detectors, in JAX's order and with its opt-in rule,
+  so every environment JAX accepts passes (a private module: when it moves, the check steps
+  aside and JAX's own error remains).
+  """
+  if os.environ.get('JAX_COORDINATOR_ADDRESS'):
+    return True
+  try:
+    from jax._src import clusters  # pylint: disable=g-import-not-at-top
+    envs = list(clusters.ClusterEnv._cluster_types)  # pylint: disable=protected-access
+  except (ImportError, AttributeError):
+    return True
+  return any(not env.opt_in_only_method and env.is_env_present() for env in envs)
+
+
 def maybe_initialize_distributed(dist_cfg: Any) -> bool:
   """Calls `jax.distributed.initialize` when `distributed.enabled` (before any device use).
 
@@ -129,6 +147,13 @@ def maybe_initialize_distributed(dist_cfg: Any) -> bool:
     jax.distributed.initialize(coordinator_address=address, num_processes=num_processes,
                                process_id=process_id)
   else:
+    if not _cluster_detected():
+      raise ValueError(
+          'distributed.enabled=True, but distributed.coordinator_address is empty and no cluster '
+          'environment JAX can detect is present (SLURM, Open MPI, Cloud TPU pod, Kubernetes, '
+          'JAX_COORDINATOR_ADDRESS). Start the command through launch/slurm_gpu.sh or '
+          'launch/tpu_pod.sh, set distributed.coordinator_address / num_processes / process_id, '
+          'or drop distributed.enabled to train on this host alone.')
     # Auto-detection (TPU pod metadata, SLURM environment, ...); under SLURM, the GPUs of
     # each task where JAX's one-GPU-per-task guess is wrong.
     ids = slurm_local_device_ids()

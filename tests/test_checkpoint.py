@@ -26,10 +26,13 @@ def _finalized_steps(workdir: str) -> list[int]:
 
 
 def _start_and_signal(cmd: list[str], jax_cache: str, sig: int, workdir: str,
-                      after_step: int) -> subprocess.CompletedProcess:
-  """Starts `cmd`, sends `sig` once checkpoint `after_step` is finalised, waits for the exit."""
+                      after_step: int, group: bool = False) -> subprocess.CompletedProcess:
+  """Starts `cmd`, sends `sig` once checkpoint `after_step` is finalised, waits for the exit.
+
+  group: send it to the command's whole process group, as a terminal's Ctrl-C does.
+  """
   proc = subprocess.Popen(cmd, cwd=REPO, env=subprocess_env(jax_cache), stdout=subprocess.PIPE,
-                          stderr=subprocess.PIPE, text=True)
+                          stderr=subprocess.PIPE, text=True, start_new_session=group)
   deadline = time.monotonic() + 180
   try:
     while after_step not in _finalized_steps(workdir):
@@ -38,7 +41,10 @@ def _start_and_signal(cmd: list[str], jax_cache: str, sig: int, workdir: str,
         pytest.fail(f'run ended (rc={proc.returncode}) before checkpoint {after_step}:\n'
                     f'{err[-3000:]}')
       time.sleep(0.005)
-    proc.send_signal(sig)
+    if group:
+      os.killpg(proc.pid, sig)
+    else:
+      proc.send_signal(sig)
     out, err = proc.communicate(timeout=120)
   finally:
     if proc.poll() is None:
@@ -94,6 +100,44 @@ def test_sigterm_saves_current_step_and_exits_0(tmp_path, puzzle_cache, jax_cach
   assert not ckpt_lib.list_tmp_dirs(os.path.join(workdir, 'checkpoints'))
   state = load_checkpoint_state(workdir, last_logged)
   assert int(state['step']) == last_logged
+
+
+def test_ctrl_c_saves_current_step_and_exits_130(tmp_path, puzzle_cache, jax_cache):
+  # Ctrl-C was a KeyboardInterrupt traceback and no checkpoint; now it is handled as SIGTERM is,
+  # with the exit code of an interrupted command.
+  workdir = str(tmp_path / 'run')
+  done = _start_and_signal(main_cmd(workdir, puzzle_cache), jax_cache, signal.SIGINT, workdir,
+                           after_step=REF_CKPT, group=True)
+  assert done.returncode == 130, done.stderr[-3000:]
+  assert 'Traceback' not in done.stderr and 'KeyboardInterrupt' not in done.stderr
+  lines = [l for l in done.stdout.splitlines() if 'Received SIGINT' in l]
+  assert len(lines) == 1, done.stdout
+  last_logged = max(r['step'] for r in read_jsonl(os.path.join(workdir, 'metrics.jsonl')))
+  assert last_logged < REF_STEPS, 'SIGINT arrived after the run had finished'
+  assert lines[0].startswith(f'Received SIGINT at step {last_logged}: checkpoint saved to ')
+  assert os.path.join(workdir, 'checkpoints', str(last_logged)) in lines[0]
+  assert _finalized_steps(workdir)[-1] == last_logged  # a checkpoint of the step it stopped at
+  assert not ckpt_lib.list_tmp_dirs(os.path.join(workdir, 'checkpoints'))
+  assert int(load_checkpoint_state(workdir, last_logged)['step']) == last_logged
+
+
+def test_num_steps_below_the_checkpoint_is_refused_untouched(tmp_path, puzzle_cache, jax_cache):
+  # It exited 0 without training and without a word.
+  workdir = str(tmp_path / 'run')
+  first = run_cmd(main_cmd(workdir, puzzle_cache, '--config.train.num_steps=4',
+                           '--config.train.final_eval=False'), jax_cache, timeout=300)
+  assert first.returncode == 0, first.stderr[-3000:]
+  assert _finalized_steps(workdir) == [4]
+  before = dir_hash(workdir)
+  done = run_cmd(main_cmd(workdir, puzzle_cache, '--config.train.num_steps=2'), jax_cache,
+                 timeout=300)
+  assert done.returncode == 1, done.stderr[-3000:]
+  errors = [l for l in done.stderr.splitlines() if l.startswith('hmdlm_jax: error:')]
+  assert len(errors) == 1 and 'Traceback' not in done.stderr, done.stderr[-3000:]
+  for part in ('checkpoint at step 4', 'train.num_steps=2 is below it',
+               'Raise train.num_steps', 'another --workdir'):
+    assert part in errors[0], errors[0]
+  assert dir_hash(workdir) == before  # runs.jsonl and every other file byte-identical
 
 
 # ----------------------------------------------------------------------------- bad directories

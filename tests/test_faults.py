@@ -413,6 +413,26 @@ def test_binary_corpus_names_file_and_field(tmp_path):
     text_data.make_text_dataset(config, 'train', seed=0, process_index=0, process_count=1)
 
 
+@pytest.mark.parametrize('field', ['train_path', 'test_path'])
+def test_empty_corpus_names_field_and_file(tmp_path, jax_cache, field):
+  # It was "0 examples, fewer than the 1 processes", naming neither.
+  paths = {'train_path': tmp_path / 'train.txt', 'test_path': tmp_path / 'test.txt'}
+  paths['train_path'].write_text('a line of text\n' * 8, encoding='utf-8')
+  paths['test_path'].write_text('another line\n' * 8, encoding='utf-8')
+  paths[field].write_text('\n  \n', encoding='utf-8')  # blank lines only: no example
+  workdir = tmp_path / 'run'
+  before = dir_hash(str(tmp_path))
+  done = run_cmd([sys.executable, '-m', 'hmdlm_jax.main', '--config=configs/text.py',
+                  f'--workdir={workdir}', f'--config.data.train_path={paths["train_path"]}',
+                  f'--config.data.test_path={paths["test_path"]}',
+                  '--config.data.test_fraction=0.0', '--config.data.num_workers=0'], jax_cache)
+  assert done.returncode == 1, done.stderr[-3000:]
+  errors = [l for l in done.stderr.splitlines() if l.startswith(PREFIX)]
+  assert len(errors) == 1 and 'Traceback' not in done.stderr, done.stderr[-3000:]
+  assert f"config.data.{field}='{paths[field]}' holds no examples" in errors[0], errors[0]
+  assert not workdir.exists() and dir_hash(str(tmp_path)) == before
+
+
 # ----------------------------------------------------------------------------- SIGKILL campaign
 
 KILL_TRIALS = 6

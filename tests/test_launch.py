@@ -214,6 +214,43 @@ def test_slurm_tasks_get_every_gpu_of_their_node():
               'JAX_LOCAL_DEVICE_IDS': '0'}) is None
 
 
+# Every variable a JAX cluster detector reads (jax/_src/clusters): none may leak into the probe.
+_CLUSTER_VARS = ('SLURM_', 'OMPI_', 'KUBERNETES_SERVICE_HOST', 'TPU_', 'JAX_COORDINATOR_ADDRESS')
+
+
+def test_distributed_without_a_cluster_is_one_line(tmp_path, jax_cache):
+  # JAX's "coordinator_address should be defined." named neither the field nor the launchers.
+  env = {k: v for k, v in subprocess_env(jax_cache).items() if not k.startswith(_CLUSTER_VARS)}
+  workdir = tmp_path / 'run'
+  proc = subprocess.run([sys.executable, '-m', 'hmdlm_jax.main', '--config=configs/tiny_test.py',
+                         f'--workdir={workdir}', '--config.distributed.enabled=True'],
+                        cwd=REPO, env=env, capture_output=True, text=True, timeout=120,
+                        check=False)
+  assert proc.returncode == 1, proc.stderr[-3000:]
+  errors = [l for l in proc.stderr.splitlines() if l.startswith(ERROR)]
+  assert len(errors) == 1 and 'Traceback' not in proc.stderr, proc.stderr[-3000:]
+  for part in ('distributed.enabled=True', 'distributed.coordinator_address',
+               'launch/slurm_gpu.sh', 'launch/tpu_pod.sh'):
+    assert part in errors[0], errors[0]
+  assert not workdir.exists() and not os.listdir(tmp_path)
+
+
+def test_stand_in_clusters_pass_the_cluster_check(monkeypatch):
+  for k in list(os.environ):
+    if k.startswith(_CLUSTER_VARS):
+      monkeypatch.delenv(k)
+  assert not sharding._cluster_detected()  # pylint: disable=protected-access
+  with monkeypatch.context() as m:  # tests/cluster_standins/srun's variables
+    for k, v in dict(SLURM_JOB_ID='7', SLURM_STEP_NODELIST='localhost', SLURM_NTASKS='2',
+                     SLURM_PROCID='0', SLURM_LOCALID='0').items():
+      m.setenv(k, v)
+    assert sharding._cluster_detected()  # pylint: disable=protected-access
+  with monkeypatch.context() as m:  # tests/cluster_standins/gcloud's workers
+    m.setenv('OMPI_MCA_orte_hnp_uri', '4096.0;tcp://127.0.0.1:1')
+    m.setenv('JAX_COORDINATOR_PORT', '1234')
+    assert sharding._cluster_detected()  # pylint: disable=protected-access
+
+
 @pytest.mark.parametrize('args,env,says', [
     ([], {}, 'no subcommand'),
     (['start'], {}, "unknown subcommand 'start'"),

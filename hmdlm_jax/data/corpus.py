@@ -319,7 +319,9 @@ def make_corpus_dataset(config: Any, split: str, *, seed: int, process_index: in
                      'tokenizer or set data.tokenizer to the one it was prepared with.')
   docs = Documents(root, manifest)
   if len(docs) < process_count:
-    raise ValueError(f'{root}: {len(docs)} documents, fewer than the {process_count} processes.')
+    raise ValueError(f'config.data.corpus_dir={d.corpus_dir!r}: its {split} split ({root}) holds '
+                     f'{len(docs)} documents, fewer than the {process_count} processes; prepare '
+                     'it from a larger corpus (python -m hmdlm_jax.data.prepare).')
   train = split == 'train'
   if d.packing == 'truncate' and not train:
     encode = text_lib.EncodeRows(tok, _decode_pieces, seq_len, d.overlong)

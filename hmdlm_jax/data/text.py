@@ -17,6 +17,7 @@ of each example's text (docs/method.md §6, "Offline text").
 from __future__ import annotations
 
 import hashlib
+import os
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -243,8 +244,32 @@ def check_local_paths(config: Any) -> None:
   if not d.train_path:
     raise ValueError(f'config.data.train_path is empty; data.kind={d.kind!r} reads local files.')
   for field in ('train_path', 'test_path'):
-    if getattr(d, field) and not storage.as_path(getattr(d, field)).exists():
-      raise ValueError(f'config.data.{field}={getattr(d, field)!r}: no such file or folder.')
+    path = getattr(d, field)
+    if path and not storage.as_path(path).exists():
+      raise ValueError(f'config.data.{field}={path!r}: no such file or folder.')
+    # The test split is read only at the first evaluation, after training has written the
+    # workdir: an empty file is refused here, before anything is written.
+    if path and not _has_text(path):
+      raise ValueError(no_examples(field, path))
+
+
+def no_examples(field: str, path: str) -> str:
+  return (f'config.data.{field}={path!r} holds no examples (empty, or blank lines only): point it '
+          'at a file (or folder) with text in it.')
+
+
+def _has_text(path: str) -> bool:
+  """Whether the file, or one of the folder's .txt/.jsonl/.json files, has a non-blank byte;
+  reads up to the first one (the first block of a real corpus)."""
+  p = storage.as_path(path)
+  files = (sorted(f for f in p.iterdir() if f.is_file() and f.suffix in ('.txt', '.jsonl', '.json'))
+           if p.is_dir() else [p])
+  for f in files:
+    with storage.open_file(os.fspath(f), 'rb') as fh:
+      while block := fh.read(1 << 16):
+        if block.strip():
+          return True
+  return not files  # a folder without such files gets read_text_files' own error
 
 
 def check_text_config(config: Any, *, allowed_rules: Sequence[str]) -> None:
@@ -406,24 +431,36 @@ def split_examples(examples: Sequence[Any], split: str, fraction: float,
 
 def split_records(config: Any, split: str, read: Callable[[str, str], list[Any]],
                   key: Callable[[Any], str]) -> list[Any]:
-  """Records of `split` from data.train_path / data.test_path, or one path + data.test_fraction."""
+  """Records of `split` from data.train_path / data.test_path, or one path + data.test_fraction.
+  An empty one is refused here, naming field and file (later: "0 examples, fewer than ...")."""
   d = config.data
   if split not in SPLITS:
     raise ValueError(f'split={split!r}; allowed: {SPLITS}.')
   if not d.train_path:
     raise ValueError(f'config.data.train_path is empty; data.kind={d.kind!r} reads local files.')
   fraction = d.test_fraction
+
+  def read_some(field: str) -> list[Any]:
+    if not (records := read(getattr(d, field), f'data.{field}')):
+      raise ValueError(no_examples(field, getattr(d, field)))
+    return records
+
   if d.test_path:
     if fraction:
       raise ValueError('Set either config.data.test_path or config.data.test_fraction, not both.')
-    field = 'train_path' if split == 'train' else 'test_path'
-    return read(getattr(d, field), f'data.{field}')
+    return read_some('train_path' if split == 'train' else 'test_path')
   if not fraction:
     if split == 'train':
-      return read(d.train_path, 'data.train_path')  # no held-out part: train on everything
+      return read_some('train_path')  # no held-out part: train on everything
     raise ValueError('config.data.test_path is empty and config.data.test_fraction is 0: there is '
                      'no test split; set one of them.')
-  return split_examples(read(d.train_path, 'data.train_path'), split, fraction, key)
+  records = read_some('train_path')
+  part = split_examples(records, split, fraction, key)
+  if not part:
+    raise ValueError(f'config.data.test_fraction={fraction} leaves the {split} split of '
+                     f'config.data.train_path={d.train_path!r} ({len(records)} examples) empty: '
+                     'change data.test_fraction, add examples, or set data.test_path.')
+  return part
 
 
 def ids_pieces(ids: np.ndarray) -> list[tuple[np.ndarray, int]]:
