@@ -133,9 +133,10 @@ def main(argv: list[str]) -> None:
     _fail(f'unexpected arguments {argv[1:]}: flags are written --name=value.')
   logging.get_absl_handler().addFilter(_QuietLibraries())
   try:
-    result = run(_MODE.value, _CONFIG.value, _WORKDIR.value, step=_STEP.value, inputs=_INPUTS.value,
-        input_file=_INPUT_FILE.value, out=_OUT.value, overwrite=_OVERWRITE.value,
-        resume_with_changes=_RESUME_WITH_CHANGES.value, argv=sys.argv)
+    result = run(_MODE.value, _CONFIG.value, _WORKDIR.value, step=_STEP.value,
+                 inputs=_INPUTS.value, input_file=_INPUT_FILE.value, out=_OUT.value,
+                 overwrite=_OVERWRITE.value, resume_with_changes=_RESUME_WITH_CHANGES.value,
+                 argv=sys.argv)
   except (ValueError, OSError, train.NonFiniteLossError) as e:
     # Config/data/workdir/checkpoint problems, a failing disk and the NaN guard: one clear line.
     logging.debug('Fatal error', exc_info=True)

@@ -135,25 +135,13 @@ class ShuffledEpochs(Sequence):
     return {**self.__dict__, '_cache': {}}
 
 
-class LabelBatch(grain.transforms.Map):
+class LabelBatch(text_lib.AssignLevels):
   """Grain map on a batch of wrap rows {'tokens', 'segments'} [B, L] -> the batch contract:
-  tokens, levels [B, L] int32; given, loss_mask [B, L] bool; weight [B] float32 (rule
-  vectorised over the batch)."""
-
-  def __init__(self, rule: str, tau: int):
-    if rule not in text_lib.HIERARCHY_RULES:
-      raise ValueError(f'config.data.hierarchy={rule!r}; allowed: '
-                       f'{sorted(text_lib.HIERARCHY_RULES)}.')
-    self._fn = text_lib.HIERARCHY_RULES[rule][0]
-    self._tau = tau
+  `text.labelled_row` over the batch (its rules are vectorised over rows), weight [B] float32."""
 
   def map(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    tokens, segments = batch['tokens'], batch['segments']
-    given = segments == text_lib.SEG_PROMPT
-    return {'tokens': tokens.astype(np.int32),
-            'levels': self._fn(tokens, segments, self._tau).astype(np.int32),
-            'given': given, 'loss_mask': (segments != text_lib.SEG_PAD) & ~given,
-            'weight': np.ones(tokens.shape[:1], np.float32)}
+    row = text_lib.labelled_row(batch['tokens'], batch['segments'], self._rule, self._tau)
+    return {**row, 'weight': np.ones(batch['tokens'].shape[:1], np.float32)}
 
 
 class AppendEos(grain.transforms.Map):
@@ -249,10 +237,6 @@ class TruncateRow(grain.transforms.Map):
     return {'tokens': tokens, 'segments': segments}
 
 
-def _is_row(row: dict[str, np.ndarray] | None) -> bool:
-  return row is not None  # module level: worker processes pickle the pipeline
-
-
 def wrap_stream(docs: Sequence[np.ndarray], eos_id: int) -> np.ndarray:
   """The wrap stream of documents in order: doc_0 EOS doc_1 EOS ... (int32 [sum(n_i + 1)])."""
   parts = [np.append(np.asarray(d, np.int32), np.int32(eos_id)) for d in docs]
@@ -295,10 +279,6 @@ def wrap_row_counts(lengths: np.ndarray, process_count: int, seq_len: int) -> li
 # ----------------------------------------------------------------------------- the pipeline
 
 
-def _decode_pieces(ids: np.ndarray) -> list[tuple[np.ndarray, int]]:
-  return text_lib.ids_pieces(ids)  # module level: worker processes pickle the pipeline
-
-
 def make_corpus_dataset(config: Any, split: str, *, seed: int, process_index: int,
                         process_count: int) -> grain.IterDataset:
   """Batches {tokens, levels [B, L] int32; given, loss_mask [B, L] bool; weight [B]} of a prepared
@@ -324,7 +304,7 @@ def make_corpus_dataset(config: Any, split: str, *, seed: int, process_index: in
                      'it from a larger corpus (python -m hmdlm_jax.data.prepare).')
   train = split == 'train'
   if d.packing == 'truncate' and not train:
-    encode = text_lib.EncodeRows(tok, _decode_pieces, seq_len, d.overlong)
+    encode = text_lib.EncodeRows(tok, text_lib.ids_pieces, seq_len, d.overlong)
     return text_lib.batched_dataset(docs, encode, config, split, seed=seed,
                                     process_index=process_index, process_count=process_count)
   field = 'data.batch_size' if train else 'data.eval_batch_size'
@@ -340,7 +320,7 @@ def make_corpus_dataset(config: Any, split: str, *, seed: int, process_index: in
       if d.overlong == 'drop' and min(probe) > seq_len - 2:  # the stream would never yield
         raise ValueError(f'None of the first {len(probe)} train documents fits data.seq_len='
                          f'{seq_len} (data.overlong=\'drop\'); raise data.seq_len.')
-      ds = ds.map(TruncateRow(tok, seq_len, d.overlong)).filter(_is_row)
+      ds = ds.map(TruncateRow(tok, seq_len, d.overlong)).filter(text_lib.is_row)
     else:
       ds = ds.map(AppendEos(tok.eos_id))
     it = ds.to_iter_dataset(grain.ReadOptions(num_threads=threads, prefetch_buffer_size=buffer))

@@ -224,12 +224,7 @@ def write_shard(unit: dict[str, Any], tokenizer: str, text_field: str, dtype: st
 
 
 def _write_json_atomic(path: epath.Path, obj: Any) -> None:
-  if storage.is_url(path):  # an object is written whole or not at all
-    path.write_text(json.dumps(obj, indent=1))
-    return
-  tmp = path.with_name(path.name + '.tmp')
-  tmp.write_text(json.dumps(obj, indent=1))
-  tmp.rename(path)
+  storage.write_text(os.fspath(path), json.dumps(obj, indent=1))  # whole or not at all
 
 
 def _finished(out: epath.Path, name: str) -> dict[str, Any] | None:
@@ -270,8 +265,9 @@ def prepare(inputs: str, output: str, tokenizer: str, *, split: str = 'train', w
                        'new --output, or the same --input, --text_field, --text_unit, --shard_mb.')
   else:
     _write_json_atomic(plan_file, head)
-  for partial in out.glob('*.tmp*'):  # left by an interrupted run (one run per output at a time)
-    partial.unlink()
+  for partial in out.iterdir():  # left by an interrupted run (one run per output at a time)
+    if '.tmp' in partial.name or storage.is_partial(partial.name):
+      partial.unlink()
   done = {u['name']: _finished(out, u['name']) for u in units}
   todo = [u for u in units if done[u['name']] is None]
   remote = storage.is_url(output)

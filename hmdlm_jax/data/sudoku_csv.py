@@ -11,11 +11,11 @@ line, or the caller's `where`).
 from __future__ import annotations
 
 import os
-import tempfile
 from collections.abc import Callable, Sequence
 
 import numpy as np
 
+from hmdlm_jax import storage
 from hmdlm_jax.data import pipeline
 from hmdlm_jax.data import sudoku
 
@@ -130,7 +130,7 @@ def read_puzzles(path: str, *, need_solution: bool = False
 
 
 def write_csv(path: str, quiz: np.ndarray, solution: np.ndarray) -> None:
-  """Write `quiz,solution` rows atomically (temp file in the same folder + os.replace)."""
+  """Write `quiz,solution` rows atomically (storage.write_bytes)."""
   quiz, solution = np.asarray(quiz), np.asarray(solution)
   if quiz.shape != solution.shape or quiz.ndim != 2 or quiz.shape[1] != sudoku.NUM_CELLS:
     raise ValueError(f'quiz and solution must both be [N, 81], got {quiz.shape}, {solution.shape}')
@@ -138,18 +138,8 @@ def write_csv(path: str, quiz: np.ndarray, solution: np.ndarray) -> None:
   ascii_digits = lambda g: (np.asarray(g, np.uint8) + ord('0')).astype(np.uint8)
   rows = np.concatenate([ascii_digits(quiz), np.full((n, 1), ord(','), np.uint8),
                          ascii_digits(solution), np.full((n, 1), ord('\n'), np.uint8)], axis=1)
-  folder = os.path.dirname(os.path.abspath(path))
-  os.makedirs(folder, exist_ok=True)
-  fd, tmp = tempfile.mkstemp(dir=folder, prefix='.tmp_sudoku_', suffix='.csv')
-  try:
-    with os.fdopen(fd, 'wb') as f:
-      f.write(b'quiz,solution\n')
-      f.write(rows.tobytes())
-    os.replace(tmp, path)
-  except BaseException:
-    if os.path.exists(tmp):
-      os.unlink(tmp)
-    raise
+  storage.makedirs(os.path.dirname(storage.absolute(path)))
+  storage.write_bytes(path, b'quiz,solution\n' + rows.tobytes())
 
 
 class PalmCsvSource:

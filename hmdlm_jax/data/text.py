@@ -295,7 +295,7 @@ def check_text_config(config: Any, *, allowed_rules: Sequence[str]) -> None:
 # ----------------------------------------------------------------------------- pipeline
 
 
-def _is_row(row: dict[str, np.ndarray] | None) -> bool:
+def is_row(row: dict[str, np.ndarray] | None) -> bool:
   return row is not None  # a module-level function: worker processes pickle the pipeline
 
 
@@ -343,7 +343,7 @@ def batched_dataset(records: Sequence[Any], encode: EncodeRows, config: Any, spl
     (shuffle_seed,) = pipeline.derive_seeds(seed, split, 1)
     ds = grain.MapDataset.source(records)[process_index::process_count]
     ds = ds.shuffle(seed=shuffle_seed).repeat()
-    ds = ds.map(encode).filter(_is_row).map(label)
+    ds = ds.map(encode).filter(is_row).map(label)
     return _finalize_train(ds, config, batch)
   if encode.may_drop:
     rows = [row for row in map(encode.map, records) if row is not None]
