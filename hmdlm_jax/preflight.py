@@ -117,8 +117,8 @@ def check_checkpoint(config: config_lib.Config, workdir: str, step: int | None,
       if not changes:
         raise
       raise ValueError(f'checkpoint {ckpt.step_dir(step)!r} holds another model ({where}): '
-                       + '; '.join(changes) + '. Use the config it was trained with (its '
-                       f'config.json / runs.jsonl). {e}') from e
+                       + '; '.join(changes) + f'. Use the config it was trained with: '
+                       f'--config={workdir}. {e}') from e
     return step
   finally:
     ckpt.close()

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
 import subprocess
+import sys
 import time
 
 import jax
@@ -246,3 +248,23 @@ def test_restore_round_trip_with_iterator_state(tmp_path):
   np.testing.assert_array_equal(np.asarray(restored['w']), np.asarray(state['w']))
   np.testing.assert_array_equal(next(it2), expected_next)
   ckpt.close()
+
+
+def test_eval_with_the_run_directory_as_config(reference_run, tmp_path, jax_cache):
+  """`--config=DIR` evaluates with the config DIR was trained with (no retyped overrides), and
+  overrides still apply on top of it (here: raw instead of EMA parameters)."""
+  workdir = str(tmp_path / 'run')
+  shutil.copytree(reference_run['workdir'], workdir)
+  out = str(tmp_path / 'out')
+  proc = run_cmd([sys.executable, '-m', 'hmdlm_jax.main', f'--config={workdir}',
+                  f'--workdir={workdir}', '--mode=eval', f'--out={out}',
+                  '--config.eval.use_ema=False'], jax_cache)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  report = json.load(open(os.path.join(out, f'eval_{REF_STEPS}.json'), encoding='utf-8'))
+  assert report['step'] == REF_STEPS and report['use_ema'] is False
+  before = dir_hash(workdir)
+  proc = run_cmd([sys.executable, '-m', 'hmdlm_jax.main', f'--config={tmp_path / "nothing"}',
+                  f'--workdir={workdir}', '--mode=eval', f'--out={out}'], jax_cache)
+  assert proc.returncode == 1 and dir_hash(workdir) == before
+  assert proc.stderr.strip().splitlines()[-1].startswith(
+      f'hmdlm_jax: error: --config={tmp_path / "nothing"}: no such file or run directory')

@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 import pathlib
 import re
 
@@ -170,3 +171,27 @@ def test_resolve_runs_once_per_run(tmp_path, monkeypatch, puzzle_cache):
   c.sample.num_steps = 4
   main.run('train', c, str(tmp_path / 'w'))
   assert len(calls) == 1
+
+
+@pytest.mark.parametrize('name', sorted(
+    p.stem for p in (ROOT / 'hmdlm_jax' / 'configs').glob('*.py')
+    if p.stem not in ('__init__', 'base')))
+def test_a_run_directory_is_its_recorded_config(tmp_path, name):
+  """`--config=DIR` reads DIR/config.json (what training records) back into the same Config,
+  for every shipped experiment: resolving a resolved config changes nothing."""
+  from hmdlm_jax import workdir as workdir_lib  # pylint: disable=g-import-not-at-top
+  config = config_lib.resolve(config_lib.load(f'configs/{name}.py', ['--config.seed=3']))
+  (tmp_path / 'config.json').write_text(json.dumps(workdir_lib.config_to_dict(config)))
+  assert config_lib.resolve(config_lib.load(str(tmp_path))) == config
+  assert config_lib.resolve(config_lib.load(str(tmp_path / 'config.json'))) == config
+  again = config_lib.resolve(config_lib.load(str(tmp_path), ['--config.train.num_steps=7']))
+  assert again == dataclasses.replace(
+      config, train=dataclasses.replace(config.train, num_steps=7))
+
+
+def test_a_run_directory_without_its_config_is_named(tmp_path):
+  with pytest.raises(ValueError, match=r'no run config .*config\.json.*--config=DIR takes a run'):
+    config_lib.load(str(tmp_path))
+  (tmp_path / 'config.json').write_text('{not json')
+  with pytest.raises(ValueError, match=r'is not a readable run config \(JSONDecodeError'):
+    config_lib.load(str(tmp_path))

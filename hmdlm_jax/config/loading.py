@@ -1,4 +1,5 @@
-"""Loading an experiment: a `configs/*.py` file plus `--config.a.b=value` overrides.
+"""Loading an experiment: a `configs/*.py` file (or a run directory's recorded config.json) plus
+`--config.a.b=value` overrides.
 
 The entry point, the scripts and the benchmarks all call `load` (one dialect: ml_collections'
 config flags), then `resolve` once. Every mistake is one ValueError naming the file or field.
@@ -14,8 +15,12 @@ from absl import flags
 import ml_collections
 from ml_collections import config_flags
 
+from hmdlm_jax import storage
+
 CONFIGS_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), 'configs')
 DEFAULT_CONFIG = os.path.join(CONFIGS_DIR, 'sudoku.py')
+# `--config=DIR` (a run directory) is read as this experiment file with DIR/config.json.
+RECORDED = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'recorded.py')
 OVERRIDE_PREFIXES = ('--config.', '--noconfig.')
 
 
@@ -62,8 +67,22 @@ def packaged(path: str) -> str:
   return candidate if os.path.isfile(candidate) else path
 
 
+def recorded_path(spec: str) -> str | None:
+  """The config.json that `--config=spec` names when `spec` is a run directory (local or a URL)
+  or a .json file, else None (an experiment file)."""
+  if spec.endswith('.json'):
+    return spec
+  if storage.is_url(spec) or os.path.isdir(spec):
+    return storage.join(spec, 'config.json')
+  return None
+
+
 def _split(spec: str) -> tuple[str, str | None]:
-  """(file, argument) of `spec` (`path` or `path:arg`), the file resolved by `packaged`."""
+  """(file, argument) of `spec` (`path` or `path:arg`), the file resolved by `packaged`; a run
+  directory's is `RECORDED` with its config.json."""
+  recorded = recorded_path(spec)
+  if recorded is not None:
+    return RECORDED, recorded
   path, arg = packaged(spec), None
   if not os.path.isfile(path) and ':' in spec and os.path.isfile(packaged(spec.rsplit(':', 1)[0])):
     path, arg = spec.rsplit(':', 1)
@@ -86,9 +105,13 @@ def load_file(spec: str) -> ml_collections.ConfigDict:
   """
   path, arg = _split(spec)
   flag = f'--config={spec}'
+  if path == RECORDED and not storage.isfile(arg):
+    raise ValueError(f'{flag}: no run config {arg!r}; --config=DIR takes a run directory that '
+                     'training wrote (its config.json), or give an experiment file.')
   if not os.path.isfile(path):
-    raise ValueError(f'{flag}: no such file; give an experiment file with get_config(), e.g. '
-                     '--config=configs/sudoku.py (the experiments are in configs/).')
+    raise ValueError(f'{flag}: no such file or run directory; give an experiment file with '
+                     'get_config(), e.g. --config=configs/sudoku.py (the experiments are in '
+                     'configs/), or a trained run\'s --workdir.')
   try:
     module_spec = importlib.util.spec_from_file_location('_hmdlm_checked_config', path)
     module = importlib.util.module_from_spec(module_spec)
@@ -104,6 +127,9 @@ def load_file(spec: str) -> ml_collections.ConfigDict:
   try:
     config = module.get_config() if arg is None else module.get_config(arg)
   except Exception as e:  # pylint: disable=broad-except
+    if path == RECORDED:
+      raise ValueError(f'{flag}: {arg!r} is not a readable run config ({type(e).__name__}: '
+                       f'{e}).') from None
     raise ValueError(f'{flag}: get_config() raised {type(e).__name__}: {e}') from None
   if not isinstance(config, ml_collections.ConfigDict):
     raise ValueError(f'{flag}: get_config() returned {type(config).__name__}, not an '
