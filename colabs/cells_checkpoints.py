@@ -176,7 +176,7 @@ sentences_file.write_text('\\n'.join(SENTENCES) + '\\n')
 ppl_cfg = text_cfg.copy_and_resolve_references()
 ppl_cfg.data.test_path = str(sentences_file)
 ppl_cfg.data.test_fraction = 0.0
-report = main.run('eval', ppl_cfg, str(text_run), overwrite=True)  # a rerun replaces eval_<step>.json
+report = main.run('eval', ppl_cfg, str(text_run), overwrite=True)  # a rerun replaces its report
 (WORKDIR / 'sentences_perplexity.json').write_text(json.dumps(report['results'], indent=1))
 p = report['results']['perplexity']
 print(f"bound {p['bound_nats_per_token']:.3f} nats/token -> PPL {p['ppl']:.1f} over {p['num_tokens']} tokens")'''),

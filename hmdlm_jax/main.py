@@ -59,7 +59,8 @@ _OUT = flags.DEFINE_string('out', None, 'eval/sample mode: output directory (def
                            'workdir, when it is writable).')
 _STEP = flags.DEFINE_integer('step', None, 'eval/sample mode: checkpoint step (default: latest).')
 _OVERWRITE = flags.DEFINE_bool('overwrite', False, 'eval/sample mode: replace the outputs of an '
-                               'earlier run (eval_<step>.json, samples_<step>.jsonl, pictures/).')
+                               'earlier run (eval_<step>_test_allrows*.json, samples_<step>.jsonl, '
+                               'pictures/).')
 _RESUME_WITH_CHANGES = flags.DEFINE_bool(
     'resume_with_changes', False, 'train mode: resume although the model / process / optimiser '
     'config differs from the checkpoint\'s (a changed parameter shape still fails).')

@@ -8,7 +8,7 @@ DIR; eval / sample in their output directory, DIR unless --out).
 
 A rejected run writes nothing: no config.json, no runs.jsonl line, no directory. Eval and sample
 runs never create or write into DIR unless it is also their output directory (the default, when
-DIR is writable); their outputs (eval_<step>.json, samples_<step>.jsonl, pictures/) are never
+DIR is writable); their outputs (evaluation reports, samples_<step>.jsonl, pictures/) are never
 replaced without --overwrite.
 """
 

@@ -39,6 +39,7 @@ from typing import Any
 
 from benchmarks import common
 from hmdlm_jax import config as config_lib
+from hmdlm_jax.evaluation import reports
 from scripts import stats
 from scripts import step_cost
 
@@ -76,7 +77,11 @@ def read_run(workdir: str) -> dict[str, Any] | None:
     return None
   with open(summary, encoding='utf-8') as f:
     s = json.load(f)
-  path = os.path.join(workdir, f'eval_{s["step"]}.json')
+  with open(os.path.join(workdir, 'config.json'), encoding='utf-8') as f:
+    config = json.load(f)
+  rows = int(config['eval']['num_examples']) or None
+  path = os.path.join(workdir, reports.eval_file(s['step'], rows, config['sample']['seeds'],
+                                                 in_training=True))
   if not os.path.isfile(path):
     return None
   with open(path, encoding='utf-8') as f:

@@ -252,17 +252,29 @@ def test_restore_round_trip_with_iterator_state(tmp_path):
 
 def test_eval_with_the_run_directory_as_config(reference_run, tmp_path, jax_cache):
   """`--config=DIR` evaluates with the config DIR was trained with (no retyped overrides), and
-  overrides still apply on top of it (here: raw instead of EMA parameters)."""
+  overrides still apply on top of it (here: raw instead of EMA parameters). Its report lands
+  beside training's final evaluation of the same step without replacing it."""
   workdir = str(tmp_path / 'run')
   shutil.copytree(reference_run['workdir'], workdir)
-  out = str(tmp_path / 'out')
+  # Rerunning the finished training (num_steps = its step) runs its final evaluation.
   proc = run_cmd([sys.executable, '-m', 'hmdlm_jax.main', f'--config={workdir}',
-                  f'--workdir={workdir}', '--mode=eval', f'--out={out}',
-                  '--config.eval.use_ema=False'], jax_cache)
+                  f'--workdir={workdir}', '--config.train.final_eval=True'], jax_cache)
   assert proc.returncode == 0, proc.stderr[-3000:]
-  report = json.load(open(os.path.join(out, f'eval_{REF_STEPS}.json'), encoding='utf-8'))
+  training = os.path.join(workdir, f'eval_{REF_STEPS}_test_8rows_seeds0_in_training.json')
+  with open(training, 'rb') as f:
+    training_bytes = f.read()
+  proc = run_cmd([sys.executable, '-m', 'hmdlm_jax.main', f'--config={workdir}',
+                  f'--workdir={workdir}', '--mode=eval', '--config.eval.use_ema=False'], jax_cache)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  name = f'eval_{REF_STEPS}_test_allrows_seeds0.json'
+  with open(os.path.join(workdir, name), encoding='utf-8') as f:
+    report = json.load(f)
   assert report['step'] == REF_STEPS and report['use_ema'] is False
+  assert report['num_examples'] is None
+  with open(training, 'rb') as f:
+    assert f.read() == training_bytes
   before = dir_hash(workdir)
+  out = str(tmp_path / 'out')
   proc = run_cmd([sys.executable, '-m', 'hmdlm_jax.main', f'--config={tmp_path / "nothing"}',
                   f'--workdir={workdir}', '--mode=eval', f'--out={out}'], jax_cache)
   assert proc.returncode == 1 and dir_hash(workdir) == before

@@ -50,6 +50,26 @@ def test_tensorboard_tags_are_legal_without_a_log_line(tmp_path, caplog):
   assert metrics_lib.read_metrics(str(tmp_path))[0]['hierarchy/level_accuracy/t=1.0/prior'] == 0.5
 
 
+@pytest.mark.parametrize('config_file', ['configs/tiny_test.py', 'configs/text.py'])
+@pytest.mark.parametrize('num_examples', [0, 4])
+def test_training_and_eval_mode_reports_never_share_a_name(config_file, num_examples):
+  """Training's evaluations (eval.num_examples rows, no samples; 0 = all rows) and --mode=eval
+  (every row, samples) write different files, whose names say the rows and the seeds."""
+  config = config_lib.resolve(config_lib.load(config_file, [
+      f'--config.eval.num_examples={num_examples}', '--config.sample.seeds=(0,1)',
+      '--config.eval.num_samples=2']))
+  task = tasks.get(config)
+  training = task.report_name(config, 20, num_examples or None, in_training=True)
+  outputs = task.outputs(config, 'eval', 20)
+  assert training not in outputs and outputs[0].startswith('eval_20_test_allrows_seeds0-1')
+  assert training.startswith(f'eval_20_test_{num_examples or "all"}rows')
+  assert training.endswith('_in_training.json')
+  if config_file.endswith('text.py'):  # text draws samples only in --mode=eval, beside the report
+    assert outputs == ('eval_20_test_allrows_seeds0-1.json',
+                       'eval_20_test_allrows_seeds0-1_samples.jsonl')
+    assert '_seeds' not in training
+
+
 def test_registry_keys_and_eval_kind_check():
   config = base_config.get_base_config()
   assert sorted(tasks.TASKS) == ['corpus', 'lm1b', 'sudoku', 'text', 'wikihow']
@@ -132,7 +152,7 @@ def test_entry_points_from_a_checkpoint(tmp_path, capsys):
   capsys.readouterr()
 
   report = eval_run.run_eval(config, workdir, progress=False)
-  saved = _read_json(os.path.join(workdir, 'eval_7.json'))
+  saved = _read_json(os.path.join(workdir, 'eval_7_test_allrows_seeds0.json'))
   assert set(saved) == SCHEMA and saved['results']['num_puzzles'] == 6
   assert saved['step'] == 7 and saved['kind'] == 'sudoku' and saved['use_ema']
   assert saved['num_examples'] is None  # the whole test split
@@ -141,14 +161,15 @@ def test_entry_points_from_a_checkpoint(tmp_path, capsys):
   m = report['results']['greedy']['mean']
   assert 0.0 <= m['cell_accuracy'] <= 1.0 and m['num_puzzles'] == 6
   printed = capsys.readouterr().out
-  assert printed.startswith(f'Evaluation of step 7 (sudoku, EMA params) -> {workdir}/eval_7.json')
+  assert printed.startswith(f'Evaluation of step 7 (sudoku, EMA params) -> '
+                            f'{workdir}/eval_7_test_allrows_seeds0.json')
 
   # The training hook: the same schema on eval.num_examples, compiled once for all its calls.
   evaluator = eval_run.TrainingEvaluator(config, tasks.get(resolved(config)))
   flat = evaluator(config, state, 7, workdir)
   assert flat['num_puzzles'] == 4 and 0.0 <= flat['greedy/mean/cell_accuracy'] <= 1.0
   assert all(isinstance(v, float) for v in flat.values())
-  saved = _read_json(os.path.join(workdir, 'eval_7.json'))
+  saved = _read_json(os.path.join(workdir, 'eval_7_test_4rows_seeds0_in_training.json'))
   assert set(saved) == SCHEMA and saved['num_examples'] == 4 and saved['scalars'] == flat
   printed = capsys.readouterr().out  # the demo prints its figures at the end of training
   pct = f'{100 * flat["greedy/mean/cell_accuracy"]:.2f}%'
@@ -159,7 +180,8 @@ def test_entry_points_from_a_checkpoint(tmp_path, capsys):
   n0 = len(counter.events)
   evaluator(config, moved, 8, workdir)
   assert [n for n, _ in counter.events[n0:]] == []  # new parameters, no new compilation
-  assert set(_read_json(os.path.join(workdir, 'eval_8.json'))) == SCHEMA
+  saved = _read_json(os.path.join(workdir, 'eval_8_test_4rows_seeds0_in_training.json'))
+  assert set(saved) == SCHEMA
 
 
 # A child that writes one output and is killed part-way through it: its files may not grow past

@@ -125,7 +125,7 @@ def _define_probes(d: dict[str, str], cache: str, world_cache: str) -> None:
          t + [f'--workdir={d["ro_run"]}', '--mode=eval', f'--out={d["ro_out"]}',
               f'--config.data.cache_dir={world_cache}', "--config.eval.decodings=('greedy',)"],
          [d['ro_run']], nobody=True)
-  _probe('eval_again_same_out', ('eval_100.json exists', '--overwrite', '--out=ANOTHER_DIR'),
+  _probe('eval_again_same_out', ('eval_100_test_allrows_seeds0.json exists', '--overwrite', '--out=ANOTHER_DIR'),
          t + [f'--workdir={d["ro_run"]}', '--mode=eval', f'--out={d["ro_out"]}',
               f'--config.data.cache_dir={world_cache}', "--config.eval.decodings=('greedy',)"],
          [d['ro_run'], d['ro_out']], nobody=True)

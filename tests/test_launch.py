@@ -482,7 +482,8 @@ def test_tpu_slice_setup_run_logs_resume_stop(request, tmp_path, corpus, gcs, ja
     assert 'HMDLM_ALLOCATOR=glibc' in log  # passed on: the worker restarted with glibc settings
   assert _train_steps(gcs.jsonl(f'{prefix}/metrics.jsonl')) == [1, 2]
   assert _checkpoints(gcs, prefix) == ['2']
-  assert f'{prefix}/eval_2.json' in gcs.objects(prefix)  # the final evaluation, on the test split
+  # the final evaluation, on the test split's first eval.num_examples rows
+  assert f'{prefix}/eval_2_test_16rows_in_training.json' in gcs.objects(prefix)
   for home in homes:  # nothing of the run on the workers' disks but the log
     assert not os.path.exists(os.path.join(home, 'hmdlm_jax', 'gs:'))
     assert sorted(os.listdir(os.path.join(home, 'hmdlm_logs'))) == ['run.log']

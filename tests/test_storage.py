@@ -102,8 +102,8 @@ def test_gs_workdir_train_eval_sample(sandbox, gcs_env):
   sandbox.assert_nothing_local()
 
   names = gcs.objects('fast/')
-  for name in ('config.json', 'runs.jsonl', 'metrics.jsonl', 'train_summary.json', 'eval_4.json',
-               'samples_4.jsonl', 'checkpoints/2/commit_success.txt',
+  for name in ('config.json', 'runs.jsonl', 'metrics.jsonl', 'train_summary.json',
+               'eval_4_test_allrows_seeds0.json', 'samples_4.jsonl', 'checkpoints/2/commit_success.txt',
                'checkpoints/4/commit_success.txt'):
     assert f'fast/{name}' in names, sorted(names)
   assert any(n.startswith('fast/tb/events.out.tfevents.') and s > 0 for n, s in names.items())
@@ -116,7 +116,7 @@ def test_gs_workdir_train_eval_sample(sandbox, gcs_env):
   steps = [r['step'] for r in gcs.jsonl('fast/metrics.jsonl') if r['split'] == 'train']
   assert steps == [1, 2, 3, 4]
   assert json.loads(gcs.read('fast/train_summary.json'))['step'] == 4
-  assert json.loads(gcs.read('fast/eval_4.json'))
+  assert json.loads(gcs.read('fast/eval_4_test_allrows_seeds0.json'))['num_examples'] is None
   # The run as an init.workdir of another (warm_start reads its config.json and latest step).
   params, _, step = warm_start.read_workdir(run)
   assert step == 4 and params

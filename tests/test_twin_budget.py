@@ -31,7 +31,10 @@ def _write_run(wd, step, greedy, stochastic, wall):
   res = {'num_puzzles': 500}
   for name, (solve, cells) in (('greedy', greedy), ('stochastic', stochastic)):
     res[name] = {'mean': {'solve_rate': solve, 'cell_accuracy': cells}}
-  with open(os.path.join(wd, f'eval_{step}.json'), 'w') as f:
+  with open(os.path.join(wd, 'config.json'), 'w') as f:
+    json.dump({'eval': {'num_examples': 500}, 'sample': {'seeds': [0]}}, f)
+  with open(os.path.join(wd, 'eval_{}_test_500rows_seeds0_in_training.json'.format(step)),
+            'w') as f:
     json.dump({'step': step, 'results': res}, f)
 
 

@@ -21,13 +21,27 @@ from hmdlm_jax import storage
 PICTURES_DIR = 'pictures'  # reveal-order pictures of --mode=sample
 
 
-def eval_file(step: int) -> str:
-  """Name of the evaluation report of checkpoint `step` (evaluation/run.py's schema)."""
-  return f'eval_{int(step)}.json'
+def eval_file(step: int, rows: int | None, seeds: Sequence[int] = (), *,
+              in_training: bool = False) -> str:
+  """Name of an evaluation report (evaluation/run.py's schema) of checkpoint `step` on the test
+  split's first `rows` rows (None: all of them), sampling with `seeds` (none: no samples drawn),
+  by the training loop or not:
+  `eval_<step>_test_<rows|all>rows[_seeds<s>-<s>...][_in_training].json`. Training's evaluations
+  and --mode=eval's never share a name."""
+  name = f'eval_{int(step)}_test_{"all" if rows is None else int(rows)}rows'
+  if seeds:
+    name += '_seeds' + '-'.join(str(int(s)) for s in seeds)
+  return name + ('_in_training' if in_training else '') + '.json'
+
+
+def eval_samples_file(report: str) -> str:
+  """Name of the samples an evaluation drew, beside its report `report` (eval_file's name)."""
+  return report[:-len('.json')] + '_samples.jsonl'
 
 
 def samples_file(step: int) -> str:
-  """Name of the samples (JSON lines, every token's reveal step) of checkpoint `step`."""
+  """Name of --mode=sample's samples (JSON lines, every token's reveal step) of checkpoint
+  `step`."""
   return f'samples_{int(step)}.jsonl'
 
 

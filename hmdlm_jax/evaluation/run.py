@@ -4,7 +4,8 @@
 test split, samples included; `TrainingEvaluator(config, task)` is `train.train_and_evaluate`'s
 `eval_fn`: the same evaluation of the live train state on `config.eval.num_examples` examples, no
 samples, compiled once for the whole training run (the evaluator owns its `compiled.Network`).
-Both print the task's summary and write DIR/eval_<step>.json in one schema (`write_report`).
+Both print the task's summary and write a report in one schema (`write_report`), named by what it
+measured (`reports.eval_file`: step, split, rows, seeds), so the two never replace each other.
 `run_sample` prints the task's samples (Sudoku grids, texts) for its `inputs`, saves them with
 every token's reveal step, and their reveal-order pictures with `config.sample.pictures`.
 
@@ -45,10 +46,11 @@ def _context(config: config_lib.Config, network: compiled.Network, params: Any,
                                 workdir=workdir, progress=progress)
 
 
-def write_report(config: config_lib.Config, workdir: str, step: int,
+def write_report(config: config_lib.Config, workdir: str, name: str, step: int,
                  results: Mapping[str, Any], *, num_examples: int | None,
                  seconds: float) -> tuple[dict[str, Any], str]:
-  """(report, path) of `workdir`/eval_<step>.json, whose schema is (docs/design.md, "Evaluation")
+  """(report, path) of `workdir`/`name` (`Task.report_name`), whose schema is (docs/design.md,
+  "Evaluation")
 
     step          int: the checkpoint / training step
     kind          config.eval.kind ('sudoku' | 'perplexity')
@@ -62,7 +64,7 @@ def write_report(config: config_lib.Config, workdir: str, step: int,
   report = {'step': int(step), 'kind': config.eval.kind, 'use_ema': bool(config.eval.use_ema),
             'num_examples': num_examples, 'seconds': seconds, 'results': dict(results),
             'scalars': reports.flatten_metrics(results)}
-  path = os.path.join(workdir, reports.eval_file(step))
+  path = os.path.join(workdir, name)
   reports.write_json(path, report)
   return report, path
 
@@ -89,8 +91,8 @@ def _restore(config: config_lib.Config, task: tasks_base.Task, model: nn.Module,
 def run_eval(config: config_lib.Config, workdir: str, step: int | None = None, *,
              out_dir: str | None = None, overwrite: bool = False,
              progress: bool = True) -> dict[str, Any]:
-  """Evaluates checkpoint `step` (default: the latest) of DIR; returns the eval_<step>.json
-  report (written to `out_dir`, default DIR) and prints the task's summary."""
+  """Evaluates checkpoint `step` (default: the latest) of DIR on the whole test split; returns
+  the report (written to `out_dir`, default DIR) and prints the task's summary."""
   task = tasks.get(config)
   out_dir = out_dir or workdir
   model = task.build_model(config)
@@ -99,7 +101,8 @@ def run_eval(config: config_lib.Config, workdir: str, step: int | None = None, *
   ctx = _context(config, network, params, step, out_dir, progress=progress)
   start = time.perf_counter()
   results = task.evaluate(ctx, None, True)
-  report, path = write_report(config, out_dir, step, results, num_examples=None,
+  name = task.report_name(config, step, None, in_training=False)
+  report, path = write_report(config, out_dir, name, step, results, num_examples=None,
                               seconds=time.perf_counter() - start)
   _print_summary(config, task, results, f'Evaluation of step {step}', path)
   return report
@@ -125,7 +128,8 @@ class TrainingEvaluator:
                    progress=False)
     start = time.perf_counter()
     results = self._task.evaluate(ctx, limit, False)
-    report, path = write_report(config, workdir, step, results, num_examples=limit,
+    name = self._task.report_name(config, step, limit, in_training=True)
+    report, path = write_report(config, workdir, name, step, results, num_examples=limit,
                                 seconds=time.perf_counter() - start)
     if jax.process_index() == 0:  # the same readable summary as --mode=eval
       _print_summary(config, self._task, results, f'Evaluation at step {step}', path)

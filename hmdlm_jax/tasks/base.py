@@ -88,11 +88,25 @@ class Task(abc.ABC):
     """Raises ValueError naming the field when the (resolved) config does not fit the task's
     data (row length, vocabulary, levels, paths); reads no data, writes nothing."""
 
+  def eval_seeds(self, config: config_lib.Config, with_samples: bool) -> tuple[int, ...]:
+    """The sampling seeds an evaluation draws with (`evaluate`'s `with_samples`); none by
+    default. They name its report (`report_name`)."""
+    del config, with_samples
+    return ()
+
+  def report_name(self, config: config_lib.Config, step: int, rows: int | None, *,
+                  in_training: bool) -> str:
+    """The file name of an evaluation of checkpoint `step` on `rows` test rows (None: all), by
+    the training loop (no samples) or --mode=eval (samples): `reports.eval_file`, which says the
+    split, the rows, the seeds and which of the two it was."""
+    return reports.eval_file(step, rows, self.eval_seeds(config, not in_training),
+                             in_training=in_training)
+
   def outputs(self, config: config_lib.Config, mode: str, step: int) -> tuple[str, ...]:
     """What an eval / sample run of checkpoint `step` writes into its output directory (files
     and folders; a later run refuses to replace them without --overwrite)."""
     if mode == 'eval':
-      return (reports.eval_file(step),)
+      return (self.report_name(config, step, None, in_training=False),)
     return (reports.samples_file(step),) + ((reports.PICTURES_DIR,) if config.sample.pictures
                                              else ())
 
@@ -114,7 +128,7 @@ class Task(abc.ABC):
 
   @abc.abstractmethod
   def sample(self, ctx: EvalContext, inputs: Any) -> tuple[Records, str]:
-    """(records for DIR/samples_<step>.jsonl, printable text) of sample mode."""
+    """(records for OUT/samples_<step>.jsonl, printable text) of sample mode."""
 
   @abc.abstractmethod
   def summary(self, results: Mapping[str, Any]) -> list[str]:

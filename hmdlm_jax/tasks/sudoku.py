@@ -326,6 +326,10 @@ class SudokuTask(base.Task):
         raise ValueError(f'data.{split}_path={path!r} is not a file (a quiz,solution CSV); fix '
                          'the path or set it to \'\' for generated puzzles.')
 
+  def eval_seeds(self, config: config_lib.Config, with_samples: bool) -> tuple[int, ...]:
+    del with_samples  # solving IS sampling for Sudoku: every evaluation draws with the seeds
+    return base.sample_seeds(config)
+
   def evaluate(self, ctx: base.EvalContext, max_examples: int | None, with_samples: bool
                ) -> dict[str, Any]:
     del with_samples  # solving IS sampling for Sudoku

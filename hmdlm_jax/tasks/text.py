@@ -4,8 +4,8 @@ Evaluation: the rigorous bound over the test split (evaluation/perplexity.py); w
 config.eval.num_samples > 0 (and samples wanted, i.e. not during training) also that many samples
 per seed of config.sample.seeds, scored per seed (entropy, gen PPL, MAUVE -- None with a reason
 when the scorer / featuriser is not available locally -- and drawn-vs-recomputed level
-disagreement), then mean and std; the samples go to DIR/samples_<step>.jsonl. Samples are cut at
-the first [SEP] / EOS. A prompted task (WikiHow) conditions its samples on the test rows' given
+disagreement), then mean and std; the samples go beside the report (`reports.eval_samples_file`).
+Samples are cut at the first [SEP] / EOS. A prompted task (WikiHow) conditions its samples on the test rows' given
 positions (the titles); the others sample unconditionally.
 """
 
@@ -124,9 +124,14 @@ class TextTask(base.Task):
   def validate(self, config: config_lib.Config) -> None:
     self.check_data(config)
 
+  def eval_seeds(self, config: config_lib.Config, with_samples: bool) -> tuple[int, ...]:
+    return base.sample_seeds(config) if with_samples and int(config.eval.num_samples) else ()
+
   def outputs(self, config: config_lib.Config, mode: str, step: int) -> tuple[str, ...]:
-    extra = (reports.samples_file(step),) if mode == 'eval' and config.eval.num_samples else ()
-    return super().outputs(config, mode, step) + extra
+    names = super().outputs(config, mode, step)
+    if mode == 'eval' and config.eval.num_samples:
+      names += (reports.eval_samples_file(names[0]),)
+    return names
 
   def _samples(self, ctx: base.EvalContext, num: int, seed: int) -> samples_lib.SampledRows:
     """`num` samples with sampling seed `seed`, in batches of data.eval_batch_size (one compile)."""
@@ -146,12 +151,12 @@ class TextTask(base.Task):
         max_examples=max_examples, progress=ctx.progress)}
     num = int(config.eval.num_samples)
     if with_samples and num > 0:
-      res['samples'] = self._scored_samples(ctx, num)
+      name = self.report_name(config, ctx.step, max_examples, in_training=False)
+      res['samples'] = self._scored_samples(ctx, num, reports.eval_samples_file(name))
     return res
 
-  def _scored_samples(self, ctx: base.EvalContext, num: int) -> dict[str, Any]:
-    """`num` samples per seed, scored per seed, then mean and std; written to
-    DIR/samples_<step>.jsonl."""
+  def _scored_samples(self, ctx: base.EvalContext, num: int, name: str) -> dict[str, Any]:
+    """`num` samples per seed, scored per seed, then mean and std; written to OUT/`name`."""
     config = ctx.config
     tok = text_data.checked_tokenizer(config)
     # GPT-2 Large (scorer, MAUVE featuriser) is loaded once for all seeds, or reported unavailable.
@@ -182,7 +187,7 @@ class TextTask(base.Task):
       per_seed[str(seed)] = metrics
       records.extend(dict(r, seed=seed) for r in _records(rows, texts))
     mean, std = reports.mean_std(list(per_seed.values()))
-    path = os.path.join(ctx.workdir, reports.samples_file(ctx.step))
+    path = os.path.join(ctx.workdir, name)
     reports.write_jsonl(path, records)
     return {'per_seed': per_seed, 'mean': mean, 'std': std, 'path': path,
             'gen_ppl_unavailable_reason': scorer_reason, 'mauve_unavailable_reason': mauve_reason}
