@@ -152,14 +152,18 @@ def test_api_errors_name_the_argument(model, call, match):
     call(model)
 
 
-def test_load_errors(text_run, tmp_path):
+def test_load_errors(text_run, tmp_path, capsys, caplog):
   with pytest.raises(ValueError, match='workdir=.* holds no config.json'):
     hmdlm_jax.load(str(tmp_path))
   with pytest.raises(ValueError, match="params='best' must be one of"):
     hmdlm_jax.load(text_run['workdir'], params='best')
   with pytest.raises(ValueError, match='checkpoint'):
     hmdlm_jax.load(text_run['workdir'], step=3)
+  capsys.readouterr()
+  caplog.clear()
   raw = hmdlm_jax.load(text_run['workdir'], params='raw', overrides=['--config.sample.num_steps=4'])
+  # Nothing printed or logged (Orbax's notes on a read-only checkpoint directory included).
+  assert capsys.readouterr() == ('', '') and not caplog.records, caplog.records
   assert not raw.config.eval.use_ema and raw.config.sample.num_steps == 4 and raw.step == STEPS
 
 
@@ -171,11 +175,15 @@ def test_cli_prompt_and_infill(model, text_run, jax_cache, tmp_path):
                        f'--infill={INFILL}'), jax_cache)
   assert proc.returncode == 0, proc.stderr[-3000:]
   records = read_jsonl(str(out / f'samples_{STEPS}.jsonl'))
-  api = model.complete([PROMPT])  # the same code and seed as the command line
   assert records[0]['prompt'] == PROMPT and records[1]['infill'] == INFILL
-  assert records[0]['tokens'] == api.tokens[0].tolist()
-  assert records[0]['given'] == api.given[0].astype(int).tolist()
-  assert records[1]['given'] == model.infill([INFILL]).given[0].astype(int).tolist()
+  tok = _tok(model)
+  prompt = [tok.bos_id] + tok.encode(PROMPT)
+  assert records[0]['tokens'][:len(prompt)] == prompt
+  assert records[0]['given'] == [int(i < len(prompt)) for i in range(SEQ_LEN)]
+  rows = text_given.given_rows(model.config, tok, [PROMPT], [INFILL])  # the API's rows
+  for r, given, tokens in zip(records, rows.batch['given'], rows.batch['tokens']):
+    assert r['given'] == given.astype(int).tolist()
+    np.testing.assert_array_equal(np.asarray(r['tokens'])[given], tokens[given])
   assert sorted(os.listdir(out / 'pictures')) == ['text_reveal_0.png', 'text_reveal_1.png']
   assert dir_hash(text_run['workdir']) == before
 
