@@ -3,6 +3,7 @@ r"""Command line: train, evaluate or sample one experiment (docs/usage.md).
   python -m hmdlm_jax.main --config=configs/sudoku.py --workdir=/tmp/hmdlm_sudoku
   python -m hmdlm_jax.main --config=configs/sudoku.py --workdir=DIR --mode=eval [--out=OUT]
   python -m hmdlm_jax.main --config=configs/sudoku.py --workdir=DIR --mode=sample --inputs=...
+  python -m hmdlm_jax.main --config=DIR --workdir=DIR --mode=sample --prompt='The king'
 
 Any field of hmdlm_jax/config/schema.py can be overridden (`--config.train.num_steps=200`). The
 config is loaded and resolved here, once (hmdlm_jax/config); the run is checked whole before it
@@ -52,7 +53,12 @@ _WORKDIR = flags.DEFINE_string('workdir', DEFAULT_WORKDIR,
                                'metrics.jsonl, tb/, eval results.')
 _MODE = flags.DEFINE_enum('mode', 'train', MODES, 'What to do.')
 _INPUTS = flags.DEFINE_list('inputs', None, 'sample mode: comma-separated task inputs: Sudoku '
-                            "grids of 81 characters ('.' or '0' for blanks); for text, prompts.")
+                            "grids of 81 characters ('.' or '0' for blanks).")
+_PROMPT = flags.DEFINE_multi_string('prompt', None, 'sample mode, text: a prefix to complete '
+                                     '(repeat the flag for more).')
+_INFILL = flags.DEFINE_multi_string('infill', None, 'sample mode, text: a text whose [MASK] (one '
+                                    'token) and [MASK*n] (n tokens) spans are generated (repeat '
+                                    'the flag for more).')
 _INPUT_FILE = flags.DEFINE_string('input_file', None, 'sample mode: file of task inputs, one per '
                                   'line (Sudoku: or a quiz,solution CSV).')
 _OUT = flags.DEFINE_string('out', None, 'eval/sample mode: output directory (default: the '
@@ -69,7 +75,8 @@ _RESUME_WITH_CHANGES = flags.DEFINE_bool(
 def run(mode: str, config: Any, workdir: str, *, step: int | None = None,
         inputs: Sequence[str] | None = None, input_file: str | None = None,
         out: str | None = None, overwrite: bool = False, resume_with_changes: bool = False,
-        argv: Sequence[str] | None = None) -> Any:
+        argv: Sequence[str] | None = None, prompts: Sequence[str] = (),
+        infills: Sequence[str] = ()) -> Any:
   """Checks, records and runs one mode (importable: tests and notebooks call this, not the CLI).
 
   Args:
@@ -82,6 +89,7 @@ def run(mode: str, config: Any, workdir: str, *, step: int | None = None,
     overwrite: eval/sample: replace the outputs of an earlier run.
     resume_with_changes: train: resume despite config changes (preflight.check_resume).
     argv: the command line, for the run's record (None for a programmatic call).
+    prompts, infills: sample mode, text: prefixes to complete, texts to infill (the flags).
   Returns:
     train: train.train_and_evaluate's dict; eval: evaluation.run.run_eval's report; sample:
     the records.
@@ -92,7 +100,8 @@ def run(mode: str, config: Any, workdir: str, *, step: int | None = None,
   sharding.maybe_initialize_distributed(config.distributed)
   plan = preflight.check(mode, config, workdir, step=step, inputs=inputs,
                          input_file=input_file, out=out, overwrite=overwrite,
-                         resume_with_changes=resume_with_changes)
+                         resume_with_changes=resume_with_changes, prompts=prompts,
+                         infills=infills)
   config, task, workdir = plan.config, plan.task, plan.workdir
   if mode == 'train':
     train_iter = task.dataset(config, 'train', seed=int(config.seed),
@@ -109,7 +118,8 @@ def run(mode: str, config: Any, workdir: str, *, step: int | None = None,
     return eval_run.run_eval(config, workdir, step=plan.step, out_dir=plan.out_dir,
                              overwrite=overwrite)
   return eval_run.run_sample(config, workdir, inputs=inputs, input_file=input_file,
-                             step=plan.step, out_dir=plan.out_dir, overwrite=overwrite)
+                             step=plan.step, out_dir=plan.out_dir, overwrite=overwrite,
+                             prompts=prompts, infills=infills)
 
 
 class _QuietLibraries:
@@ -137,7 +147,7 @@ def main(argv: list[str]) -> None:
     result = run(_MODE.value, _CONFIG.value, _WORKDIR.value, step=_STEP.value,
                  inputs=_INPUTS.value, input_file=_INPUT_FILE.value, out=_OUT.value,
                  overwrite=_OVERWRITE.value, resume_with_changes=_RESUME_WITH_CHANGES.value,
-                 argv=sys.argv)
+                 argv=sys.argv, prompts=_PROMPT.value or (), infills=_INFILL.value or ())
   except (ValueError, OSError, train.NonFiniteLossError) as e:
     # Config/data/workdir/checkpoint problems, a failing disk and the NaN guard: one clear line.
     logging.debug('Fatal error', exc_info=True)

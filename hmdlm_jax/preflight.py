@@ -127,7 +127,8 @@ def check_checkpoint(config: config_lib.Config, workdir: str, step: int | None,
 def check(mode: str, config: config_lib.Config, workdir: str, *,
           step: int | None = None, inputs: Sequence[str] | None = None,
           input_file: str | None = None, out: str | None = None, overwrite: bool = False,
-          resume_with_changes: bool = False) -> Plan:
+          resume_with_changes: bool = False, prompts: Sequence[str] = (),
+          infills: Sequence[str] = ()) -> Plan:
   """Checks a run of `mode` (module docstring); raises ValueError, writes nothing."""
   if mode not in MODES:
     raise ValueError(f'--mode={mode!r} is not one of {MODES}.')
@@ -142,7 +143,8 @@ def check(mode: str, config: config_lib.Config, workdir: str, *,
   workdir = storage.absolute(workdir)
   if mode == 'train':
     extra = [f for f, v in (('--step', step is not None), ('--out', out),
-                            ('--inputs', inputs), ('--input_file', input_file)) if v]
+                            ('--inputs', inputs), ('--input_file', input_file),
+                            ('--prompt', prompts), ('--infill', infills)) if v]
     if extra:
       raise ValueError(f'{", ".join(extra)} apply to --mode=eval / --mode=sample, not to '
                        'training (a rerun of training resumes from the latest checkpoint).')
@@ -151,13 +153,14 @@ def check(mode: str, config: config_lib.Config, workdir: str, *,
     if resumed is None:
       check_init(config, model)
     return Plan(mode, config, task, model, workdir, resumed, None)
-  if mode == 'eval' and (inputs or input_file):
-    raise ValueError('--inputs / --input_file apply to --mode=sample; --mode=eval evaluates the '
-                     'test split (data.test_path or the generated puzzles).')
+  if mode == 'eval' and (inputs or input_file or prompts or infills):
+    raise ValueError('--inputs / --input_file / --prompt / --infill apply to --mode=sample; '
+                     '--mode=eval evaluates the test split (data.test_path or the generated '
+                     'puzzles).')
   workdir_lib.check_run_dir(workdir)
   step = check_checkpoint(config, workdir, step, model)
   if mode == 'sample':
-    task.prepare_sample(config, inputs, input_file)
+    task.prepare_sample(config, inputs, input_file, prompts=prompts, infills=infills)
   out_dir = workdir_lib.output_dir(workdir, out, mode)
   workdir_lib.check_outputs(out_dir, task.outputs(config, mode, step), overwrite)
   return Plan(mode, config, task, model, workdir, step, out_dir)

@@ -139,17 +139,20 @@ class TrainingEvaluator:
 def run_sample(config: config_lib.Config, workdir: str,
                inputs: Sequence[str] | None = None, input_file: str | None = None, *,
                step: int | None = None, out_dir: str | None = None,
-               overwrite: bool = False) -> tasks_base.Records:
+               overwrite: bool = False, prompts: Sequence[str] = (),
+               infills: Sequence[str] = ()) -> tasks_base.Records:
   """Samples from checkpoint `step` (default: the latest) of DIR; prints and saves them.
 
   Sudoku: solves the grids of `inputs` (81-character strings, '.' or '0' = blank) and/or of
-  `input_file` (one per line, or the `quiz,solution` CSV). Text: `config.sample.num_samples`
-  samples (WikiHow: conditioned on test titles). Every record holds the tokens' reveal steps.
+  `input_file` (one per line, or the `quiz,solution` CSV). Text: one sample per prompt of
+  `prompts` / text of `infills` (tasks/text_given.py), else `config.sample.num_samples` samples
+  (WikiHow: conditioned on test titles). Every record holds the tokens' reveal steps.
   Output: `out_dir` (default DIR)/samples_<step>.jsonl and, with config.sample.pictures, the
   reveal-order pictures in pictures/.
   """
   task = tasks.get(config)
-  prepared = task.prepare_sample(config, inputs, input_file)  # bad input fails before restoring
+  # bad input fails before restoring
+  prepared = task.prepare_sample(config, inputs, input_file, prompts=prompts, infills=infills)
   out_dir = out_dir or workdir
   model = task.build_model(config)
   params, step = _restore(config, task, model, 'sample', workdir, step, out_dir, overwrite)

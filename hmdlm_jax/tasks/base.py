@@ -122,9 +122,11 @@ class Task(abc.ABC):
 
   @abc.abstractmethod
   def prepare_sample(self, config: config_lib.Config, inputs: Sequence[str] | None,
-                     input_file: str | None) -> Any:
+                     input_file: str | None, *, prompts: Sequence[str] = (),
+                     infills: Sequence[str] = ()) -> Any:
     """The validated inputs of `sample` (before any checkpoint is restored) from the command
-    line's `inputs` (--inputs: Sudoku grids, prompts) and / or an `input_file` (--input_file)."""
+    line's `inputs` (--inputs: Sudoku grids) and / or an `input_file` (--input_file), or text
+    `prompts` (--prompt) and `infills` (--infill)."""
 
   @abc.abstractmethod
   def sample(self, ctx: EvalContext, inputs: Any) -> tuple[Records, str]:

@@ -359,9 +359,13 @@ class SudokuTask(base.Task):
     return out
 
   def prepare_sample(self, config: config_lib.Config, inputs: Sequence[str] | None,
-                     input_file: str | None) -> _Puzzles:
+                     input_file: str | None, *, prompts: Sequence[str] = (),
+                     infills: Sequence[str] = ()) -> _Puzzles:
     """The puzzles of `inputs` (81-character grids, '.' or '0' = blank) and `input_file` (one
     per line, or a quiz,solution CSV), checked solvable."""
+    if prompts or infills:
+      raise ValueError('--prompt / --infill apply to the text tasks; a Sudoku config takes '
+                       '--inputs (grids of 81 characters) or --input_file.')
     quizzes, names, sols = [], [], []  # sols: the file's solution of a puzzle, else None
     for n, p in enumerate(inputs or ()):
       names.append(f'puzzle {n + 1} on the command line')

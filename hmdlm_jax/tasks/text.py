@@ -5,15 +5,16 @@ config.eval.num_samples > 0 (and samples wanted, i.e. not during training) also 
 per seed of config.sample.seeds, scored per seed (entropy, gen PPL, MAUVE -- None with a reason
 when the scorer / featuriser is not available locally -- and drawn-vs-recomputed level
 disagreement), then mean and std; the samples go beside the report (`reports.eval_samples_file`).
-Samples are cut at the first [SEP] / EOS. A prompted task (WikiHow) conditions its samples on the test rows' given
-positions (the titles); the others sample unconditionally.
+Samples are cut at the first [SEP] / EOS. A prompted task (WikiHow) conditions its samples on the
+test rows' given positions (the titles); the others sample unconditionally, or complete / infill
+the user's texts (sample mode's --prompt / --infill, hmdlm_jax.load's model; tasks/text_given.py).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import os
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable, Iterable, Mapping, Sequence
 
 import jax
 import numpy as np
@@ -27,6 +28,7 @@ from hmdlm_jax.evaluation import perplexity
 from hmdlm_jax.evaluation import reports
 from hmdlm_jax.evaluation import samples as samples_lib
 from hmdlm_jax.tasks import base
+from hmdlm_jax.tasks import text_given
 from hmdlm_jax.tasks import text_pictures
 
 
@@ -133,22 +135,48 @@ class TextTask(base.Task):
       names += (reports.eval_samples_file(names[0]),)
     return names
 
-  def _samples(self, ctx: base.EvalContext, num: int, seed: int) -> samples_lib.SampledRows:
-    """`num` samples with sampling seed `seed`, in batches of data.eval_batch_size (one compile)."""
+  def _samples(self, ctx: base.EvalContext, num: int, seed: int,
+               given: text_given.GivenRows | None = None) -> samples_lib.SampledRows:
+    """`num` samples with sampling seed `seed`, in batches of data.eval_batch_size (one compile);
+    conditioned on `given`'s rows (one sample each), else on the test rows' given positions for a
+    prompted task."""
     config = ctx.config
     key = jax.random.fold_in(jax.random.PRNGKey(int(config.seed)), int(seed))
+    prompts = [given.batch] if given is not None else (
+        self.test_batches(config) if self.prompted else None)
     return samples_lib.sample_rows(
         ctx.apply_fn, key, ctx.process, SampleConfig.from_config(config), num_samples=num,
         seq_len=int(config.model.seq_len), batch_size=min(int(config.data.eval_batch_size), num),
-        prompts=self.test_batches(config) if self.prompted else None, progress=ctx.progress)
+        prompts=prompts, progress=ctx.progress)
+
+  def generate(self, ctx: base.EvalContext, num: int, seed: int,
+               given: text_given.GivenRows | None = None) -> tuple[base.Records, str]:
+    """(records, printable text) of `num` samples (`given`: one per row) -- what sample mode
+    saves and prints, and what hmdlm_jax.load's model returns."""
+    tok = text_data.checked_tokenizer(ctx.config)
+    rows = self._samples(ctx, len(given) if given is not None else num, seed, given)
+    texts = [tok.decode(row) for row in rows.tokens]
+    records = [dict(r, seed=seed) for r in _records(rows, texts)]
+    if given is not None:
+      for r, kind, text in zip(records, given.kinds, given.inputs):
+        r[kind] = text
+    return records, '\n'.join(f'[{n}] {t}' for n, t in enumerate(texts))
+
+  def perplexity(self, ctx: base.EvalContext, batches: Iterable[batches_lib.Batch],
+                 max_examples: int | None = None) -> dict[str, Any]:
+    """The bound and estimates over `batches` with the config's evaluation settings (what
+    --mode=eval reports on the test split)."""
+    config = ctx.config
+    return perplexity.evaluate_perplexity(
+        ctx.apply_fn, ctx.process, batches, time_seed=int(config.eval.time_seed),
+        num_t_samples=int(config.eval.num_t_samples), t_min=float(config.loss.t_min),
+        max_examples=max_examples, progress=ctx.progress)
 
   def evaluate(self, ctx: base.EvalContext, max_examples: int | None, with_samples: bool
                ) -> dict[str, Any]:
     config = ctx.config
-    res: dict[str, Any] = {'perplexity': perplexity.evaluate_perplexity(
-        ctx.apply_fn, ctx.process, self.test_batches(config), time_seed=int(config.eval.time_seed),
-        num_t_samples=int(config.eval.num_t_samples), t_min=float(config.loss.t_min),
-        max_examples=max_examples, progress=ctx.progress)}
+    res: dict[str, Any] = {'perplexity': self.perplexity(ctx, self.test_batches(config),
+                                                         max_examples)}
     num = int(config.eval.num_samples)
     if with_samples and num > 0:
       name = self.report_name(config, ctx.step, max_examples, in_training=False)
@@ -193,19 +221,22 @@ class TextTask(base.Task):
             'gen_ppl_unavailable_reason': scorer_reason, 'mauve_unavailable_reason': mauve_reason}
 
   def prepare_sample(self, config: config_lib.Config, inputs: Sequence[str] | None,
-                     input_file: str | None) -> None:
+                     input_file: str | None, *, prompts: Sequence[str] = (),
+                     infills: Sequence[str] = ()) -> text_given.GivenRows | None:
     if inputs or input_file:
-      raise ValueError(f'--inputs / --input_file: data.kind={config.data.kind!r} samples '
-                       'config.sample.num_samples texts and takes no prompts yet.')
+      raise ValueError(f'--inputs / --input_file: data.kind={config.data.kind!r} takes --prompt '
+                       '(a prefix to complete) or --infill (text with [MASK] / [MASK*n] spans).')
+    if not prompts and not infills:
+      return None
+    return text_given.given_rows(
+        config, text_data.checked_tokenizer(config), prompts, infills,
+        prompt_names=[f'--prompt #{i + 1}' for i in range(len(prompts))],
+        infill_names=[f'--infill #{i + 1}' for i in range(len(infills))])
 
-  def sample(self, ctx: base.EvalContext, inputs: None) -> tuple[base.Records, str]:
-    del inputs  # the text tasks sample config.sample.num_samples rows, no user input
-    tok = text_data.checked_tokenizer(ctx.config)
-    seed = base.sample_seeds(ctx.config)[0]
-    rows = self._samples(ctx, int(ctx.config.sample.num_samples), seed)
-    texts = [tok.decode(row) for row in rows.tokens]
-    text = '\n'.join(f'[{n}] {t}' for n, t in enumerate(texts))
-    return [dict(r, seed=seed) for r in _records(rows, texts)], text
+  def sample(self, ctx: base.EvalContext, inputs: text_given.GivenRows | None
+             ) -> tuple[base.Records, str]:
+    return self.generate(ctx, int(ctx.config.sample.num_samples),
+                         base.sample_seeds(ctx.config)[0], inputs)
 
   def summary(self, results: Mapping[str, Any]) -> list[str]:
     p = results['perplexity']

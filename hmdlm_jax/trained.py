@@ -1,0 +1,198 @@
+"""`hmdlm_jax.load(DIR)`: a trained run, used from Python (docs/usage.md, "From Python").
+
+`load` reads the config the run recorded (DIR/config.json, `overrides` on top), checks and
+restores a checkpoint as --mode=eval / --mode=sample do, and returns a `Model`: `sample(n)`, for
+text `complete(prompts)`, `infill(texts)` and `score(texts)`, for Sudoku `solve(puzzles)`. They
+run the code of sample and eval mode (tasks/), so the same rows and seed give those modes'
+tokens and numbers. Nothing is written or printed; every mistake is one ValueError naming the
+argument.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import logging
+import os
+from typing import Any, Iterator, Sequence
+
+import jax
+import numpy as np
+
+from hmdlm_jax import config as config_lib
+from hmdlm_jax import preflight
+from hmdlm_jax import processes
+from hmdlm_jax import storage
+from hmdlm_jax import tasks
+from hmdlm_jax import train
+from hmdlm_jax.config import SampleConfig
+from hmdlm_jax.data import sudoku
+from hmdlm_jax.data import text as text_data
+from hmdlm_jax.evaluation import compiled
+from hmdlm_jax.evaluation import run as eval_run
+from hmdlm_jax.evaluation import samples as samples_lib
+from hmdlm_jax.tasks import base as tasks_base
+from hmdlm_jax.tasks import text as text_task
+from hmdlm_jax.tasks import text_given
+
+PARAMS = ('ema', 'raw')
+
+
+@dataclasses.dataclass(frozen=True)
+class Samples(Sequence[str]):
+  """Generated rows: a sequence of their texts (Sudoku: 81-digit grids), with per position
+  `tokens`, `levels`, `reveal_step` (the sampler step that revealed it; T + 1 = given) and
+  `given` arrays [N, L], and `records`, the rows as sample mode saves them (samples_<step>.jsonl)."""
+  texts: tuple[str, ...]
+  tokens: np.ndarray
+  levels: np.ndarray
+  reveal_step: np.ndarray
+  given: np.ndarray
+  records: tuple[dict[str, Any], ...]
+
+  def __getitem__(self, i: Any) -> Any:
+    return self.texts[i]
+
+  def __len__(self) -> int:
+    return len(self.texts)
+
+
+def _field(records: Sequence[dict[str, Any]], name: str) -> np.ndarray:
+  return np.asarray([r[name] for r in records])
+
+
+def _strings(value: Any, name: str) -> list[str]:
+  if isinstance(value, str) or not isinstance(value, Sequence) or not value:
+    raise ValueError(f'{name} must be a non-empty list of strings, got {value!r:.60}')
+  return list(value)
+
+
+class Model:
+  """A restored checkpoint with its config (`load`); `step` is the checkpoint's step."""
+
+  def __init__(self, config: config_lib.Config, task: tasks_base.Task,
+               ctx: tasks_base.EvalContext) -> None:
+    self.config, self.step = config, ctx.step
+    self._task, self._ctx = task, ctx
+
+  def _seed(self, seed: int | None) -> int:
+    if seed is None:  # sample mode's seed
+      return tasks_base.sample_seeds(self.config)[0]
+    if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**32:
+      raise ValueError(f'seed={seed!r} must be an int in [0, 2**32)')
+    return seed
+
+  def _text(self, what: str) -> text_task.TextTask:
+    if not isinstance(self._task, text_task.TextTask):
+      raise ValueError(f'{what}: this run is data.kind={self.config.data.kind!r}, not a text '
+                       'task (a Sudoku model solves puzzles: solve)')
+    return self._task
+
+  def _text_samples(self, task: text_task.TextTask, num: int, seed: int | None,
+                    given: text_given.GivenRows | None) -> Samples:
+    records, _ = task.generate(self._ctx, num, self._seed(seed), given)
+    return Samples(tuple(r['text'] for r in records), _field(records, 'tokens'),
+                   _field(records, 'levels'), _field(records, 'reveal_step'),
+                   _field(records, 'given').astype(bool), tuple(records))
+
+  def sample(self, n: int, seed: int | None = None) -> Samples:
+    """`n` samples (a prompted task's are conditioned on its test rows' given positions, as in
+    sample mode); `seed` defaults to sample mode's, config.sample.seeds[0]."""
+    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+      raise ValueError(f'n={n!r} must be an int >= 1')
+    if isinstance(self._task, text_task.TextTask):
+      return self._text_samples(self._task, n, seed, None)
+    key = jax.random.fold_in(jax.random.PRNGKey(int(self.config.seed)), self._seed(seed))
+    rows = samples_lib.sample_rows(
+        self._ctx.apply_fn, key, self._ctx.process, SampleConfig.from_config(self.config),
+        num_samples=n, seq_len=sudoku.NUM_CELLS,
+        batch_size=min(int(self.config.data.eval_batch_size), n))
+    grids = [''.join(map(str, sudoku.from_tokens(t))) for t in rows.tokens]
+    records = [{'index': i, 'prediction': g, 'levels': rows.levels[i].tolist(),
+                'reveal_step': rows.reveal_step[i].tolist()} for i, g in enumerate(grids)]
+    return Samples(tuple(grids), rows.tokens, rows.levels, rows.reveal_step, rows.given,
+                   tuple(records))
+
+  def complete(self, prompts: Sequence[str], seed: int | None = None) -> Samples:
+    """One continuation of each prompt (`BOS prompt` given; tasks/text_given.py): its text
+    begins with the prompt."""
+    task = self._text('complete')
+    given = text_given.given_rows(self.config, self._tokenizer(),
+                                  _strings(prompts, 'prompts'))
+    return self._text_samples(task, len(given), seed, given)
+
+  def infill(self, texts: Sequence[str], seed: int | None = None) -> Samples:
+    """Each text with its `[MASK]` (one token) and `[MASK*n]` (n tokens) spans generated and
+    every other token kept (tasks/text_given.py)."""
+    task = self._text('infill')
+    given = text_given.given_rows(self.config, self._tokenizer(),
+                                  infills=_strings(texts, 'texts'))
+    return self._text_samples(task, len(given), seed, given)
+
+  def solve(self, puzzles: Sequence[str]) -> Samples:
+    """Sudoku: the grids of `puzzles` (81 characters, '.' or '0' = blank), as sample mode's
+    --inputs; records hold 'valid' (a valid grid keeping the givens)."""
+    if isinstance(self._task, text_task.TextTask):
+      raise ValueError(f'solve: this run is data.kind={self.config.data.kind!r}, a text task '
+                       '(use complete, infill or sample)')
+    prepared = self._task.prepare_sample(self.config, _strings(puzzles, 'puzzles'), None)
+    records, _ = self._task.sample(self._ctx, prepared)
+    quiz = np.asarray([[int(c) for c in r['quiz']] for r in records])
+    digits = np.asarray([[int(c) for c in r['prediction']] for r in records])
+    return Samples(tuple(r['prediction'] for r in records), digits, _field(records, 'levels'),
+                   _field(records, 'reveal_step'), quiz > 0, tuple(records))
+
+  def score(self, texts: Sequence[str]) -> dict[str, Any]:
+    """The bound (nats/token, PPL) and the process's estimates over `texts`, each one row of the
+    data: --mode=eval's numbers, by its code and settings (eval.time_seed, num_t_samples), and
+    equal to them on the test split's rows in order."""
+    task = self._text('score')
+    batches = text_given.score_batches(self.config, self._tokenizer(), _strings(texts, 'texts'))
+    return task.perplexity(self._ctx, batches)
+
+  def _tokenizer(self) -> Any:
+    return text_data.checked_tokenizer(self.config)
+
+
+@contextlib.contextmanager
+def _quiet_orbax() -> Iterator[None]:
+  """Drops Orbax's notes on a read-only checkpoint directory (warnings on the 'absl' logger): a
+  library call prints nothing unless something is wrong."""
+  def quiet(record: logging.LogRecord) -> bool:
+    return record.levelno > logging.WARNING or f'{os.sep}orbax{os.sep}' not in record.pathname
+  logger = logging.getLogger('absl')
+  logger.addFilter(quiet)
+  try:
+    yield
+  finally:
+    logger.removeFilter(quiet)
+
+
+def load(workdir: str | os.PathLike[str], step: int | None = None, params: str | None = None,
+         overrides: Sequence[str] = ()) -> Model:
+  """The trained run in `workdir` (local or gs://): its recorded config, checkpoint `step`
+  (None: the latest), EMA or raw parameters (`params`; None: config.eval.use_ema, as
+  --mode=eval), `overrides` (e.g. '--config.sample.num_steps=64') on the recorded config."""
+  workdir = os.fspath(workdir)
+  if params is not None and params not in PARAMS:
+    raise ValueError(f'params={params!r} must be one of {PARAMS} (or None: config.eval.use_ema)')
+  if step is not None and (isinstance(step, bool) or not isinstance(step, int) or step < 0):
+    raise ValueError(f'step={step!r} must be an int >= 0 (or None: the latest checkpoint)')
+  if isinstance(overrides, str):
+    raise ValueError(f'overrides={overrides!r} must be a list of --config.a.b=value strings')
+  if not storage.isfile(storage.join(workdir, 'config.json')):
+    raise ValueError(f'workdir={workdir!r} holds no config.json: give the --workdir of a '
+                     'training run')
+  use_ema = [] if params is None else [f'--config.eval.use_ema={params == "ema"}']
+  config = config_lib.resolve(config_lib.load(workdir, [*overrides, *use_ema]))
+  task = tasks.get(config)
+  if isinstance(task, text_task.TextTask):
+    text_data.checked_tokenizer(config)  # the vocabulary must be here before restoring
+  model = task.build_model(config)
+  with _quiet_orbax():
+    step = preflight.check_checkpoint(config, workdir, step, model)
+    state, step = train.restore_for_eval(config, workdir, step, model=model)
+  apply_fn = compiled.flax_network(model).bind(eval_run.eval_params(config, state))
+  ctx = tasks_base.EvalContext(config=config, apply_fn=apply_fn, process=processes.build(config),
+                               step=step, workdir=workdir, progress=False)
+  return Model(config, task, ctx)
