@@ -149,8 +149,7 @@ def check(mode: str, config: config_lib.Config, workdir: str, *,
       raise ValueError(f'{", ".join(extra)} apply to --mode=eval / --mode=sample, not to '
                        'training (a rerun of training resumes from the latest checkpoint).')
     workdir_lib.check_creatable(workdir, '--workdir')
-    mesh = sharding.make_mesh(config.mesh)
-    abstract = train.state_shardings(config, model, mesh)[0]
+    abstract, mesh = resources.abstract_state(config, model)
     resources.check_train(config, model, abstract, mesh)
     resources.check_disk(workdir, abstract)
     resumed = check_resume(config, workdir, model, resume_with_changes=resume_with_changes)
@@ -162,9 +161,8 @@ def check(mode: str, config: config_lib.Config, workdir: str, *,
                      'test split (data.test_path or the generated puzzles).')
   workdir_lib.check_run_dir(workdir)
   step = check_checkpoint(config, workdir, step, model)
-  mesh = sharding.make_mesh(config.mesh)
   num_inputs = 1 if input_file else (len(inputs) if inputs else None)
-  resources.check_eval(config, train.state_shardings(config, model, mesh)[0], mesh,
+  resources.check_eval(config, *resources.abstract_state(config, model),
                        resources.eval_rows(config, mode, num_inputs))
   if mode == 'sample':
     task.prepare_sample(config, inputs, input_file)

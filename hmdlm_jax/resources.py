@@ -28,8 +28,10 @@ from hmdlm_jax import models
 from hmdlm_jax import processes
 from hmdlm_jax import sharding as shd
 from hmdlm_jax import storage
+from hmdlm_jax import train
 
 F32 = 4  # bytes of the float32 activations and gradients
+MeshLike = jax.sharding.Mesh | jax.sharding.AbstractMesh
 BATCH_DTYPES = {'tokens': jnp.int32, 'levels': jnp.int32, 'given': jnp.bool_,
                 'loss_mask': jnp.bool_}  # the train step's batch (train.make_train_step)
 
@@ -52,11 +54,15 @@ def device_bytes(abstract: Any) -> int:
 
 
 def _fmt(n: float) -> str:
-  for unit in ('B', 'KiB', 'MiB', 'GiB', 'TiB', 'PiB'):
-    if n < 1024 or unit == 'PiB':
-      return f'{n:.1f} {unit}' if unit != 'B' else f'{int(n)} B'
+  """Bytes for a person: '123 B', '4.5 MiB', ..."""
+  if n < 1024:
+    return f'{int(n)} B'
+  unit = 'B'
+  for unit in ('KiB', 'MiB', 'GiB', 'TiB', 'PiB'):
     n /= 1024
-  return ''
+    if n < 1024:
+      break
+  return f'{n:.1f} {unit}'
 
 
 @dataclasses.dataclass(frozen=True)
@@ -89,6 +95,16 @@ class StepMemory:
     return lo * multiple
 
 
+def abstract_state(config: config_lib.Config, model: nn.Module
+                   ) -> tuple[Any, jax.sharding.AbstractMesh]:
+  """(the train state with its shardings, the mesh) over an abstract mesh of the config's shape:
+  no device is touched."""
+  shape = shd.resolve_mesh_shape(config.mesh, jax.device_count())
+  mesh = jax.sharding.AbstractMesh(shape, shd.MESH_AXES,
+                                   axis_types=(jax.sharding.AxisType.Auto,) * len(shape))
+  return train.state_shardings(config, model, mesh)[0], mesh
+
+
 def _loss_calls(config: config_lib.Config, model: nn.Module, abstract_params: Any,
                 num_devices: int) -> list[tuple[str, ...]]:
   """The heads of each network call the training loss differentiates (traced at one row)."""
@@ -112,7 +128,7 @@ def _loss_calls(config: config_lib.Config, model: nn.Module, abstract_params: An
 
 
 def train_memory(config: config_lib.Config, model: nn.Module, abstract: Any,
-                 mesh: jax.sharding.Mesh) -> StepMemory:
+                 mesh: MeshLike) -> StepMemory:
   """The train step's StepMemory; `abstract`: the state with shardings (train.state_shardings)."""
   m = config.model
   seq_len, hidden, vocab = int(m.seq_len), int(m.hidden_size), int(m.vocab_size)
@@ -125,7 +141,7 @@ def train_memory(config: config_lib.Config, model: nn.Module, abstract: Any,
                     shards=shd.num_batch_shards(mesh), accum=int(config.train.grad_accum))
 
 
-def eval_memory(config: config_lib.Config, abstract: Any, mesh: jax.sharding.Mesh) -> StepMemory:
+def eval_memory(config: config_lib.Config, abstract: Any, mesh: MeshLike) -> StepMemory:
   """An evaluation / sampling call's StepMemory: the restored state and one forward pass's final
   hidden state and dense token logits (float32)."""
   m = config.model
@@ -137,9 +153,9 @@ def eval_memory(config: config_lib.Config, abstract: Any, mesh: jax.sharding.Mes
 def _host_available() -> int:
   """MemAvailable of /proc/meminfo (bytes), else the free physical pages."""
   try:
-    with open('/proc/meminfo', encoding='ascii') as f:
+    with open('/proc/meminfo', 'rb') as f:  # bytes: no codec lookup (a forked child may lack it)
       for line in f:
-        if line.startswith('MemAvailable:'):
+        if line.startswith(b'MemAvailable:'):
           return int(line.split()[1]) * 1024
   except OSError:
     pass
@@ -154,11 +170,11 @@ def available(devices: list[jax.Device] | None = None) -> tuple[int, str]:
     return min(int(s['bytes_limit']) for s in stats), f'each {devices[0].platform} device'
   # CPU devices share the host's memory.
   n = len(devices)
-  return _host_available() // n, 'the host' + (f' (MemAvailable / {n} devices)' if n > 1 else '')
+  return _host_available() // n, 'the host' + (f' (MemAvailable / {n} devices)' * (n > 1))
 
 
 def check_train(config: config_lib.Config, model: nn.Module, abstract: Any,
-                mesh: jax.sharding.Mesh,
+                mesh: MeshLike,
                 limit: tuple[int, str] | None = None) -> None:
   """ValueError when even the lower bound of a train step exceeds the memory available, naming
   data.batch_size and the largest value that fits."""
@@ -190,7 +206,7 @@ def eval_rows(config: config_lib.Config, mode: str, num_inputs: int | None) -> i
   return rows if num_inputs is None else min(rows, num_inputs)
 
 
-def check_eval(config: config_lib.Config, abstract: Any, mesh: jax.sharding.Mesh, rows: int,
+def check_eval(config: config_lib.Config, abstract: Any, mesh: MeshLike, rows: int,
                limit: tuple[int, str] | None = None) -> None:
   """ValueError when even the lower bound of an evaluation / sampling batch of `rows` rows
   (`eval_rows`) exceeds the memory available, naming data.eval_batch_size."""
@@ -210,6 +226,7 @@ def check_eval(config: config_lib.Config, abstract: Any, mesh: jax.sharding.Mesh
 
 
 def nearest_existing(path: str) -> str:
+  """`path`, or its nearest ancestor that exists (where a new workdir would be created)."""
   while not os.path.exists(path):
     path = os.path.dirname(path)
   return path

@@ -44,6 +44,8 @@ def test_state_bytes_is_the_sum_of_the_abstract_leaves():
   expected = sum(int(np.prod(a.shape)) * jnp.dtype(a.dtype).itemsize for a in leaves)
   assert resources.state_bytes(abstract) == expected
   assert resources.device_bytes(abstract) == expected  # one device holds everything
+  same, abstract_mesh = resources.abstract_state(c, model)  # what preflight uses: no devices
+  assert resources.device_bytes(same) == expected and abstract_mesh.size == mesh.size
   state, _ = train.create_train_state(c, mesh, model)
   assert sum(x.nbytes for x in jax.tree_util.tree_leaves(state)) == expected
 
