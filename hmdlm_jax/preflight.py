@@ -3,7 +3,8 @@
 A mistake is one ValueError naming the field or file and what to do, raised before a file is
 created or the model initialised. In order: the task's data against the model, the process, the
 batch against the process count; the workdir (train: creatable; eval / sample: exists, outputs
-writable); the checkpoint (resume: its stored config agrees on workdir.RESUME_FIELDS and its tree
+writable); memory and disk (hmdlm_jax/resources.py: the batch fits the devices, one checkpoint the
+disk); the checkpoint (resume: its stored config agrees on workdir.RESUME_FIELDS and its tree
 fits; eval / sample: --step exists and fits); a warm start's source fits the model (shapes only);
 sample inputs parse; eval / sample outputs do not exist yet unless `overwrite`.
 """
@@ -20,6 +21,7 @@ import jax
 from hmdlm_jax import checkpoint as ckpt_lib
 from hmdlm_jax import config as config_lib
 from hmdlm_jax import processes
+from hmdlm_jax import resources
 from hmdlm_jax import sharding
 from hmdlm_jax import storage
 from hmdlm_jax import tasks
@@ -149,6 +151,9 @@ def check(mode: str, config: config_lib.Config, workdir: str, *,
       raise ValueError(f'{", ".join(extra)} apply to --mode=eval / --mode=sample, not to '
                        'training (a rerun of training resumes from the latest checkpoint).')
     workdir_lib.check_creatable(workdir, '--workdir')
+    abstract, mesh = resources.abstract_state(config, model)
+    resources.check_train(config, model, abstract, mesh)
+    resources.check_disk(workdir, abstract)
     resumed = check_resume(config, workdir, model, resume_with_changes=resume_with_changes)
     if resumed is None:
       check_init(config, model)
@@ -159,6 +164,9 @@ def check(mode: str, config: config_lib.Config, workdir: str, *,
                      'puzzles).')
   workdir_lib.check_run_dir(workdir)
   step = check_checkpoint(config, workdir, step, model)
+  num_inputs = 1 if input_file else (len(inputs) if inputs else None)
+  resources.check_eval(config, *resources.abstract_state(config, model),
+                       resources.eval_rows(config, mode, num_inputs))
   if mode == 'sample':
     task.prepare_sample(config, inputs, input_file, prompts=prompts, infills=infills)
   out_dir = workdir_lib.output_dir(workdir, out, mode)
