@@ -65,22 +65,34 @@ class LogLines(tqdm_std.tqdm):
     super().close()
 
 
+class _Seconds:
+  """Mixin of a bar that counts elapsed seconds: its rate is 1 by definition, so the time left is
+  exact (tqdm's estimate of the rate is noise at the start)."""
+
+  @property
+  def format_dict(self) -> dict[str, Any]:
+    return dict(super().format_dict, rate=1.0)  # type: ignore[misc]
+
+
 def bar(iterable: Iterable[Any] | None = None, *, desc: str, unit: str, enabled: bool = True,
         total: float | None = None, initial: float = 0, leave: bool = True,
-        formats: tuple[str, str] | None = None) -> tqdm_std.tqdm:
+        formats: tuple[str, str] | None = None, seconds: bool = False) -> tqdm_std.tqdm:
   """A progress bar over `iterable` (a manual one when None; disabled: the bare loop).
 
   `formats` is (bar_format on a terminal, the plain line's format); default: count to `total`.
+  `seconds`: the count is elapsed wall time (`update` adds seconds).
   """
   fmt = formats or (_STEPS if total else _COUNT)
   kwargs = dict(total=total, initial=initial, desc=desc, unit=unit, leave=leave,
-                disable=not enabled)
+                disable=not enabled, smoothing=0.1)
   if interactive():
-    return tqdm_auto.tqdm(iterable, bar_format=fmt[0], dynamic_ncols=True, smoothing=0.1,
-                          **kwargs)
-  # The first line comes after INTERVAL_S (`delay`): a loop shorter than that logs one at most.
-  return LogLines(iterable, bar_format=fmt[1], file=_Nowhere(), mininterval=INTERVAL_S,
-                  miniters=1, delay=INTERVAL_S, smoothing=0.1, **kwargs)
+    cls, kwargs = tqdm_auto.tqdm, dict(kwargs, bar_format=fmt[0], dynamic_ncols=True)
+  else:  # the first line after INTERVAL_S (`delay`): a loop shorter than that logs one at most
+    cls, kwargs = LogLines, dict(kwargs, bar_format=fmt[1], file=_Nowhere(),
+                                 mininterval=INTERVAL_S, miniters=1, delay=INTERVAL_S)
+  if seconds:
+    cls = type(cls.__name__, (_Seconds, cls), {})
+  return cls(iterable, **kwargs)
 
 
 class TrainBar:
@@ -96,7 +108,7 @@ class TrainBar:
     self._shown = interactive()
     if self._budget:
       self._bar = bar(desc=f'train (budget {self._budget:g}s)', unit='s', total=self._budget,
-                      enabled=enabled, formats=_BUDGET)
+                      enabled=enabled, formats=_BUDGET, seconds=True)
     else:
       self._bar = bar(desc='train', unit='step', total=int(num_steps), initial=int(step),
                       enabled=enabled, formats=_TRAIN)

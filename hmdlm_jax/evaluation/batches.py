@@ -8,7 +8,7 @@ per-row validity field (`VALID_FIELDS`, data/pipeline.py).
 
 from __future__ import annotations
 
-from typing import Any, Iterable, Iterator, Mapping
+from typing import Iterable, Iterator, Mapping
 
 import numpy as np
 
