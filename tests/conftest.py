@@ -34,7 +34,7 @@ OPTIMISED = {'xla_backend_optimization_level': 3}  # XLA's default level
 # every other file is its own unit, as loadfile has it. (xdist's loadgroup marks cannot do this
 # with pytest 9, whose node ids xdist can no longer suffix.)
 REFERENCE_RUN_FILES = ('test_checkpoint.py', 'test_distributed.py', 'test_faults.py',
-                       'test_logs.py', 'test_train.py')
+                       'test_train.py')
 
 
 @pytest.hookimpl(optionalhook=True)

@@ -1,36 +1,40 @@
 """What a run prints when nobody watches it: short lines, plain progress lines, no noise.
 
-The session's reference run (tests/conftest.py), then --mode=eval and --mode=sample on it, each
-with stdout and stderr to pipes as under SLURM or nohup; the training evaluation's log line, the
-time budget's progress and the one `±` helper are checked in-process.
+A tiny Sudoku run (train with its final evaluation, then --mode=eval and --mode=sample), each with
+stdout and stderr to pipes as under SLURM or nohup; the training evaluation's log line, the time
+budget's progress and the one `±` helper are also checked in-process.
 """
 
 from __future__ import annotations
 
 import re
 import subprocess
-from typing import Any
 
 import pytest
 
-from tests.conftest import REF_STEPS, REPO, main_cmd, read_jsonl, subprocess_env
+from tests.conftest import REPO, main_cmd, read_jsonl, subprocess_env
 
 MAX_LINE = 300
+STEPS = 3
 PUZZLE = '53..7....6..195....98....6.8...6...34..8.3..17...2...6.6....28....419..5....8..79'
 
 
 @pytest.fixture(scope='module')
-def outputs(reference_run: dict[str, Any], tmp_path_factory: pytest.TempPathFactory,
-            puzzle_cache: str, jax_cache: str) -> dict[str, str]:
-  """{mode: stdout + stderr} of the reference run, then --mode=eval and --mode=sample on it."""
+def outputs(tmp_path_factory: pytest.TempPathFactory, puzzle_cache: str,
+            jax_cache: str) -> dict[str, str]:
+  """{mode: stdout + stderr} of a 3-step train with its final evaluation (every Sudoku metric),
+  then --mode=eval and --mode=sample on its checkpoint."""
   tmp = tmp_path_factory.mktemp('logs')
-  out = {'train': reference_run['stdout'] + reference_run['stderr']}
-  for mode, extra in (('eval', ()), ('sample', (f'--inputs={PUZZLE}',))):
+  workdir = str(tmp / 'run')
+  out = {}
+  for mode, extra in (('train', ('--config.train.final_eval=True',)), ('eval', ()),
+                      ('sample', (f'--inputs={PUZZLE}',))):
     env = subprocess_env(jax_cache)
     if mode == 'eval':  # as on a host that never set JAX_PLATFORMS (JAX looks for libtpu)
       del env['JAX_PLATFORMS']
-    cmd = main_cmd(reference_run['workdir'], puzzle_cache, f'--mode={mode}', f'--out={tmp / mode}',
-                   *extra)
+    cmd = main_cmd(workdir, puzzle_cache, f'--config.train.num_steps={STEPS}',
+                   f'--config.train.ckpt_every={STEPS}', f'--mode={mode}', *extra,
+                   *(() if mode == 'train' else (f'--out={tmp / mode}',)))
     proc = subprocess.run(cmd, cwd=REPO, env=env, timeout=180, capture_output=True, text=True,
                           check=False)
     assert proc.returncode == 0, f'{mode} failed:\n{proc.stderr[-3000:]}'
@@ -40,22 +44,22 @@ def outputs(reference_run: dict[str, Any], tmp_path_factory: pytest.TempPathFact
 
 def test_no_line_is_long(outputs: dict[str, str]) -> None:
   for mode, text in outputs.items():
-    lines = re.split(r'[\r\n]', text)
-    longest = max(lines, key=len)
+    longest = max(text.split('\n'), key=len)  # a bar's '\r' redraws are one line in a file
     assert len(longest) <= MAX_LINE, f'{mode}: a line of {len(longest)} characters: {longest[:200]}'
 
 
 def test_progress_is_plain_lines_without_a_terminal(outputs: dict[str, str]) -> None:
   for mode, text in outputs.items():
     assert '\r' not in text, f'{mode} redraws a progress bar into a pipe'
-  steps = re.findall(rf'train: step (\d+)/{REF_STEPS}, .* elapsed, ETA [\d:]+, loss=[\d.]+, '
+  steps = re.findall(rf'train: step (\d+)/{STEPS}, .* elapsed, ETA [\d:]+, loss=[\d.]+, '
                      'tok_s=', outputs['train'])
-  assert steps and steps[-1] == str(REF_STEPS), outputs['train'][-3000:]
+  assert steps and steps[-1] == str(STEPS), outputs['train'][-3000:]
 
 
 def test_one_seed_shows_no_error_bar(outputs: dict[str, str]) -> None:
-  assert 'seeds [0]' in outputs['eval'] and 'cell acc ' in outputs['eval']
-  assert '±' not in outputs['eval']
+  for mode in ('train', 'eval'):
+    assert 'seeds [0]' in outputs[mode] and 'cell acc ' in outputs[mode]
+    assert '±' not in outputs[mode]
 
 
 def test_the_training_evaluation_logs_one_short_line(tmp_path, caplog) -> None:
@@ -77,7 +81,7 @@ def test_the_training_evaluation_logs_one_short_line(tmp_path, caplog) -> None:
 def test_library_noise_is_filtered(outputs: dict[str, str]) -> None:
   for mode in ('eval', 'sample'):
     text = outputs[mode]
-    assert f'of step {REF_STEPS}' in text
+    assert f'of step {STEPS}' in text
     for noise in ('read_only=True', 'Given directory is read only', 'libtpu'):
       assert noise not in text, f'{mode}: {noise!r} in\n{text}'
 
