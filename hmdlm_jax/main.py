@@ -123,11 +123,25 @@ def run(mode: str, config: Any, workdir: str, *, step: int | None = None,
 
 
 class _QuietLibraries:
-  """absl-handler filter: drops the INFO chatter of Orbax/Grain/epath/gcsfs (warnings pass)."""
+  """absl-handler filter: drops the INFO chatter of Orbax/Grain/epath/gcsfs, and the few lines of
+  other levels that every eval or CPU-only start prints and that ask nothing of the user."""
 
   _NOISY = tuple(f'{os.sep}{lib}{os.sep}' for lib in ('orbax', 'grain', 'etils', 'gcsfs', 'fsspec'))
+  # (record attribute, what it holds, what the message starts with, what it also holds). Orbax
+  # warns twice that a checkpoint opened for reading is read-only; JAX says at INFO that a host
+  # without libtpu has no TPU (a TPU host missing its backend still gets JAX's own warning).
+  _POINTLESS = (
+      ('pathname', f'{os.sep}orbax{os.sep}', 'CheckpointManagerOptions.read_only=True', ''),
+      ('pathname', f'{os.sep}orbax{os.sep}', 'Given directory is read only=', ''),
+      ('name', 'jax._src.xla_bridge', "Unable to initialize backend 'tpu'", 'libtpu.so'),
+  )
 
   def filter(self, record) -> bool:
+    for attr, where, start, holds in self._POINTLESS:
+      if where in getattr(record, attr):
+        message = record.getMessage()
+        if message.startswith(start) and holds in message:
+          return False
     if record.levelno > 20 or logging.get_verbosity() > logging.INFO:
       return True
     return not any(n in record.pathname for n in self._NOISY)

@@ -1,4 +1,4 @@
-"""Metric sinks of the training loop: DIR/metrics.jsonl, TensorBoard (DIR/tb) and a progress bar.
+"""Metric sinks of the training loop: DIR/metrics.jsonl and TensorBoard (DIR/tb).
 
 metrics.jsonl holds one JSON object per line and per logged step:
   {"step": int, "split": "train" | "eval", "time": unix seconds, <scalar name>: float, ...}
@@ -129,27 +129,3 @@ class RateMeter:
     self._t, self._step = now, int(step)
     sps = steps / dt
     return {'steps_per_s': sps, 'tokens_per_s': sps * self.tokens_per_step}
-
-
-class Progress:
-  """tqdm bar on process 0 (steps/s and ETA from tqdm; tokens/s and loss in the postfix)."""
-
-  def __init__(self, total: int, initial: int, *, enabled: bool, desc: str = 'train') -> None:
-    self._bar = None
-    if enabled:
-      from tqdm import auto as tqdm_auto  # pylint: disable=g-import-not-at-top
-      self._bar = tqdm_auto.tqdm(total=int(total), initial=int(initial), unit='step', desc=desc,
-                                 dynamic_ncols=True, smoothing=0.1)
-
-  def update(self, n: int = 1) -> None:
-    if self._bar is not None:
-      self._bar.update(n)
-
-  def postfix(self, **values: float) -> None:
-    if self._bar is not None:
-      self._bar.set_postfix({k: f'{v:.4g}' for k, v in values.items()}, refresh=False)
-
-  def close(self) -> None:
-    if self._bar is not None:
-      self._bar.close()
-      self._bar = None

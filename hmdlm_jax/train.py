@@ -37,6 +37,7 @@ from hmdlm_jax import metrics as metrics_lib
 from hmdlm_jax import models
 from hmdlm_jax import optim
 from hmdlm_jax import processes
+from hmdlm_jax import progress
 from hmdlm_jax import sharding as shd
 from hmdlm_jax import storage
 from hmdlm_jax import warm_start
@@ -301,7 +302,9 @@ def run_evaluation(config: config_lib.Config, state: TrainState, step: int, work
   scalars = _scalar_items(result)
   scalars['eval_time_s'] = time.perf_counter() - t0
   writer.write(step, 'eval', scalars)
-  logging.info('eval step %d: %s', step, ', '.join(f'{k}={v:.4g}' for k, v in scalars.items()))
+  # The hook printed its task's summary; every scalar is in metrics.jsonl and eval_<step>.json.
+  logging.info('Evaluation at step %d: %d scalars in %.1fs -> %s', step, len(scalars),
+               scalars['eval_time_s'], writer.path)
   return scalars
 
 
@@ -383,8 +386,7 @@ def train_and_evaluate(config: config_lib.Config, workdir: str, *, model: nn.Mod
   rate = metrics_lib.RateMeter(tokens_per_step, step)
   log_every, ckpt_every, eval_every = int(tc.log_every), int(tc.ckpt_every), int(tc.eval_every)
   budget = float(tc.time_budget_s)
-  bar = metrics_lib.Progress(num_steps, step, enabled=is_main,
-                             desc=f'train (budget {budget:g}s)' if budget else 'train')
+  bar = progress.TrainBar(num_steps, step, budget_s=budget, enabled=is_main)
   max_bad = int(tc.max_bad_steps)
   last_train: dict[str, float] = {}
   eval_result: dict[str, Any] = {}
@@ -409,7 +411,7 @@ def train_and_evaluate(config: config_lib.Config, workdir: str, *, model: nn.Mod
       host = metrics_lib.to_scalars(m)
       host.update(rate.update(done_step))
       writer.write(done_step, 'train', host)
-      bar.postfix(loss=host['loss'], tok_s=host['tokens_per_s'])
+      bar.postfix(done_step, loss=host['loss'], tok_s=host['tokens_per_s'])
       last_train = host
     if bad >= max_bad and not force_log:
       raise NonFiniteLossError(done_step)
@@ -474,8 +476,7 @@ def train_and_evaluate(config: config_lib.Config, workdir: str, *, model: nn.Mod
     print(msg, flush=True)
   else:
     if stop_reason != 'num_steps':
-      logging.warning('Stopping at step %d of %d: %s reached; checkpoint saved.', step,
-                      num_steps, stop_reason)
+      logging.warning('Stopping at step %d: %s reached; checkpoint saved.', step, stop_reason)
     if tc.final_eval:
       eval_result = run_evaluation(config, state, step, workdir, writer, eval_fn)
   ckpt.close()

@@ -276,7 +276,9 @@ def load(config: config_lib.Config, fresh: PyTree, model: nn.Module
   params, dropped = adapt(fresh, source, vocab_axes_of(model, int(config.model.seq_len)), src,
                           dst)
   if dropped:
-    logging.info('Warm start: source parameters not in this model, dropped: %s', dropped)
+    more = f' and {len(dropped) - 4} more' if len(dropped) > 4 else ''  # a log line stays short
+    logging.info('Warm start: %d source parameters not in this model, dropped: %s%s',
+                 len(dropped), ', '.join(dropped[:4]), more)
   return params, what
 
 

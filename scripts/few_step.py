@@ -61,6 +61,7 @@ from hmdlm_jax import models
 from hmdlm_jax import tasks
 from hmdlm_jax import warm_start
 from hmdlm_jax.evaluation import generative as gen
+from hmdlm_jax.evaluation import reports
 from hmdlm_jax.data import tokenizers
 from hmdlm_jax.processes import base
 from hmdlm_jax.processes import multimdm
@@ -376,7 +377,7 @@ def _fmt(vals: Sequence[float], nd: int = 1, pct: bool = False) -> str:
     return '–'
   scale = 100.0 if pct else 1.0
   m, se = stats.mean_se([v * scale for v in vals])
-  return f'{m:.{nd}f}' + ('' if math.isnan(se) else f' ± {se:.{nd}f}')
+  return reports.mean_pm(m, se, digits=nd, count=len(vals))
 
 
 def _load_results(root: str) -> dict[str, Any]:

@@ -34,6 +34,7 @@ import math
 import os
 
 from hmdlm_jax import config as config_lib
+from hmdlm_jax.evaluation import reports
 from hmdlm_jax.evaluation import run as eval_run
 from scripts import stats
 
@@ -98,8 +99,8 @@ def main() -> None:
   print('\n| model@step | bound nats (PPL) | L_LM true level | L_LM level hidden | gain | '
         'L_hier + L_cons | Appendix E nats (PPL, estimate) |')
   print('|---|---|---|---|---|---|---|')
-  fmt = lambda v: f'{v[0]:.3f} ± {v[1]:.3f}'
   for name, s in summary.items():
+    fmt = lambda v, n=len(rows[name]): reports.mean_pm(*v, digits=3, count=n)
     b, e = s['bound'], s['appendix_e']
     cells = [fmt(b) + f' ({math.exp(b[0]):.1f})']
     if name.startswith('hmdlm'):

@@ -246,6 +246,7 @@ def _fmt(x: float | None, nd: int = 2) -> str:
 
 
 def summary(results: dict[str, Any]) -> str:
+  from hmdlm_jax.evaluation import reports  # pylint: disable=g-import-not-at-top
   u = results['unigram']
   lines = [f'Test split: {u["num_test_tokens"]} loss tokens ([CLS]/[SEP] included), tokenizer '
            f'{u["tokenizer"]} ({u["vocab_size"]} rows with MASK); step budget '
@@ -258,7 +259,8 @@ def summary(results: dict[str, Any]) -> str:
     r = results.get(name, {}).get('mean')
     if r is None:
       continue
-    nats = f'{_fmt(r["bound_nats_per_token"], 4)} ± {_fmt(r.get("bound_nats_per_token_se"), 4)}'
+    nats = reports.mean_pm(r['bound_nats_per_token'], r.get('bound_nats_per_token_se'), digits=4,
+                           count=len(results['seeds']))
     est = r.get('appendix_e_ppl_ESTIMATE_not_a_bound')
     ratio = r['train_wall_s'] / ref if ref else None
     lines.append(f'{name.upper() + " (" + r["bound_kind"] + ")":24s} {_fmt(r["bound_ppl"]):>10s} '

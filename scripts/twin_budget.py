@@ -95,7 +95,7 @@ def read_run(workdir: str) -> dict[str, Any] | None:
 
 def table(runs: dict[str, dict[int, dict[str, Any]]], seeds: list[int]) -> str:
   done = [s for s in seeds if all(runs[m].get(s) for m in MODELS)]
-  pct = lambda ms: f'{100 * ms[0]:.1f} ± {100 * ms[1]:.1f}'
+  pct = lambda ms: reports.mean_pm(*ms, digits=1, count=len(done), scale=100)
   keys = [f'{d}_{k}' for d in DECODINGS for k in ('solve', 'cells')]
   lines = [f'seeds with both runs: {done}',
            '| model | steps | ' + ' | '.join(keys) + ' | train wall s |',

@@ -21,8 +21,8 @@ import time
 from typing import Iterable
 
 import numpy as np
-import tqdm
 
+from hmdlm_jax import progress as progress_lib
 from hmdlm_jax.data import sudoku
 from hmdlm_jax.data import sudoku_csv
 
@@ -154,8 +154,8 @@ def generate_dataset(seed: int, count: int, split: str, *, min_givens: int = 17,
   start = time.perf_counter()
   quizzes, sols = [], []
   with contextlib.ExitStack() as stack:
-    bar = stack.enter_context(_progress(total=count, desc=f'generating {split} sudoku',
-                                        enabled=progress))
+    bar = stack.enter_context(progress_lib.bar(desc=f'generating {split} sudoku',
+                                               unit='puzzle', total=count, enabled=progress))
     if processes > 1:
       pool = stack.enter_context(multiprocessing.get_context('spawn').Pool(processes))
       results: Iterable[tuple[np.ndarray, np.ndarray]] = pool.imap(_generate_chunk, jobs)
@@ -169,10 +169,6 @@ def generate_dataset(seed: int, count: int, split: str, *, min_givens: int = 17,
   givens = (quiz > 0).sum(-1)
   hist = {int(k): int(v) for k, v in zip(*np.unique(givens, return_counts=True))}
   return quiz, sol, GenStats(count, time.perf_counter() - start, hist)
-
-
-def _progress(total: int, desc: str, enabled: bool) -> tqdm.tqdm:
-  return tqdm.tqdm(total=total, desc=desc, unit='puzzle', disable=not enabled)
 
 
 

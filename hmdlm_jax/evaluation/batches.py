@@ -8,10 +8,9 @@ per-row validity field (`VALID_FIELDS`, data/pipeline.py).
 
 from __future__ import annotations
 
-from typing import Any, Iterable, Iterator, Mapping
+from typing import Iterable, Iterator, Mapping
 
 import numpy as np
-import tqdm
 
 from hmdlm_jax.processes import base as process_base
 
@@ -102,11 +101,3 @@ def rebatch(batches: Iterable[Batch], size: int
   if count:
     core = {k: np.concatenate(v) for k, v in buf.items()}
     yield _pad(core, np.ones(count, bool), size - count)
-
-
-def progress(iterable: Iterable[Any] | None, *, desc: str, enabled: bool,
-             total: int | None = None) -> Any:
-  """tqdm over `iterable` (a manual bar when None); the iterable itself (or None) if disabled."""
-  if not enabled:
-    return iterable
-  return tqdm.tqdm(iterable, desc=desc, total=total, unit='batch', leave=False)

@@ -24,6 +24,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from hmdlm_jax import progress as progress_lib
 from hmdlm_jax.evaluation import batches as batches_lib
 from hmdlm_jax.evaluation import compiled
 from hmdlm_jax.processes import base as process_base
@@ -146,7 +147,7 @@ def evaluate_perplexity(apply_fn: compiled.ApplyFn, process: process_base.Proces
     num_t_samples: t draws per example (config.eval.num_t_samples); averaged per example.
     t_min: lower end of t ~ U(t_min, 1) (config.loss.t_min).
     max_examples: only the first this many examples.
-    progress: tqdm bar.
+    progress: show a progress bar (hmdlm_jax/progress.py).
 
   Returns:
     dict: bound_nats_per_token, bound_stderr, ppl (= exp bound), lm/hier/cons_nats_per_token,
@@ -159,8 +160,8 @@ def evaluate_perplexity(apply_fn: compiled.ApplyFn, process: process_base.Proces
   acc = names = None
   base = jax.random.PRNGKey(int(time_seed))
   it = batches_lib.fixed_batches(batches, max_examples=max_examples, what='perplexity batches')
-  for j, (batch, valid) in enumerate(batches_lib.progress(it, desc='perplexity',
-                                                          enabled=progress)):
+  for j, (batch, valid) in enumerate(progress_lib.bar(it, desc='perplexity', unit='batch',
+                                                      enabled=progress, leave=False)):
     batch = process.prepare_batch(batch)
     device_batch = {k: jnp.asarray(v) for k, v in batch.items()}
     n_tok = (batch['loss_mask'] & valid[:, None]).sum(-1).astype(np.float64)  # [B]

@@ -68,6 +68,19 @@ def mean_std(per_seed: Sequence[Mapping[str, Any]]) -> tuple[dict[str, Any], dic
   return mean, std
 
 
+def mean_pm(mean: float | None, spread: float | None, *, digits: int, count: int,
+            scale: float = 1.0, suffix: str = '') -> str:
+  """'m<suffix> ± s' of a mean over `count` values (seeds), 'm<suffix>' alone when there is no
+  spread to show (one value: a population std of 0 is no error bar; None or NaN), 'n/a' when
+  `mean` is None. `scale` multiplies both (100: percent)."""
+  if mean is None:
+    return 'n/a'
+  text = f'{scale * mean:.{digits}f}{suffix}'
+  if count < 2 or spread is None or not math.isfinite(spread):
+    return text
+  return f'{text} ± {scale * spread:.{digits}f}'
+
+
 def flatten_metrics(tree: Mapping[str, Any], prefix: str = '') -> dict[str, float]:
   """Nested results -> {'a/b/c': float} of the finite numbers only (for metrics.jsonl / TB)."""
   out: dict[str, float] = {}

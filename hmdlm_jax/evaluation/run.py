@@ -165,6 +165,6 @@ def run_sample(config: config_lib.Config, workdir: str,
   print(f'{len(records)} samples of step {step} -> {path}', file=sys.stderr)
   if config.sample.pictures:
     pictures = task.pictures(config, out_dir, records)
-    print(f'reveal-order pictures -> {os.path.join(out_dir, reports.PICTURES_DIR)} ({pictures})',
-          file=sys.stderr)
+    print(f'{len(pictures)} reveal-order pictures -> '
+          f'{os.path.join(out_dir, reports.PICTURES_DIR)}', file=sys.stderr)
   return records

@@ -14,6 +14,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from hmdlm_jax import progress as progress_lib
 from hmdlm_jax.config import SampleConfig
 from hmdlm_jax.evaluation import batches as batches_lib
 from hmdlm_jax.evaluation import compiled
@@ -110,8 +111,8 @@ def sample_rows(apply_fn: compiled.ApplyFn, key: jax.Array, process: process_bas
   prompt_iter = None if prompts is None else batches_lib.rebatch(prompts, batch_size)
   parts: dict[str, list[np.ndarray]] = {'tokens': [], 'levels': [], 'reveal_step': [], 'given': []}
   nfe, done, j = [], 0, 0
-  bar = batches_lib.progress(None, desc='sampling', enabled=progress,
-                             total=-(-num_samples // batch_size))
+  bar = progress_lib.bar(desc='sampling', unit='batch', enabled=progress, leave=False,
+                         total=-(-num_samples // batch_size))
   while done < num_samples:
     k = jax.random.fold_in(key, j)
     if prompt_iter is not None:
@@ -134,8 +135,6 @@ def sample_rows(apply_fn: compiled.ApplyFn, key: jax.Array, process: process_bas
     nfe.append(int(out.nfe))
     done += take
     j += 1
-    if bar is not None:
-      bar.update()
-  if bar is not None:
-    bar.close()
+    bar.update()
+  bar.close()
   return SampledRows(**{n: np.concatenate(v) for n, v in parts.items()}, nfe=nfe)

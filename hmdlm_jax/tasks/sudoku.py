@@ -20,6 +20,7 @@ import jax
 import numpy as np
 
 from hmdlm_jax import config as config_lib
+from hmdlm_jax import progress as progress_lib
 from hmdlm_jax import storage
 from hmdlm_jax.config import SampleConfig
 from hmdlm_jax.data import sudoku
@@ -153,7 +154,7 @@ def evaluate_sudoku(apply_fn: compiled.ApplyFn, key: jax.Array, process: process
     seeds: sampling seeds; each is reported, then mean and std over seeds.
     decodings: subset of ('greedy', 'stochastic').
     max_examples: evaluate only the first this many puzzles.
-    progress: tqdm bar over batches.
+    progress: show a progress bar over batches (hmdlm_jax/progress.py).
     labeller_at: the hierarchy head is replaced by the batch's labeller levels, which the
       labeller computes from the givens alone (a reference decoding, docs/method.md §10; K > 1),
       on the cells whose labeller level is one of these (all levels: every cell).
@@ -195,8 +196,8 @@ def evaluate_sudoku(apply_fn: compiled.ApplyFn, key: jax.Array, process: process
       outs = [run(jax.random.fold_in(seed_key, j), *samples.given_inputs(batch, process, cfg),
                   *(_labeller_args(batch, labeller_at) if labeller_at else ()))
               for j, (batch, _) in enumerate(data)]
-      it = batches_lib.progress(zip(data, outs), desc=f'sudoku {decoding} seed {seed}',
-                                enabled=progress, total=len(data))
+      it = progress_lib.bar(zip(data, outs), desc=f'sudoku {decoding} seed {seed}',
+                            unit='batch', enabled=progress, total=len(data), leave=False)
       for (batch, valid), out in it:
         out = jax.device_get(out)
         counts = _add_counts(counts, sudoku_counts(
@@ -428,13 +429,14 @@ class SudokuTask(base.Task):
 
   def summary(self, results: Mapping[str, Any]) -> list[str]:
     lines = [f'Sudoku: {results["num_puzzles"]} puzzles, seeds {results["seeds"]}']
+    count = len(results['seeds'])
     for d in DECODINGS:
       if d not in results:
         continue
       m, s = results[d]['mean'], results[d]['std']
 
       def pct(k: str) -> str:
-        return 'n/a' if m.get(k) is None else f'{100 * m[k]:.2f}% ± {100 * s[k]:.2f}'
+        return reports.mean_pm(m.get(k), s.get(k), digits=2, count=count, scale=100, suffix='%')
       levels = ' '.join(f'L{k}={pct(f"cell_accuracy_level_{k}")}'
                         for k in range(sudoku.NUM_LEVELS) if f'cell_accuracy_level_{k}' in m)
       lines.append(f'  {d:10s} solve {pct("solve_rate")}  cell acc {pct("cell_accuracy")}  valid '

@@ -244,8 +244,10 @@ class TextTask(base.Task):
     # ident) and its estimates.
     terms = ', '.join(f'{k[:-len("_nats_per_token")]} {v:.4f}' for k, v in p.items()
                       if k.endswith('_nats_per_token') and k != 'bound_nats_per_token')
+    bound = reports.mean_pm(p['bound_nats_per_token'], p['bound_stderr'], digits=4,
+                            count=p['num_sequences'])
     lines = [
-        f'Bound ({p["bound_kind"]}): {p["bound_nats_per_token"]:.4f} ± {p["bound_stderr"]:.4f} '
+        f'Bound ({p["bound_kind"]}): {bound} '
         f'nats/token  PPL {p["ppl"]:.3f}  ({terms}) over '
         f'{p["num_tokens"]} tokens / {p["num_sequences"]} sequences',
     ] + [f'{k[len("ppl_"):-len("_estimate")].replace("_", " ")} estimate (not a bound): '
@@ -257,7 +259,7 @@ class TextTask(base.Task):
       def show(k: str) -> str:
         if m.get(k) is None:
           return f'n/a ({s.get(k + "_unavailable_reason") or "undefined"})'
-        return f'{m[k]:.4f} ± {sd[k]:.4f}'
+        return reports.mean_pm(m[k], sd[k], digits=4, count=len(s['per_seed']))
       n = next(iter(s['per_seed'].values()))['num_samples']
       lines.append(f'Samples: {n} per seed x {len(s["per_seed"])} seeds  entropy '
                    f'{show("entropy")}  gen PPL {show("gen_ppl")}  MAUVE {show("mauve")}  level '
