@@ -70,6 +70,20 @@ def listdir(path: str) -> list[str]:
   return os.listdir(path)
 
 
+def file_sizes(directory: str) -> dict[str, int]:
+  """'sub/name' -> size in bytes of every file under `directory` (relative paths, '/' joined)."""
+  if is_url(directory):
+    root = as_path(directory)
+    return {p.relative_to(root).as_posix(): int(p.stat().length)
+            for p in root.rglob('*') if p.is_file()}
+  out = {}
+  for parent, _, names in os.walk(directory):
+    for name in names:
+      path = os.path.join(parent, name)
+      out[os.path.relpath(path, directory).replace(os.sep, '/')] = os.path.getsize(path)
+  return out
+
+
 def makedirs(path: str) -> None:
   """Creates the local directory `path`; nothing for a URL (objects need no folder, and gcsfs
   would create a missing bucket)."""
