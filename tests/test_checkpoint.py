@@ -162,8 +162,10 @@ def _copy_run(reference_run, tmp_path) -> str:
   return dst
 
 
-def _largest_file(d: str) -> str:
-  files = [os.path.join(r, f) for r, _, fs in os.walk(d) for f in fs]
+def _largest_array_file(d: str) -> str:
+  """The largest OCDBT data file (in a d/ folder) under `d`: array bytes, which Orbax reads only
+  when it restores them."""
+  files = [os.path.join(r, f) for r, _, fs in os.walk(d) if os.path.basename(r) == 'd' for f in fs]
   return max(files, key=os.path.getsize)
 
 
@@ -191,10 +193,10 @@ def _damage(step_dir: str, damage: str) -> str:
   if damage == 'drop_state':
     shutil.rmtree(os.path.join(step_dir, 'state'))
     return 'state'
-  path = {'truncate_array_data': lambda: _largest_file(os.path.join(step_dir, 'state', 'd')),
+  path = {'truncate_array_data': lambda: _largest_array_file(os.path.join(step_dir, 'state')),
           'truncate_metadata': lambda: os.path.join(step_dir, 'state', '_METADATA'),
           'empty_data_iter': lambda: os.path.join(step_dir, 'data_iter', 'process_0-of-1.json'),
-          }[damage]()  # the array file: the merged OCDBT data file
+          }[damage]()
   with open(path, 'r+b') as f:
     f.truncate(0 if damage == 'empty_data_iter' else os.path.getsize(path) // 2)
   return os.path.relpath(path, step_dir)
@@ -214,6 +216,7 @@ def test_damaged_latest_step_is_one_line_offering_the_whole_one(reference_run, t
   before = dir_hash(workdir)
   done = run_cmd(main_cmd(workdir, puzzle_cache, f'--mode={mode}'), jax_cache, timeout=120)
   assert done.returncode == 1 and 'Traceback' not in done.stderr, done.stderr[-3000:]
+  assert dir_hash(workdir) == before  # runs.jsonl and every other file byte-identical
   errors = [l for l in done.stderr.splitlines() if l.startswith('hmdlm_jax: error:')]
   assert len(errors) == 1, done.stderr[-3000:]
   whole = REF_STEPS - REF_CKPT
@@ -223,7 +226,6 @@ def test_damaged_latest_step_is_one_line_offering_the_whole_one(reference_run, t
   assert errors[0].startswith(f'hmdlm_jax: error: checkpoint {step_dir} is damaged: {name} is ')
   assert offer in errors[0], errors[0]
   assert len(errors[0].replace(workdir, 'DIR')) <= 300, errors[0]
-  assert dir_hash(workdir) == before  # runs.jsonl and every other file byte-identical
 
 
 def test_checkpoint_without_manifest_still_loads(reference_run, tmp_path):
