@@ -72,11 +72,17 @@ def listdir(path: str) -> list[str]:
 
 def file_sizes(directory: str) -> dict[str, int]:
   """'sub/name' -> size in bytes of every file under `directory` (relative paths, '/' joined)."""
-  if is_url(directory):
-    root = as_path(directory)
-    return {p.relative_to(root).as_posix(): int(p.stat().length)
-            for p in root.rglob('*') if p.is_file()}
   out = {}
+  if is_url(directory):  # by hand: epath's recursive glob is refused on GCS, its walk drops gs://
+    todo = [(as_path(directory), '')]
+    while todo:
+      folder, prefix = todo.pop()
+      for path in folder.iterdir():
+        if path.is_dir():
+          todo.append((path, f'{prefix}{path.name}/'))
+        else:
+          out[prefix + path.name] = int(path.stat().length)
+    return out
   for parent, _, names in os.walk(directory):
     for name in names:
       path = os.path.join(parent, name)
