@@ -108,7 +108,7 @@ class Checkpointer:
     # Always Orbax's asynchronous saver (its post-finalisation callback writes the manifest, and
     # only that saver has one); train.async_checkpoint=False waits for each save in `save`.
     self._async = bool(train_cfg.async_checkpoint)
-    self._saving: collections.deque[tuple[int, set[str]]] = collections.deque()
+    self._saving: collections.deque[int] = collections.deque()
     options = ocp.CheckpointManagerOptions(
         preservation_policy=_preservation_policy(keep_last, keep_period),
         enable_async_checkpointing=True,
@@ -151,10 +151,9 @@ class Checkpointer:
         state=ocp.args.StandardSave(state),
         data_iter=grain.checkpoint.CheckpointSave(data_iter),
         meta=ocp.args.JsonSave(meta))
-    # The temporary directories already there: the callback finds the new one among the rest.
     primary = jax.process_index() == 0  # where Orbax runs the callback
     if primary:
-      self._saving.append((int(step), set(list_tmp_dirs(self.directory))))
+      self._saving.append(int(step))
     if not self._mngr.save(int(step), args=args, force=True) and primary:
       self._saving.pop()
     logging.info('Checkpoint of step %d being written to %s', step, self.step_dir(step))
@@ -165,11 +164,9 @@ class Checkpointer:
     """Orbax's callback (primary process, saves in order) once a step's files are all written and
     before it commits the step: a local step is still its temporary directory then; an object
     store's has its final name and gets a commit marker instead."""
-    step, earlier = self._saving.popleft()
-    new = [d for d in list_tmp_dirs(self.directory)
-           if d.split('.', 1)[0] == str(step) and d not in earlier]
-    checkpoint_manifest.write(storage.join(self.directory, new[0]) if len(new) == 1
-                              else self.step_dir(step))
+    final = self.step_dir(self._saving.popleft())
+    tmp = final + _TMP_MARK  # Orbax's fixed name: one left by a killed save is replaced
+    checkpoint_manifest.write(tmp if storage.isdir(tmp) else final)
 
   def wait(self) -> None:
     self._mngr.wait_until_finished()
