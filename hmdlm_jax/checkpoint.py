@@ -16,6 +16,7 @@ names the directory and what is wrong.
 
 from __future__ import annotations
 
+import collections
 import signal
 import threading
 import time
@@ -27,6 +28,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 from absl import logging
 
+from hmdlm_jax import checkpoint_manifest
 from hmdlm_jax import storage
 
 FORMAT_VERSION = 1
@@ -103,9 +105,14 @@ class Checkpointer:
     if read_only and not storage.isdir(self.directory):
       raise CheckpointError(f'No checkpoint directory {self.directory!r}: train first '
                             '(--mode=train with the same --workdir).')
+    # Always Orbax's asynchronous saver (its post-finalisation callback writes the manifest, and
+    # only that saver has one); train.async_checkpoint=False waits for each save in `save`.
+    self._async = bool(train_cfg.async_checkpoint)
+    self._saving: collections.deque[int] = collections.deque()
     options = ocp.CheckpointManagerOptions(
         preservation_policy=_preservation_policy(keep_last, keep_period),
-        enable_async_checkpointing=bool(train_cfg.async_checkpoint),
+        enable_async_checkpointing=True,
+        async_options=ocp.AsyncOptions(post_finalization_callback=self._write_manifest),
         create=not read_only, read_only=read_only, cleanup_tmp_directories=False)
     try:
       self._mngr = ocp.CheckpointManager(
@@ -144,8 +151,22 @@ class Checkpointer:
         state=ocp.args.StandardSave(state),
         data_iter=grain.checkpoint.CheckpointSave(data_iter),
         meta=ocp.args.JsonSave(meta))
-    self._mngr.save(int(step), args=args, force=True)
+    primary = jax.process_index() == 0  # where Orbax runs the callback
+    if primary:
+      self._saving.append(int(step))
+    if not self._mngr.save(int(step), args=args, force=True) and primary:
+      self._saving.pop()
     logging.info('Checkpoint of step %d being written to %s', step, self.step_dir(step))
+    if not self._async:
+      self.wait()
+
+  def _write_manifest(self) -> None:
+    """Orbax's callback (primary process, saves in order) once a step's files are all written and
+    before it commits the step: a local step is still its temporary directory then; an object
+    store's has its final name and gets a commit marker instead."""
+    final = self.step_dir(self._saving.popleft())
+    tmp = final + _TMP_MARK  # Orbax's fixed name: one left by a killed save is replaced
+    checkpoint_manifest.write(tmp if storage.isdir(tmp) else final)
 
   def wait(self) -> None:
     self._mngr.wait_until_finished()
@@ -167,6 +188,14 @@ class Checkpointer:
       raise CheckpointError(f'--step={step}: {self.directory!r} holds no checkpoint of that step; '
                             f'it holds steps {steps} (omit --step for the latest).')
     return step
+
+  def damage(self, step: int) -> str | None:
+    """What is wrong with step `step`'s files (checkpoint_manifest.problem), None if whole."""
+    return checkpoint_manifest.problem(self.step_dir(step))
+
+  def whole_step_before(self, step: int) -> int | None:
+    """The latest step below `step` whose files are whole, None if there is none."""
+    return next((s for s in reversed(self.all_steps()) if s < step and not self.damage(s)), None)
 
   def check_compatible(self, abstract_state: Any, step: int) -> None:
     """Reads step `step`'s stored tree (metadata only) and compares it with `abstract_state`.
@@ -215,6 +244,9 @@ class Checkpointer:
     """
     step = self.select_step(step)
     where = self.step_dir(step)
+    damage = self.damage(step)
+    if damage:
+      raise CheckpointError(f'Checkpoint {where!r} is damaged: {damage}. {_HINT}')
     self.check_compatible(abstract_state, step)
     items = dict(state=ocp.args.StandardRestore(abstract_state), meta=ocp.args.JsonRestore())
     if data_iter is not None:
@@ -232,7 +264,7 @@ class Checkpointer:
     return restored['state'], meta
 
 
-def _short(e: BaseException, n: int = 600) -> str:
+def _short(e: BaseException, n: int = 200) -> str:
   s = str(e).strip().replace('\n', ' ')
   return s if len(s) <= n else s[:n] + ' ...'
 

@@ -4,9 +4,10 @@ A mistake is one ValueError naming the field or file and what to do, raised befo
 created or the model initialised. In order: the task's data against the model, the process, the
 batch against the process count; the workdir (train: creatable; eval / sample: exists, outputs
 writable); memory and disk (hmdlm_jax/resources.py: the batch fits the devices, one checkpoint the
-disk); the checkpoint (resume: its stored config agrees on workdir.RESUME_FIELDS and its tree
-fits; eval / sample: --step exists and fits); a warm start's source fits the model (shapes only);
-sample inputs parse; eval / sample outputs do not exist yet unless `overwrite`.
+disk); the checkpoint (its files whole, checkpoint_manifest; resume: its stored config agrees on
+workdir.RESUME_FIELDS and its tree fits; eval / sample: --step exists and fits); a warm start's
+source fits the model (shapes only); sample inputs parse; eval / sample outputs do not exist yet
+unless `overwrite`.
 """
 
 from __future__ import annotations
@@ -63,6 +64,25 @@ def _stored_config(ckpt: ckpt_lib.Checkpointer, workdir: str, step: int) -> tupl
     return None, ''
 
 
+def _check_whole(ckpt: ckpt_lib.Checkpointer, step: int, workdir: str, mode: str) -> None:
+  """Step `step`'s files against its manifest (checkpoint_manifest); a damaged one is refused
+  naming the file and the latest whole step before it (train: move the damaged step away)."""
+  damage = ckpt.damage(step)
+  if not damage:
+    return
+  where = ckpt.step_dir(step)
+  earlier = ckpt.whole_step_before(step)
+  if earlier is None:
+    offer = ('no earlier step is whole: use another --workdir to start afresh' if mode == 'train'
+             else 'no earlier step is whole: train again')
+  elif mode == 'train':
+    offer = (f'step {earlier} is whole: move this step away (mv {where} '
+             f'{storage.join(workdir, f"damaged_step_{step}")}) to resume from it')
+  else:
+    offer = f'step {earlier} is whole: --step={earlier} uses it'
+  raise ckpt_lib.CheckpointError(f'checkpoint {where} is damaged: {damage}; {offer}.')
+
+
 def check_resume(config: config_lib.Config, workdir: str, model: nn.Module, *,
                  resume_with_changes: bool = False) -> int | None:
   """The step a training run of `model` in `workdir` resumes from (None: a fresh start),
@@ -74,6 +94,7 @@ def check_resume(config: config_lib.Config, workdir: str, model: nn.Module, *,
     step = ckpt.latest_step()
     if step is None:
       return None
+    _check_whole(ckpt, step, workdir, 'train')
     num_steps = int(config.train.num_steps)
     # The loop would not run and the command would end with exit 0 and no word. Equal is let
     # through: rerunning a finished (or preempted-at-its-last-step) command is the documented
@@ -111,6 +132,7 @@ def check_checkpoint(config: config_lib.Config, workdir: str, step: int | None,
   ckpt = ckpt_lib.Checkpointer(workdir, config.train, read_only=True)
   try:
     step = ckpt.select_step(step)
+    _check_whole(ckpt, step, workdir, 'eval')
     try:
       ckpt.check_compatible(_abstract_state(config, model), step)
     except ckpt_lib.CheckpointError as e:

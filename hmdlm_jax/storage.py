@@ -70,6 +70,26 @@ def listdir(path: str) -> list[str]:
   return os.listdir(path)
 
 
+def file_sizes(directory: str) -> dict[str, int]:
+  """'sub/name' -> size in bytes of every file under `directory` (relative paths, '/' joined)."""
+  out = {}
+  if is_url(directory):  # by hand: epath's recursive glob is refused on GCS, its walk drops gs://
+    todo = [(as_path(directory), '')]
+    while todo:
+      folder, prefix = todo.pop()
+      for path in folder.iterdir():
+        if path.is_dir():
+          todo.append((path, f'{prefix}{path.name}/'))
+        else:
+          out[prefix + path.name] = int(path.stat().length)
+    return out
+  for parent, _, names in os.walk(directory):
+    for name in names:
+      path = os.path.join(parent, name)
+      out[os.path.relpath(path, directory).replace(os.sep, '/')] = os.path.getsize(path)
+  return out
+
+
 def makedirs(path: str) -> None:
   """Creates the local directory `path`; nothing for a URL (objects need no folder, and gcsfs
   would create a missing bucket)."""

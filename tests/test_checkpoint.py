@@ -164,27 +164,21 @@ def _copy_run(reference_run, tmp_path) -> str:
   return dst
 
 
-def _largest_file(d: str) -> str:
-  files = [os.path.join(r, f) for r, _, fs in os.walk(d) for f in fs]
+def _largest_array_file(d: str) -> str:
+  """The largest OCDBT data file (in a d/ folder) under `d`: array bytes, which Orbax reads only
+  when it restores them."""
+  files = [os.path.join(r, f) for r, _, fs in os.walk(d) if os.path.basename(r) == 'd' for f in fs]
   return max(files, key=os.path.getsize)
 
 
 # Orbax's async machinery may report a closed event loop after the (expected) failure.
 @pytest.mark.filterwarnings('ignore::pytest.PytestUnraisableExceptionWarning')
-@pytest.mark.parametrize('damage', ['truncate_array_data', 'truncate_metadata', 'drop_state'])
+@pytest.mark.parametrize('damage', ['truncate_array_data', 'truncate_metadata', 'drop_state',
+                                    'empty_data_iter'])
 def test_corrupted_checkpoint_clear_error_and_untouched(reference_run, tmp_path, damage):
   workdir = _copy_run(reference_run, tmp_path)
   step_dir = os.path.join(workdir, 'checkpoints', str(REF_STEPS))
-  if damage == 'truncate_array_data':
-    path = _largest_file(os.path.join(step_dir, 'state', 'd'))  # the merged OCDBT data file
-    with open(path, 'r+b') as f:
-      f.truncate(os.path.getsize(path) // 2)
-  elif damage == 'truncate_metadata':
-    path = os.path.join(step_dir, 'state', '_METADATA')
-    with open(path, 'r+b') as f:
-      f.truncate(os.path.getsize(path) // 2)
-  else:
-    shutil.rmtree(os.path.join(step_dir, 'state'))
+  _damage(step_dir, damage)
   before = dir_hash(workdir)
   cfg, abstract = _abstract_state()
   ckpt = ckpt_lib.Checkpointer(workdir, cfg.train)
@@ -193,6 +187,59 @@ def test_corrupted_checkpoint_clear_error_and_untouched(reference_run, tmp_path,
   assert step_dir in str(e.value) and 'untouched' in str(e.value)
   ckpt.close()
   assert dir_hash(workdir) == before
+
+
+def _damage(step_dir: str, damage: str) -> str:
+  """Damages the checkpoint step `step_dir` as `damage` says; returns the damaged file's name
+  relative to it."""
+  if damage == 'drop_state':
+    shutil.rmtree(os.path.join(step_dir, 'state'))
+    return 'state'
+  path = {'truncate_array_data': lambda: _largest_array_file(os.path.join(step_dir, 'state')),
+          'truncate_metadata': lambda: os.path.join(step_dir, 'state', '_METADATA'),
+          'empty_data_iter': lambda: os.path.join(step_dir, 'data_iter', 'process_0-of-1.json'),
+          }[damage]()
+  with open(path, 'r+b') as f:
+    f.truncate(0 if damage == 'empty_data_iter' else os.path.getsize(path) // 2)
+  return os.path.relpath(path, step_dir)
+
+
+# Found before anything is written (it was found mid-restore, after runs.jsonl had its record, in
+# an error line of ~850 characters, and now and then with a traceback).
+@pytest.mark.parametrize('mode', ['train', 'eval'])
+@pytest.mark.parametrize('damage', ['truncate_array_data', 'empty_data_iter'])
+def test_damaged_latest_step_is_one_line_offering_the_whole_one(reference_run, tmp_path,
+                                                                puzzle_cache, jax_cache, mode,
+                                                                damage):
+  workdir = str(tmp_path / 'run')
+  shutil.copytree(reference_run['workdir'], workdir)
+  step_dir = os.path.join(workdir, 'checkpoints', str(REF_STEPS))
+  name = _damage(step_dir, damage)
+  before = dir_hash(workdir)
+  done = run_cmd(main_cmd(workdir, puzzle_cache, f'--mode={mode}'), jax_cache, timeout=120)
+  assert done.returncode == 1 and 'Traceback' not in done.stderr, done.stderr[-3000:]
+  assert dir_hash(workdir) == before  # runs.jsonl and every other file byte-identical
+  errors = [l for l in done.stderr.splitlines() if l.startswith('hmdlm_jax: error:')]
+  assert len(errors) == 1, done.stderr[-3000:]
+  whole = REF_STEPS - REF_CKPT
+  offer = (f'step {whole} is whole: move this step away (mv {step_dir} '
+           f'{os.path.join(workdir, f"damaged_step_{REF_STEPS}")}) to resume from it.'
+           if mode == 'train' else f'step {whole} is whole: --step={whole} uses it.')
+  assert errors[0].startswith(f'hmdlm_jax: error: checkpoint {step_dir} is damaged: {name} is ')
+  assert offer in errors[0], errors[0]
+  assert len(errors[0].replace(workdir, 'DIR')) <= 300, errors[0]
+
+
+def test_checkpoint_without_manifest_still_loads(reference_run, tmp_path):
+  # Written before the manifest existed: Orbax's own checks only, and it restores.
+  workdir = _copy_run(reference_run, tmp_path)
+  for step in os.listdir(os.path.join(workdir, 'checkpoints')):
+    os.remove(os.path.join(workdir, 'checkpoints', step, 'hmdlm_manifest.json'))
+  cfg, abstract = _abstract_state()
+  ckpt = ckpt_lib.Checkpointer(workdir, cfg.train)
+  state, meta = ckpt.restore(abstract, None)
+  assert meta['step'] == REF_STEPS and int(state.step) == REF_STEPS
+  ckpt.close()
 
 
 def test_incompatible_checkpoint_names_mismatch(reference_run, tmp_path):
@@ -221,15 +268,20 @@ def test_workdir_that_is_a_file(tmp_path, puzzle_cache, jax_cache):
   assert path.read_text() == 'x'
 
 
-def test_restore_round_trip_with_iterator_state(tmp_path):
-  """Save/restore a small state and a Grain iterator: both come back exactly, in one step dir."""
+@pytest.mark.parametrize('async_checkpoint', [True, False])
+def test_restore_round_trip_with_iterator_state(tmp_path, async_checkpoint):
+  """Save/restore a small state and a Grain iterator: both come back exactly, in one step dir,
+  each step with its manifest whatever the saver."""
   import grain  # pylint: disable=g-import-not-at-top
   import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
   import ml_collections  # pylint: disable=g-import-not-at-top
-  train_cfg = ml_collections.ConfigDict(dict(keep_last=2, keep_period=4, async_checkpoint=True))
+  train_cfg = ml_collections.ConfigDict(dict(keep_last=2, keep_period=4,
+                                             async_checkpoint=async_checkpoint))
   ds = grain.MapDataset.range(100).batch(4).to_iter_dataset()
   it = iter(ds)
   state = {'w': jnp.arange(6.0).reshape(2, 3), 'step': jnp.int32(0)}
+  # What a save killed midway leaves; the step saved again replaces it (and has its manifest).
+  os.makedirs(os.path.join(tmp_path, 'checkpoints', '8.orbax-checkpoint-tmp', 'state'))
   ckpt = ckpt_lib.Checkpointer(str(tmp_path), train_cfg)
   seen = []
   for step in range(1, 10):
@@ -239,6 +291,9 @@ def test_restore_round_trip_with_iterator_state(tmp_path):
   ckpt.wait()
   # keep_last=2 plus every multiple of keep_period=4.
   assert ckpt.all_steps() == [4, 8, 9]
+  for step in (4, 8, 9):
+    assert os.path.isfile(os.path.join(ckpt.step_dir(step), 'hmdlm_manifest.json'))
+    assert ckpt.damage(step) is None
   expected_next = next(it)
   it2 = iter(ds)
   abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(

@@ -205,6 +205,9 @@ def test_urls_on_the_emulator(gcs, monkeypatch):
   assert gcs.objects('unit/') == {'unit/runs.jsonl': 14, 'unit/summary.json': 2}  # no .tmp
   assert storage.isdir(base) and storage.isfile(path) and storage.exists(path)
   assert sorted(storage.listdir(base)) == ['runs.jsonl', 'summary.json']
+  storage.write_text(storage.join(base, 'sub', 'd', 'x'), 'abc')
+  assert storage.file_sizes(base) == {'runs.jsonl': 14, 'summary.json': 2, 'sub/d/x': 3}
+  storage.as_path(storage.join(base, 'sub', 'd', 'x')).unlink()
   assert storage.probe_writable(base) is None
   assert storage.probe_writable('gs://no-such-bucket/x') == 'the bucket does not exist'
   assert gcs.objects('unit/') == {'unit/runs.jsonl': 14, 'unit/summary.json': 2}

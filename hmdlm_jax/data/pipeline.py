@@ -25,6 +25,7 @@ import grain
 import numpy as np
 
 from hmdlm_jax import config as config_lib
+from hmdlm_jax import parent_watch
 from hmdlm_jax import storage
 
 
@@ -102,14 +103,16 @@ def finalize(ds: grain.MapDataset, config: config_lib.Config) -> grain.IterDatas
 
 
 def worker_prefetch(it_ds: grain.IterDataset, workers: int) -> grain.IterDataset:
-  """`it_ds` run by `workers` Grain worker processes (`mp_prefetch`); unchanged when 0."""
+  """`it_ds` run by `workers` Grain worker processes (`mp_prefetch`; they exit with this
+  process, hmdlm_jax/parent_watch.py); unchanged when 0."""
   if workers > 0:
     from absl import flags  # pylint: disable=g-import-not-at-top
     if not flags.FLAGS.is_parsed():
       # Grain's worker processes read its absl flags.
       raise ValueError(f'data.num_workers={workers} needs absl flags parsed (run under '
                        'absl.app.run); use data.num_workers=0 otherwise')
-    it_ds = it_ds.mp_prefetch(grain.MultiprocessingOptions(num_workers=workers))
+    it_ds = it_ds.mp_prefetch(grain.MultiprocessingOptions(num_workers=workers),
+                              worker_init_fn=parent_watch.initializer())
   return it_ds
 
 

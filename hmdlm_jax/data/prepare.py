@@ -31,6 +31,7 @@ import numpy as np
 from array_record.python import array_record_module
 from etils import epath
 
+from hmdlm_jax import parent_watch
 from hmdlm_jax import storage
 from hmdlm_jax.data import tokenizers as tokenizers_lib
 
@@ -280,7 +281,8 @@ def prepare(inputs: str, output: str, tokenizer: str, *, split: str = 'train', w
     else:
       ctx = multiprocessing.get_context('spawn')
       with concurrent.futures.ProcessPoolExecutor(min(workers, len(todo)), mp_context=ctx,
-                                                  initializer=_quiet) as pool:
+                                                  initializer=parent_watch.initializer(_quiet)
+                                                  ) as pool:
         futures = {pool.submit(write_shard, u, *args): u['name'] for u in todo}
         for fut in concurrent.futures.as_completed(futures):
           done[futures[fut]] = fut.result()

@@ -22,6 +22,7 @@ from typing import Iterable
 
 import numpy as np
 
+from hmdlm_jax import parent_watch
 from hmdlm_jax import progress as progress_lib
 from hmdlm_jax.data import sudoku
 from hmdlm_jax.data import sudoku_csv
@@ -157,7 +158,8 @@ def generate_dataset(seed: int, count: int, split: str, *, min_givens: int = 17,
     bar = stack.enter_context(progress_lib.bar(desc=f'generating {split} sudoku',
                                                unit='puzzle', total=count, enabled=progress))
     if processes > 1:
-      pool = stack.enter_context(multiprocessing.get_context('spawn').Pool(processes))
+      pool = stack.enter_context(multiprocessing.get_context('spawn').Pool(
+          processes, initializer=parent_watch.initializer()))
       results: Iterable[tuple[np.ndarray, np.ndarray]] = pool.imap(_generate_chunk, jobs)
     else:
       results = map(_generate_chunk, jobs)
