@@ -11,15 +11,17 @@ directory, which restore ignores. Retention: the last `train.keep_last` steps pl
 is a multiple of `train.keep_period` (when > 0).
 
 A failed restore never deletes or rewrites anything: it raises CheckpointError (a ValueError) that
-names the directory and what is wrong.
+names the directory and what is wrong. A save the disk refuses raises write_errors.WriteError
+naming its step directory; its tmp directory is replaced by the save of the rerun.
 """
 
 from __future__ import annotations
 
+import contextlib
 import signal
 import threading
 import time
-from typing import Any, Mapping
+from typing import Any, Iterator, Mapping
 
 import grain
 import jax
@@ -28,6 +30,7 @@ import orbax.checkpoint as ocp
 from absl import logging
 
 from hmdlm_jax import storage
+from hmdlm_jax import write_errors
 
 FORMAT_VERSION = 1
 _TMP_MARK = '.orbax-checkpoint-tmp'
@@ -114,8 +117,12 @@ class Checkpointer:
                          'data_iter': grain.checkpoint.CheckpointHandler(),
                          'meta': ocp.JsonCheckpointHandler()})
     except (OSError, ValueError) as e:
+      refused = write_errors.from_exception(e, self.directory)
+      if refused:
+        raise refused from e
       raise CheckpointError(f'Cannot open checkpoint directory {self.directory!r}: '
                             f'{type(e).__name__}: {e}') from e
+    self._writing: int | None = None  # the step whose save may still be running
 
   # -- queries
 
@@ -144,15 +151,42 @@ class Checkpointer:
         state=ocp.args.StandardSave(state),
         data_iter=grain.checkpoint.CheckpointSave(data_iter),
         meta=ocp.args.JsonSave(meta))
-    self._mngr.save(int(step), args=args, force=True)
+    self.wait()  # Orbax waits for the previous save anyway; its failure is that step's
+    self._writing = int(step)
+    with self._naming_refused_writes():
+      self._mngr.save(int(step), args=args, force=True)
     logging.info('Checkpoint of step %d being written to %s', step, self.step_dir(step))
 
+  @contextlib.contextmanager
+  def _naming_refused_writes(self) -> Iterator[None]:
+    """Turns a write the disk refused while saving step `self._writing` into the WriteError that
+    names its step directory (Orbax raises TensorStore's message, or an OSError)."""
+    try:
+      yield
+    except Exception as e:  # pylint: disable=broad-except
+      if self._writing is not None:
+        refused = write_errors.from_exception(e, self.step_dir(self._writing))
+        if refused:
+          raise refused from e
+      raise
+
   def wait(self) -> None:
-    self._mngr.wait_until_finished()
+    """Waits for the save in flight (write_errors.WriteError when the disk refused it)."""
+    with self._naming_refused_writes():
+      self._mngr.wait_until_finished()
+    self._writing = None
 
   def close(self) -> None:
-    self._mngr.wait_until_finished()
+    self.wait()
     self._mngr.close()
+
+  def close_after_failure(self) -> None:
+    """Closes after another write failed: the save in flight is finished (a whole checkpoint to
+    resume from) or, when the disk refuses it too, dropped: the failure reported is the first."""
+    try:
+      self.close()
+    except write_errors.WriteError:
+      pass
 
   # -- restore
 
