@@ -6,13 +6,11 @@ Layout (Orbax CheckpointManager, `ocp.args` API) under DIR/checkpoints/<step>/:
   data_iter/ the Grain iterator state, one JSON file per process (grain.checkpoint handler);
   meta/      JSON: step, wall time, format version and the resolved config (for humans).
 Atomicity: Orbax writes a step to `<step>.orbax-checkpoint-tmp*` and renames it when complete, so
-a step directory without that suffix is always whole; a run killed mid-save leaves only a tmp
-directory, which restore ignores. Retention: the last `train.keep_last` steps plus every step that
-is a multiple of `train.keep_period` (when > 0).
-
-A failed restore never deletes or rewrites anything: it raises CheckpointError (a ValueError) that
-names the directory and what is wrong. A save the disk refuses raises write_errors.WriteError
-naming its step directory; its tmp directory is replaced by the save of the rerun.
+a step directory without that suffix is always whole; a run killed mid-save or refused by the disk
+(write_errors.WriteError naming the step) leaves only a tmp directory, which restore ignores and the
+rerun's save replaces. Retention: the last `train.keep_last` steps plus every multiple of
+`train.keep_period` (when > 0). A failed restore never deletes or rewrites anything: it raises
+CheckpointError (a ValueError) that names the directory and what is wrong.
 """
 
 from __future__ import annotations

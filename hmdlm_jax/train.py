@@ -322,8 +322,7 @@ def _write_summary(workdir: str, step: int, stop_reason: str, train_step: Any,
 
 def _close_after_failure(bar: metrics_lib.Progress, writer: metrics_lib.MetricsWriter,
                          ckpt: ckpt_lib.Checkpointer) -> None:
-  """Ends the run's outputs when a write was refused, before its error line is printed (the last
-  line): the bar's final state, the metric files, the checkpoint save in flight."""
+  """Ends the outputs (bar, metric files, the save in flight) before a refused write's line."""
   bar.close()
   writer.close()
   ckpt.close_after_failure()

@@ -3,12 +3,12 @@
 `WriteError` is the one error line main.py prints for it: the path, what the system said and what
 to do; rerunning the command resumes from the last checkpoint (every file is written atomically or
 appended whole, hmdlm_jax/storage.py). `from_exception` recognises such a failure in an OSError or
-in the message of a TensorStore error (Orbax's checkpoint writes), `tensorstore_path` too.
+in the message of a TensorStore error (Orbax's checkpoint writes).
 
 The libraries report the same failure on their own as well, from their threads: Orbax logs it with
 its traceback, asyncio logs the tasks that Orbax's event loop abandoned, and TensorStore's writes
-that end after that loop closed print 'Event loop is closed' (a write nothing awaits). `quiet_library_reports` drops exactly
-those reports, so the program's own line is the only one; every other record passes.
+that end after that loop closed print 'Event loop is closed' (writes nothing awaits any more).
+`quiet_library_reports` drops exactly those reports, so the program's line is the only one.
 """
 
 from __future__ import annotations
@@ -32,7 +32,6 @@ _KINDS = {
     errno.EROFS: ('read-only file system', 'make it writable'),
 }
 _TS_CODE = re.compile(r"\[os_error_code='(\d+)'\]")
-_TS_PATH = re.compile(r'Failed writing: "([^"]+)"')
 
 
 class WriteError(OSError):
@@ -41,9 +40,9 @@ class WriteError(OSError):
   def __init__(self, code: int, path: str) -> None:
     what, todo = _KINDS[code]
     super().__init__(code, what, path)
-    self.message = (f'cannot write {path}: {what} ({errno.errorcode[code]}); {todo} or use '
-                    'another --workdir, then rerun the same command (training resumes from its '
-                    'last checkpoint).')
+    self.message = (f'cannot write {path}: {what} ({errno.errorcode[code]}); {todo} or choose '
+                    'another --workdir / --out, then rerun the same command (training resumes '
+                    'from its last checkpoint).')
 
   def __str__(self) -> str:
     return self.message
@@ -71,12 +70,6 @@ def from_exception(e: BaseException, path: str) -> WriteError | None:
   return None
 
 
-def tensorstore_path(e: BaseException) -> str | None:
-  """The file a TensorStore write error names, if any."""
-  match = _TS_PATH.search(str(e))
-  return match.group(1) if match else None
-
-
 # ------------------------------------------------------------------------- the libraries' reports
 
 _OWN = f'{os.sep}hmdlm_jax{os.sep}'
@@ -93,7 +86,7 @@ def _closed_loop(exc: BaseException | None) -> bool:
   if not isinstance(exc, RuntimeError) or str(exc) != 'Event loop is closed':
     return False
   frames = traceback.extract_tb(exc.__traceback__)
-  return bool(frames) and frames[0].name == 'call_soon_threadsafe'
+  return any(f.name == 'call_soon_threadsafe' for f in frames)
 
 
 class _DropRefusedWrites(logging.Filter):

@@ -159,3 +159,107 @@ def test_eval_and_sample_on_a_full_disk_leave_nothing(reference_run, tmpfs, puzz
     assert left in (['filler'], ['filler', 'runs.jsonl']), left
     if 'runs.jsonl' in left:  # the record of the run: whole lines only
       assert all(json.loads(line) for line in open(os.path.join(out, 'runs.jsonl')))
+
+
+# A child whose files may not grow past 1050 bytes appends 100-byte lines to one file.
+_APPENDER = '''
+import sys
+from hmdlm_jax import storage
+for i in range(20):
+  try:
+    storage.append_text(sys.argv[1], f'{i:99d}\\n')
+  except OSError as e:
+    print(e)
+    break
+'''
+
+
+def test_a_refused_append_leaves_whole_lines(tmp_path):
+  """The 11th line fits only in part: it is cut off again, and the error names the file."""
+  path = str(tmp_path / 'metrics.jsonl')
+  proc = subprocess.run([sys.executable, '-c', _APPENDER, path], cwd=REPO, timeout=120,
+                        capture_output=True, text=True, check=False,
+                        preexec_fn=_file_size_limit(1050))
+  assert proc.returncode == 0, proc.stderr[-2000:]
+  assert os.path.getsize(path) == 1000
+  assert proc.stdout.startswith(f'cannot write {path}: file larger than the file-size limit '
+                                '(EFBIG); raise the file-size limit (ulimit -f)'), proc.stdout
+
+
+def test_refused_writes_are_recognised():
+  from hmdlm_jax import write_errors  # pylint: disable=g-import-not-at-top
+  e = write_errors.from_exception(PermissionError(13, 'Permission denied', '/x/y'), '/x')
+  assert str(e).startswith('cannot write /x: permission denied (EACCES); fix the permissions')
+  ts = ValueError('OUT_OF_RANGE: Error writing "a/0" in OCDBT database: Failed writing: "/c/d": '
+                  "Failed to write 167634 bytes to file 8: No space left on device "
+                  "[os_error_code='28']")
+  try:
+    try:
+      raise ts
+    except ValueError as inner:
+      raise RuntimeError('wrapped') from inner
+  except RuntimeError as outer:
+    e = write_errors.from_exception(outer, '/w/checkpoints/30')
+  assert 'cannot write /w/checkpoints/30: no space left on device (ENOSPC)' in str(e)
+  assert write_errors.from_exception(ValueError('bad value'), '/x') is None
+  assert write_errors.from_exception(OSError(5, 'I/O error'), '/x') is None
+
+
+def test_only_the_libraries_reports_of_a_refused_write_are_dropped(monkeypatch):
+  import logging  # pylint: disable=g-import-not-at-top
+  import threading  # pylint: disable=g-import-not-at-top
+  from hmdlm_jax import write_errors  # pylint: disable=g-import-not-at-top
+  shown = []
+  monkeypatch.setattr(sys, 'unraisablehook', lambda info: shown.append(info.exc_value))
+  monkeypatch.setattr(threading, 'excepthook', lambda args: shown.append(args.exc_value))
+  handler = logging.Handler()
+  write_errors.quiet_library_reports(handler)
+
+  def record(path: str, exc: BaseException | None, name: str = 'absl') -> logging.LogRecord:
+    return logging.LogRecord(name, logging.ERROR, path, 1, 'failed', None,
+                             (type(exc), exc, None) if exc else None)
+
+  full = OSError(28, 'No space left on device')
+  orbax = '/site-packages/orbax/checkpoint/_src/futures/future.py'
+  assert not handler.filter(record(orbax, full))
+  assert handler.filter(record(orbax, ValueError('another failure')))
+  assert handler.filter(record(os.path.join(REPO, 'hmdlm_jax', 'main.py'), full))  # our own
+  assert not handler.filter(record('/asyncio/base_events.py', None, 'asyncio'))  # after one
+
+  def call_soon_threadsafe() -> None:
+    raise RuntimeError('Event loop is closed')
+
+  for exc_value in (full, ValueError('kept')):
+    sys.unraisablehook(type('Info', (), {'exc_value': exc_value})())
+  try:
+    call_soon_threadsafe()
+  except RuntimeError as closed:
+    sys.unraisablehook(type('Info', (), {'exc_value': closed})())
+  threading.excepthook(type('Args', (), {'exc_value': full})())
+  threading.excepthook(type('Args', (), {'exc_value': KeyError('kept')})())
+  assert [str(e) for e in shown] == ['kept', "'kept'"]
+
+
+def test_tensorboard_events_are_whole_records(tmp_path):
+  """The event file written in the loop: TFRecord framing with valid CRCs, tensorboardX's protos."""
+  import struct  # pylint: disable=g-import-not-at-top
+  from tensorboardX import record_writer  # pylint: disable=g-import-not-at-top
+  from tensorboardX.proto import event_pb2  # pylint: disable=g-import-not-at-top
+  from hmdlm_jax import metrics as metrics_lib  # pylint: disable=g-import-not-at-top
+  writer = metrics_lib.MetricsWriter(str(tmp_path))
+  writer.write(1, 'train', {'loss': 2.5, 't=1.0': 0.5})
+  writer.write(2, 'eval', {'loss': 1.5})
+  writer.close()
+  (name,) = os.listdir(tmp_path / 'tb')
+  data, events = (tmp_path / 'tb' / name).read_bytes(), []
+  while data:
+    header, (crc,) = data[:8], struct.unpack('I', data[8:12])
+    (n,) = struct.unpack('Q', header)
+    body, (body_crc,) = data[12:12 + n], struct.unpack('I', data[12 + n:16 + n])
+    assert crc == record_writer.masked_crc32c(header)
+    assert body_crc == record_writer.masked_crc32c(body)
+    events.append(event_pb2.Event.FromString(body))
+    data = data[16 + n:]
+  assert events[0].file_version == 'brain.Event:2'
+  assert [(e.step, v.tag, v.simple_value) for e in events[1:] for v in e.summary.value] == [
+      (1, 'train/loss', 2.5), (1, 'train/t_1.0', 0.5), (2, 'eval/loss', 1.5)]
