@@ -101,6 +101,7 @@ def _file_size_limit(limit: int) -> Callable[[], None]:
   return preexec
 
 
+@pytest.mark.slow
 def test_file_size_limit_then_resume(reference_run, tmp_path, puzzle_cache, jax_cache):
   """RLIMIT_FSIZE of 100 kB: metrics and events fit, the first checkpoint's data file (step 10)
   does not."""
@@ -114,6 +115,7 @@ def test_file_size_limit_then_resume(reference_run, tmp_path, puzzle_cache, jax_
   _resumes_bit_identically(cmd, workdir, jax_cache, reference_run)
 
 
+@pytest.mark.slow
 def test_read_only_event_folder_then_resume(reference_run, tmpfs, tmp_path, puzzle_cache,
                                             jax_cache):
   """tb/ on a read-only mount (root ignores permission bits, not a read-only file system)."""
