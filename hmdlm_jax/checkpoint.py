@@ -6,21 +6,21 @@ Layout (Orbax CheckpointManager, `ocp.args` API) under DIR/checkpoints/<step>/:
   data_iter/ the Grain iterator state, one JSON file per process (grain.checkpoint handler);
   meta/      JSON: step, wall time, format version and the resolved config (for humans).
 Atomicity: Orbax writes a step to `<step>.orbax-checkpoint-tmp*` and renames it when complete, so
-a step directory without that suffix is always whole; a run killed mid-save leaves only a tmp
-directory, which restore ignores. Retention: the last `train.keep_last` steps plus every step that
-is a multiple of `train.keep_period` (when > 0).
-
-A failed restore never deletes or rewrites anything: it raises CheckpointError (a ValueError) that
-names the directory and what is wrong.
+a step directory without that suffix is always whole; a run killed mid-save or refused by the disk
+(write_errors.WriteError naming the step) leaves only a tmp directory, which restore ignores and the
+rerun's save replaces. Retention: the last `train.keep_last` steps plus every multiple of
+`train.keep_period` (when > 0). A failed restore never deletes or rewrites anything: it raises
+CheckpointError (a ValueError) that names the directory and what is wrong.
 """
 
 from __future__ import annotations
 
 import collections
+import contextlib
 import signal
 import threading
 import time
-from typing import Any, Mapping
+from typing import Any, Iterator, Mapping
 
 import grain
 import jax
@@ -30,6 +30,7 @@ from absl import logging
 
 from hmdlm_jax import checkpoint_manifest
 from hmdlm_jax import storage
+from hmdlm_jax import write_errors
 
 FORMAT_VERSION = 1
 _TMP_MARK = '.orbax-checkpoint-tmp'
@@ -121,8 +122,12 @@ class Checkpointer:
                          'data_iter': grain.checkpoint.CheckpointHandler(),
                          'meta': ocp.JsonCheckpointHandler()})
     except (OSError, ValueError) as e:
+      refused = write_errors.from_exception(e, self.directory)
+      if refused:
+        raise refused from e
       raise CheckpointError(f'Cannot open checkpoint directory {self.directory!r}: '
                             f'{type(e).__name__}: {e}') from e
+    self._writing: int | None = None  # the step whose save may still be running
 
   # -- queries
 
@@ -151,10 +156,19 @@ class Checkpointer:
         state=ocp.args.StandardSave(state),
         data_iter=grain.checkpoint.CheckpointSave(data_iter),
         meta=ocp.args.JsonSave(meta))
-    primary = jax.process_index() == 0  # where Orbax runs the callback
+    primary = jax.process_index() == 0  # where Orbax runs the manifest callback
+    self.wait()  # Orbax waits for the previous save anyway; its failure is that step's
+    self._writing = int(step)
     if primary:
       self._saving.append(int(step))
-    if not self._mngr.save(int(step), args=args, force=True) and primary:
+    try:
+      with self._naming_refused_writes():
+        saved = self._mngr.save(int(step), args=args, force=True)
+    except BaseException:
+      if primary:
+        self._saving.pop()
+      raise
+    if not saved and primary:
       self._saving.pop()
     logging.info('Checkpoint of step %d being written to %s', step, self.step_dir(step))
     if not self._async:
@@ -168,12 +182,36 @@ class Checkpointer:
     tmp = final + _TMP_MARK  # Orbax's fixed name: one left by a killed save is replaced
     checkpoint_manifest.write(tmp if storage.isdir(tmp) else final)
 
+  @contextlib.contextmanager
+  def _naming_refused_writes(self) -> Iterator[None]:
+    """Turns a write the disk refused while saving step `self._writing` into the WriteError that
+    names its step directory (Orbax raises TensorStore's message, or an OSError)."""
+    try:
+      yield
+    except Exception as e:  # pylint: disable=broad-except
+      if self._writing is not None:
+        refused = write_errors.from_exception(e, self.step_dir(self._writing))
+        if refused:
+          raise refused from e
+      raise
+
   def wait(self) -> None:
-    self._mngr.wait_until_finished()
+    """Waits for the save in flight (write_errors.WriteError when the disk refused it)."""
+    with self._naming_refused_writes():
+      self._mngr.wait_until_finished()
+    self._writing = None
 
   def close(self) -> None:
-    self._mngr.wait_until_finished()
+    self.wait()
     self._mngr.close()
+
+  def close_after_failure(self) -> None:
+    """Closes after another write failed: the save in flight is finished (a whole checkpoint to
+    resume from) or, when the disk refuses it too, dropped: the failure reported is the first."""
+    try:
+      self.close()
+    except write_errors.WriteError:
+      pass
 
   # -- restore
 

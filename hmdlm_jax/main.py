@@ -40,6 +40,7 @@ from hmdlm_jax import preflight
 from hmdlm_jax import sharding
 from hmdlm_jax import train
 from hmdlm_jax import workdir as workdir_lib
+from hmdlm_jax import write_errors
 from hmdlm_jax.evaluation import run as eval_run
 
 DEFAULT_CONFIG = config_loading.DEFAULT_CONFIG
@@ -157,11 +158,17 @@ def main(argv: list[str]) -> None:
   if len(argv) > 1:
     _fail(f'unexpected arguments {argv[1:]}: flags are written --name=value.')
   logging.get_absl_handler().addFilter(_QuietLibraries())
+  # A refused write (disk full, quota, file-size limit, permission) is this program's one line:
+  # the libraries' own reports of it (Orbax's threads, asyncio, TensorStore) are dropped.
+  write_errors.quiet_library_reports(logging.get_absl_handler())
   try:
     result = run(_MODE.value, _CONFIG.value, _WORKDIR.value, step=_STEP.value,
                  inputs=_INPUTS.value, input_file=_INPUT_FILE.value, out=_OUT.value,
                  overwrite=_OVERWRITE.value, resume_with_changes=_RESUME_WITH_CHANGES.value,
                  argv=sys.argv, prompts=_PROMPT.value or (), infills=_INFILL.value or ())
+  except write_errors.WriteError as e:
+    logging.debug('Fatal error', exc_info=True)
+    _fail(e)
   except (ValueError, OSError, train.NonFiniteLossError) as e:
     # Config/data/workdir/checkpoint problems, a failing disk and the NaN guard: one clear line.
     logging.debug('Fatal error', exc_info=True)

@@ -13,6 +13,8 @@ from __future__ import annotations
 import json
 import math
 import re
+import socket
+import struct
 import time
 from typing import Any, Mapping
 
@@ -53,13 +55,52 @@ def json_value(v: Any) -> Any:
   return v
 
 
+class TensorBoardEvents:
+  """One TensorBoard event file, written in the caller's thread, one whole append per step.
+
+  tensorboardX's SummaryWriter writes from a thread of its own and flushes again at exit, where a
+  write the disk refuses can only print a traceback; here every write raises in the training loop
+  (storage.Appended). The events are tensorboardX's protos in its record framing.
+  """
+
+  def __init__(self, directory: str) -> None:
+    from tensorboardX.proto import event_pb2  # pylint: disable=g-import-not-at-top
+    self._event = event_pb2.Event
+    storage.makedirs(directory)
+    now = time.time()
+    name = f'events.out.tfevents.{int(now)}.{socket.gethostname()}'
+    self._file = storage.open_append(storage.join(directory, name))
+    self._append([self._event(wall_time=now, file_version='brain.Event:2')])
+
+  def _append(self, events: list[Any]) -> None:
+    from tensorboardX import record_writer  # pylint: disable=g-import-not-at-top
+    out = bytearray()
+    for event in events:
+      data = event.SerializeToString()
+      header = struct.pack('Q', len(data))
+      out += header + struct.pack('I', record_writer.masked_crc32c(header))
+      out += data + struct.pack('I', record_writer.masked_crc32c(data))
+    self._file.write(bytes(out))
+    self._file.flush()
+
+  def scalars(self, step: int, scalars: Mapping[str, float]) -> None:
+    from tensorboardX import summary  # pylint: disable=g-import-not-at-top
+    now = time.time()
+    self._append([self._event(wall_time=now, step=int(step), summary=summary.scalar(k, float(v)))
+                  for k, v in scalars.items()])
+
+  def close(self) -> None:
+    self._file.close()
+
+
 class MetricsWriter:
   """Appends metrics to DIR/metrics.jsonl and TensorBoard event files in DIR/tb (process 0 only).
 
   Appending (not truncating) lets a resumed run continue the same file; a resumed run may repeat
   steps after the last checkpoint, and readers should keep the last line per (split, step). Every
   write is flushed, so a killed run loses no logged line; on a URL each flush uploads the whole
-  file again (storage.Rewritten).
+  file again (storage.Rewritten). A write the disk refuses raises write_errors.WriteError and
+  leaves no part of its line.
   """
 
   def __init__(self, workdir: str, *, enabled: bool = True, tensorboard: bool = True) -> None:
@@ -72,9 +113,7 @@ class MetricsWriter:
     storage.makedirs(workdir)
     self._file = storage.open_append(self.path)
     if tensorboard:
-      from tensorboardX import SummaryWriter  # pylint: disable=g-import-not-at-top
-      storage.register_tensorboard(workdir)
-      self._tb = SummaryWriter(storage.join(workdir, 'tb'))
+      self._tb = TensorBoardEvents(storage.join(workdir, 'tb'))
 
   def write(self, step: int, split: str, scalars: Mapping[str, float]) -> None:
     """Writes one record; `scalars` maps names to host floats."""
@@ -86,18 +125,16 @@ class MetricsWriter:
     self._file.write(json.dumps(record, sort_keys=False) + '\n')
     self._file.flush()
     if self._tb is not None:
-      for k, v in scalars.items():
-        self._tb.add_scalar(tb_tag(f'{split}/{k}'), float(v), int(step))
-      self._tb.flush()
+      self._tb.scalars(step, {tb_tag(f'{split}/{k}'): v for k, v in scalars.items()})
 
   def close(self) -> None:
     if not self.enabled:
       return
-    self._file.close()
+    self.enabled = False
+    self._file.close()  # flushed already: closing writes nothing
     if self._tb is not None:
       self._tb.close()
       self._tb = None
-    self.enabled = False
 
 
 def read_metrics(workdir: str) -> list[dict[str, Any]]:

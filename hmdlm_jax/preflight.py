@@ -87,8 +87,13 @@ def check_resume(config: config_lib.Config, workdir: str, model: nn.Module, *,
                  resume_with_changes: bool = False) -> int | None:
   """The step a training run of `model` in `workdir` resumes from (None: a fresh start),
   checked."""
-  if not storage.isdir(storage.join(workdir, 'checkpoints')):
+  directory = storage.join(workdir, 'checkpoints')
+  if not storage.isdir(directory):
     return None
+  why = storage.probe_writable(directory)
+  if why:  # Orbax would open it read-only and wait for each save's folder until it times out
+    raise ValueError(f'{directory!r} is not writable ({why}): training saves its checkpoints '
+                     'there. Fix its permissions (or mount) or choose another --workdir.')
   ckpt = ckpt_lib.Checkpointer(workdir, config.train, read_only=True)
   try:
     step = ckpt.latest_step()

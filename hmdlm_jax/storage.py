@@ -8,7 +8,9 @@ gs:// when TensorFlow is absent); local paths keep the plain os calls they alway
 Object stores have no folders, no appending and no rename. So `makedirs` does nothing on a URL,
 `write_text` / `write_bytes` are one upload there (an upload is atomic: readers see the old object
 or the new one) and write-then-rename locally, and a growing file (metrics.jsonl, runs.jsonl,
-TensorBoard events) is rewritten whole on each flush (`open_append`, `Rewritten`).
+TensorBoard events) is rewritten whole on each flush (`open_append`, `Rewritten`). A write the disk
+refuses (full, quota, file-size limit, permission) raises write_errors.WriteError naming the path
+and leaves no part of what it wrote.
 """
 
 from __future__ import annotations
@@ -16,11 +18,12 @@ from __future__ import annotations
 import os
 import re
 import tempfile
-import threading
 import uuid
 from typing import IO, Any
 
 from etils import epath
+
+from hmdlm_jax import write_errors
 
 _URL = re.compile(r'^[A-Za-z][A-Za-z0-9+.-]*://')
 
@@ -94,7 +97,10 @@ def makedirs(path: str) -> None:
   """Creates the local directory `path`; nothing for a URL (objects need no folder, and gcsfs
   would create a missing bucket)."""
   if not is_url(path):
-    os.makedirs(path, exist_ok=True)
+    try:
+      os.makedirs(path, exist_ok=True)
+    except OSError as e:
+      raise _refused(e, path)
 
 
 def open_file(path: str, mode: str = 'r', **kwargs: Any) -> IO[Any]:
@@ -140,6 +146,12 @@ def probe_writable(directory: str) -> str | None:
 TMP_SUFFIX = '.partial'  # write_bytes' temporary files: '.<name>.<random>.partial'
 
 
+def _refused(e: OSError, path: str) -> OSError:
+  """`e` as the WriteError naming `path` when the disk refused the write (full, quota, file-size
+  limit, permission), else `e` itself."""
+  return write_errors.from_exception(e, path) or e
+
+
 def is_partial(name: str) -> bool:
   """Whether `name` is a temporary file of `write_bytes` (left only by a killed process)."""
   return name.startswith('.') and name.endswith(TMP_SUFFIX)
@@ -151,7 +163,8 @@ def write_bytes(path: str, data: bytes) -> None:
   Locally the data goes to a hidden temporary file in the same folder (a rename is atomic only
   within one file system), is flushed to disk (so a crash cannot leave the new name pointing at
   unwritten blocks), and is renamed over `path`. The temporary name is unique, so two writers never
-  share one; a failed write removes it, and one left by a kill (`is_partial`) is no output.
+  share one; a failed write removes it, and one left by a kill (`is_partial`) is no output. A write
+  the disk refuses raises write_errors.WriteError naming `path`.
   """
   if is_url(path):
     as_path(path).write_bytes(data)  # one upload: atomic on an object store
@@ -164,11 +177,13 @@ def write_bytes(path: str, data: bytes) -> None:
       f.flush()
       os.fsync(f.fileno())
     os.replace(tmp, path)
-  except BaseException:
+  except BaseException as e:
     try:
       os.remove(tmp)
     except FileNotFoundError:
       pass
+    if isinstance(e, OSError):
+      raise _refused(e, path) from e
     raise
 
 
@@ -189,30 +204,57 @@ class Rewritten:
     self._path = as_path(path)
     self._data = bytearray(data)
     self._uploaded = -1  # bytes in the object; -1: not written yet
-    # tensorboardX flushes from its own thread too: a snapshot and its length change together.
-    self._lock = threading.Lock()
 
   def write(self, data: bytes | str) -> None:
-    with self._lock:
-      self._data += data.encode('utf-8') if isinstance(data, str) else data
+    self._data += data.encode('utf-8') if isinstance(data, str) else data
 
   def flush(self) -> None:
-    with self._lock:
-      if self._uploaded != len(self._data):
-        self._path.write_bytes(bytes(self._data))
-        self._uploaded = len(self._data)
+    if self._uploaded != len(self._data):
+      self._path.write_bytes(bytes(self._data))
+      self._uploaded = len(self._data)
 
   def close(self) -> None:
     self.flush()
 
 
-def open_append(path: str) -> IO[str] | Rewritten:
-  """A text file to append lines to and flush: local, open(path, 'a'); a URL, a Rewritten copy
-  of the object (its current content first)."""
+class Appended:
+  """A local file that grows by whole writes (unbuffered): a write the disk refuses is cut off
+  again, so the file keeps only whole lines / records, and raises WriteError naming the file."""
+
+  def __init__(self, path: str) -> None:
+    self._path = path
+    try:
+      self._file = open(path, 'ab', buffering=0)  # pylint: disable=consider-using-with
+    except OSError as e:
+      raise _refused(e, path) from e
+
+  def write(self, data: bytes | str) -> None:
+    view = memoryview(data.encode('utf-8') if isinstance(data, str) else data)
+    end = self._file.seek(0, os.SEEK_END)
+    try:
+      while view:
+        view = view[self._file.write(view):]
+    except OSError as e:
+      try:
+        self._file.truncate(end)
+      except OSError:
+        pass  # the refused bytes stay; a reader skips a cut last line
+      raise _refused(e, self._path) from e
+
+  def flush(self) -> None:
+    pass  # unbuffered: every write is in the file when it returns
+
+  def close(self) -> None:
+    self._file.close()
+
+
+def open_append(path: str) -> Appended | Rewritten:
+  """A file to append whole lines (str) or records (bytes) to: local, `Appended`; a URL, a
+  Rewritten copy of the object (its current content first)."""
   if is_url(path):
     p = as_path(path)
     return Rewritten(path, p.read_bytes() if p.exists() else b'')
-  return open(path, 'a', encoding='utf-8')  # pylint: disable=consider-using-with
+  return Appended(path)
 
 
 def append_text(path: str, text: str) -> None:
@@ -222,21 +264,3 @@ def append_text(path: str, text: str) -> None:
     f.write(text)
   finally:
     f.close()
-
-
-class _TensorBoardObjects:
-  """tensorboardX record-writer factory for a URL scheme: event files as Rewritten objects."""
-
-  def open(self, path: str) -> Rewritten:
-    return Rewritten(path)
-
-  def directory_check(self, path: str) -> None:
-    del path  # objects need no folder
-
-
-def register_tensorboard(path: str) -> None:
-  """Makes tensorboardX write the event files under the URL `path` through this module (its own
-  gs:// writer needs google-cloud-storage credentials and ignores gcsfs's)."""
-  if is_url(path):
-    from tensorboardX import record_writer  # pylint: disable=g-import-not-at-top
-    record_writer.register_writer_factory(path.split(':', 1)[0], _TensorBoardObjects())

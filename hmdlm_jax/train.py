@@ -42,6 +42,7 @@ from hmdlm_jax import sharding as shd
 from hmdlm_jax import storage
 from hmdlm_jax import warm_start
 from hmdlm_jax import workdir as workdir_lib
+from hmdlm_jax import write_errors
 
 BATCH_KEYS = processes.base.BATCH_KEYS
 # train.debug_nan_steps is passed to the step as an int32 [MAX_FAULT_STEPS] array (padded with -1),
@@ -322,6 +323,14 @@ def _write_summary(workdir: str, step: int, stop_reason: str, train_step: Any,
   return summary
 
 
+def _close_after_failure(bar: metrics_lib.Progress, writer: metrics_lib.MetricsWriter,
+                         ckpt: ckpt_lib.Checkpointer) -> None:
+  """Ends the outputs (bar, metric files, the save in flight) before a refused write's line."""
+  bar.close()
+  writer.close()
+  ckpt.close_after_failure()
+
+
 # ----------------------------------------------------------------------------- main loop
 
 
@@ -452,6 +461,9 @@ def train_and_evaluate(config: config_lib.Config, workdir: str, *, model: nn.Mod
       if pending is not None:
         on_host(*pending)
         pending = None
+  except write_errors.WriteError:
+    _close_after_failure(bar, writer, ckpt)
+    raise
   except NonFiniteLossError as e:
     if pending is not None and pending[0] != e.args[0]:  # the step dispatched after the bad one
       on_host(*pending, force_log=True)  # logged, as it is in the checkpoint saved now
@@ -467,19 +479,24 @@ def train_and_evaluate(config: config_lib.Config, workdir: str, *, model: nn.Mod
         'optim.warmup_steps or check the data.') from None
 
   bar.close()
-  save(step)
-  ckpt.wait()
-  if stop_reason.startswith('signal'):
-    msg = (f'Received {stop_reason[7:]} at step {step}: checkpoint saved to '
-           f'{ckpt.step_dir(step)}; exiting cleanly. Rerun the same command to resume.')
-    logging.warning(msg)
-    print(msg, flush=True)
-  else:
-    if stop_reason != 'num_steps':
-      logging.warning('Stopping at step %d: %s reached; checkpoint saved.', step, stop_reason)
-    if tc.final_eval:
-      eval_result = run_evaluation(config, state, step, workdir, writer, eval_fn)
-  ckpt.close()
-  writer.close()
-  summary = _write_summary(workdir, step, stop_reason, train_step, t_start)
+  try:
+    save(step)
+    ckpt.wait()
+    if stop_reason.startswith('signal'):
+      msg = (f'Received {stop_reason[7:]} at step {step}: checkpoint saved to '
+             f'{ckpt.step_dir(step)}; exiting cleanly. Rerun the same command to resume.')
+      logging.warning(msg)
+      print(msg, flush=True)
+    else:
+      if stop_reason != 'num_steps':
+        logging.warning('Stopping at step %d of %d: %s reached; checkpoint saved.', step,
+                        num_steps, stop_reason)
+      if tc.final_eval:
+        eval_result = run_evaluation(config, state, step, workdir, writer, eval_fn)
+    ckpt.close()
+    writer.close()
+    summary = _write_summary(workdir, step, stop_reason, train_step, t_start)
+  except write_errors.WriteError:
+    _close_after_failure(bar, writer, ckpt)
+    raise
   return dict(summary, train=last_train, eval=eval_result, state=state)

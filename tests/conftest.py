@@ -33,8 +33,8 @@ OPTIMISED = {'xla_backend_optimization_level': 3}  # XLA's default level
 # loadfile` they are scheduled as one unit, so the run is made once rather than once per worker;
 # every other file is its own unit, as loadfile has it. (xdist's loadgroup marks cannot do this
 # with pytest 9, whose node ids xdist can no longer suffix.)
-REFERENCE_RUN_FILES = ('test_checkpoint.py', 'test_distributed.py', 'test_faults.py',
-                       'test_train.py', 'test_trained.py')
+REFERENCE_RUN_FILES = ('test_checkpoint.py', 'test_disk_full.py', 'test_distributed.py',
+                       'test_faults.py', 'test_train.py', 'test_trained.py')
 
 
 @pytest.hookimpl(optionalhook=True)
