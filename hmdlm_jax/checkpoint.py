@@ -19,7 +19,7 @@ from __future__ import annotations
 import signal
 import threading
 import time
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping, TypeVar
 
 import grain
 import jax
@@ -31,6 +31,10 @@ from hmdlm_jax import storage
 
 FORMAT_VERSION = 1
 _TMP_MARK = '.orbax-checkpoint-tmp'
+# How often a reader re-selects the latest checkpoint after the one it chose was deleted meanwhile
+# (a live training run keeps only train.keep_last steps and may delete it mid-read).
+_VANISHED_RETRIES = 5
+_T = TypeVar('_T')
 _HINT = ('The checkpoint files were left untouched. Use another --workdir to start afresh, or move '
          'this step directory away to resume from an earlier one.')
 
@@ -168,6 +172,29 @@ class Checkpointer:
                             f'it holds steps {steps} (omit --step for the latest).')
     return step
 
+  def read_latest(self, step: int | None, read: Callable[[int], _T]) -> _T:
+    """`read(step)`; with `step` None, `read` of the latest step, re-selected when the step chosen
+    was deleted meanwhile (a training run still writing there, train.keep_last) and `read`
+    failed. A step that still exists and fails is a real error and is raised at once."""
+    if step is not None:
+      return read(self.select_step(step))
+    chosen = []
+    for _ in range(_VANISHED_RETRIES):
+      self._mngr.reload()
+      chosen.append(self.select_step(None))
+      try:
+        return read(chosen[-1])
+      except CheckpointError:
+        self._mngr.reload()
+        if chosen[-1] in self.all_steps():
+          raise
+        logging.warning('Checkpoint step %d was deleted while being read (a training run is still '
+                        'writing %s); reading the latest again.', chosen[-1], self.directory)
+    raise CheckpointError(
+        f'The latest checkpoint of {self.directory!r} was deleted while being read '
+        f'{len(chosen)} times (steps {chosen}): a training run still writing there keeps only '
+        'train.keep_last steps. Rerun, or evaluate once that run has ended.')
+
   def check_compatible(self, abstract_state: Any, step: int) -> None:
     """Reads step `step`'s stored tree (metadata only) and compares it with `abstract_state`.
 
@@ -207,13 +234,17 @@ class Checkpointer:
     Args:
       abstract_state: tree of jax.ShapeDtypeStruct with `.sharding` set (the target layout).
       data_iter: the Grain iterator, whose state is set in place; None = state only (eval).
-      step: which step; None = latest.
+      step: which step; None = the latest (re-selected when it is deleted meanwhile:
+        `read_latest`).
     Returns:
       (state, meta dict).
     Raises:
       CheckpointError naming the step directory and the problem (nothing is deleted).
     """
-    step = self.select_step(step)
+    return self.read_latest(step, lambda s: self._restore_step(abstract_state, data_iter, s))
+
+  def _restore_step(self, abstract_state: Any, data_iter: Any | None, step: int
+                    ) -> tuple[Any, dict[str, Any]]:
     where = self.step_dir(step)
     self.check_compatible(abstract_state, step)
     items = dict(state=ocp.args.StandardRestore(abstract_state), meta=ocp.args.JsonRestore())

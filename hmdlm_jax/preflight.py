@@ -105,13 +105,23 @@ def check_init(config: config_lib.Config, model: nn.Module) -> None:
 def check_checkpoint(config: config_lib.Config, workdir: str, step: int | None,
                      model: nn.Module) -> int:
   """The checkpoint step of `model` an eval / sample run reads (`step`, None: the latest),
-  checked."""
+  checked. The run itself selects the latest again (a live training run may delete this one)."""
   ckpt = ckpt_lib.Checkpointer(workdir, config.train, read_only=True)
   try:
-    step = ckpt.select_step(step)
+    abstract = _abstract_state(config, model)
+    chosen = []
+
+    def compatible(s: int) -> int:
+      chosen.append(s)
+      ckpt.check_compatible(abstract, s)
+      return s
+
     try:
-      ckpt.check_compatible(_abstract_state(config, model), step)
+      return ckpt.read_latest(step, compatible)
     except ckpt_lib.CheckpointError as e:
+      if not chosen or chosen[-1] not in ckpt.all_steps():  # none read, or deleted meanwhile
+        raise
+      step = chosen[-1]
       stored, where = _stored_config(ckpt, workdir, step)
       changes = [c for c in workdir_lib.config_changes(stored, config) if c.startswith('model.')]
       if not changes:
@@ -119,7 +129,6 @@ def check_checkpoint(config: config_lib.Config, workdir: str, step: int | None,
       raise ValueError(f'checkpoint {ckpt.step_dir(step)!r} holds another model ({where}): '
                        + '; '.join(changes) + '. Use the config it was trained with (its '
                        f'config.json / runs.jsonl). {e}') from e
-    return step
   finally:
     ckpt.close()
 
