@@ -172,10 +172,18 @@ class Checkpointer:
                             f'it holds steps {steps} (omit --step for the latest).')
     return step
 
+  def superseded(self, step: int) -> bool:
+    """Whether `step` is gone or no longer the latest, as listed now: a training run still
+    writing there saved a newer one and its retention (train.keep_last) deletes `step`, which
+    Orbax does file by file, so a read of it can fail before it is gone."""
+    self._mngr.reload()
+    steps = self.all_steps()
+    return step not in steps or steps[-1] > step
+
   def read_latest(self, step: int | None, read: Callable[[int], _T]) -> _T:
-    """`read(step)`; with `step` None, `read` of the latest step, re-selected when the step chosen
-    was deleted meanwhile (a training run still writing there, train.keep_last) and `read`
-    failed. A step that still exists and fails is a real error and is raised at once."""
+    """`read(step)`; with `step` None, `read` of the latest step, re-selected when `read` failed
+    and the step was `superseded` meanwhile. A failing step that is still the latest is a real
+    error and is raised at once."""
     if step is not None:
       return read(self.select_step(step))
     chosen = []
@@ -185,13 +193,12 @@ class Checkpointer:
       try:
         return read(chosen[-1])
       except CheckpointError:
-        self._mngr.reload()
-        if chosen[-1] in self.all_steps():
+        if not self.superseded(chosen[-1]):
           raise
-        logging.warning('Checkpoint step %d was deleted while being read (a training run is still '
-                        'writing %s); reading the latest again.', chosen[-1], self.directory)
+        logging.warning('Checkpoint step %d was replaced while being read (a training run is '
+                        'still writing %s); reading the latest again.', chosen[-1], self.directory)
     raise CheckpointError(
-        f'The latest checkpoint of {self.directory!r} was deleted while being read '
+        f'The latest checkpoint of {self.directory!r} was replaced while being read '
         f'{len(chosen)} times (steps {chosen}): a training run still writing there keeps only '
         'train.keep_last steps. Rerun, or evaluate once that run has ended.')
 

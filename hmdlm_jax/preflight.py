@@ -119,7 +119,7 @@ def check_checkpoint(config: config_lib.Config, workdir: str, step: int | None,
     try:
       return ckpt.read_latest(step, compatible)
     except ckpt_lib.CheckpointError as e:
-      if not chosen or chosen[-1] not in ckpt.all_steps():  # none read, or deleted meanwhile
+      if not chosen or ckpt.superseded(chosen[-1]):  # none read, or replaced meanwhile
         raise
       step = chosen[-1]
       stored, where = _stored_config(ckpt, workdir, step)

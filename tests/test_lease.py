@@ -149,7 +149,7 @@ def test_a_step_deleted_meanwhile_is_reselected(tmp_path, caplog):
     return step
 
   assert ckpt.read_latest(None, reader) == 4 and read == [6, 4]
-  assert 'step 6 was deleted while being read' in caplog.text
+  assert 'step 6 was replaced while being read' in caplog.text
 
   def broken(step: int) -> int:
     raise ckpt_lib.CheckpointError(f'step {step} is corrupt')
@@ -158,13 +158,12 @@ def test_a_step_deleted_meanwhile_is_reselected(tmp_path, caplog):
     ckpt.read_latest(None, broken)
 
   def vanishing(step: int) -> int:
-    (ckpts / str(step + 2)).mkdir()  # the run saves the next one and deletes this one
-    os.rmdir(ckpts / str(step))
-    raise ckpt_lib.CheckpointError('gone')
+    (ckpts / str(step + 2)).mkdir()  # the run saves the next one; this one is being deleted
+    raise ckpt_lib.CheckpointError('half deleted')
 
   with pytest.raises(ckpt_lib.CheckpointError) as e:
     ckpt.read_latest(None, vanishing)
-  assert 'was deleted while being read 5 times' in str(e.value) and '--step' not in str(e.value)
+  assert 'was replaced while being read 5 times' in str(e.value) and '--step' not in str(e.value)
   ckpt.close()
 
 
@@ -265,3 +264,34 @@ def test_eval_and_sample_of_a_live_run_that_keeps_one_checkpoint(tmp_path, puzzl
     assert record['step'] == step
     if mode == 'eval':
       assert f'Evaluation of step {step} ' in stdout
+
+
+@pytest.mark.slow
+def test_every_process_of_a_second_job_is_refused(tmp_path, puzzle_cache, jax_cache):
+  """Two jax.distributed processes on a workdir another host's live run holds: process 0 reads
+  the lease, and both exit 1 with its line (no process waits in a collective)."""
+  import portpicker  # pylint: disable=g-import-not-at-top
+  workdir = tmp_path / 'run'
+  workdir.mkdir()
+  _lease_file(workdir, host='other-host', pid=1)
+  before = dir_hash(str(workdir))
+  port = portpicker.pick_unused_port()
+  procs = [subprocess.Popen(
+      main_cmd(str(workdir), puzzle_cache, '--config.distributed.enabled=True',
+               f'--config.distributed.coordinator_address=localhost:{port}',
+               '--config.distributed.num_processes=2', f'--config.distributed.process_id={i}'),
+      cwd=REPO, env=subprocess_env(jax_cache), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+      text=True) for i in range(2)]
+  try:
+    results = [(p.communicate(timeout=240)[1], p.returncode) for p in procs]
+  finally:
+    for p in procs:
+      if p.poll() is None:
+        p.kill()
+  lines = []
+  for stderr, rc in results:
+    errors = [line for line in stderr.splitlines() if line.startswith(PREFIX)]
+    assert rc == 1 and len(errors) == 1, stderr[-3000:]
+    lines.append(errors[0])
+  assert lines[0] == lines[1] and 'is in use by another run (host other-host, pid 1' in lines[0]
+  assert dir_hash(str(workdir)) == before
