@@ -54,6 +54,8 @@ def _read(path: str) -> dict[str, Any] | None:
 
 
 def _pid_alive(pid: int) -> bool:
+  if pid <= 0:  # os.kill would address a process group
+    return False
   try:
     os.kill(pid, 0)
   except ProcessLookupError:
@@ -185,13 +187,13 @@ def hold(directory: str, name: str, flag: str) -> Iterator[Lease | None]:
     if lease is not None:
       lease.release()
     raise LeaseError(message)
-  previous = None
-  if threading.current_thread() is threading.main_thread():
-    previous = signal.signal(signal.SIGTERM, _terminate)
+  main = threading.current_thread() is threading.main_thread()
+  # None: a handler installed outside Python (jax.distributed's), which cannot be put back.
+  previous = signal.signal(signal.SIGTERM, _terminate) if main else None
   try:
     yield lease
   finally:
-    if previous is not None:
+    if main and previous is not None:
       signal.signal(signal.SIGTERM, previous)
     if lease is not None:
       lease.release()

@@ -90,12 +90,15 @@ def test_stale_lease_is_taken_over_with_one_line(tmp_path, capsys, fields, why):
 
 
 def test_heartbeat_and_release_only_while_ours(tmp_path):
+  path = os.path.join(tmp_path, lease.TRAIN_LEASE)
   held = lease.acquire(str(tmp_path), lease.TRAIN_LEASE, '--workdir', heartbeat_s=0.05)
   first = held.record['heartbeat']
   time.sleep(0.5)
-  path = os.path.join(tmp_path, lease.TRAIN_LEASE)
   assert json.loads(open(path, encoding='utf-8').read())['heartbeat'] > first
-  _lease_file(tmp_path, host='other-host')  # taken over while we stalled
+  held.release()
+  assert not os.path.exists(path)
+  held = lease.acquire(str(tmp_path), lease.TRAIN_LEASE, '--workdir')  # no beat in this test
+  _lease_file(tmp_path, host='other-host')  # taken over while this run stalled
   held.release()
   assert json.loads(open(path, encoding='utf-8').read())['token'] == 'theirs'
 
@@ -179,8 +182,9 @@ def _wait_for(predicate: Any, proc: subprocess.Popen, what: str, timeout: float 
 
 
 def _popen(cmd: list[str], jax_cache: str, log: Any) -> subprocess.Popen:
-  return subprocess.Popen(cmd, cwd=REPO, env=subprocess_env(jax_cache), stdout=subprocess.DEVNULL,
-                          stderr=open(log, 'w', encoding='utf-8'))  # pylint: disable=consider-using-with
+  with open(log, 'w', encoding='utf-8') as err:  # a file: no pipe to fill
+    return subprocess.Popen(cmd, cwd=REPO, env=subprocess_env(jax_cache),
+                            stdout=subprocess.DEVNULL, stderr=err)
 
 
 def _stop(proc: subprocess.Popen) -> int:
