@@ -20,7 +20,7 @@ import contextlib
 import signal
 import threading
 import time
-from typing import Any, Iterator, Mapping
+from typing import Any, Callable, Iterator, Mapping, TypeVar
 
 import grain
 import jax
@@ -34,6 +34,10 @@ from hmdlm_jax import write_errors
 
 FORMAT_VERSION = 1
 _TMP_MARK = '.orbax-checkpoint-tmp'
+# How often a reader re-selects the latest checkpoint after the one it chose was deleted meanwhile
+# (a live training run keeps only train.keep_last steps and may delete it mid-read).
+_VANISHED_RETRIES = 5
+_T = TypeVar('_T')
 _HINT = ('The checkpoint files were left untouched. Use another --workdir to start afresh, or move '
          'this step directory away to resume from an earlier one.')
 
@@ -235,6 +239,36 @@ class Checkpointer:
     """The latest step below `step` whose files are whole, None if there is none."""
     return next((s for s in reversed(self.all_steps()) if s < step and not self.damage(s)), None)
 
+  def superseded(self, step: int) -> bool:
+    """Whether `step` is gone or no longer the latest, as listed now: a training run still
+    writing there saved a newer one and its retention (train.keep_last) deletes `step`, which
+    Orbax does file by file, so a read of it can fail before it is gone."""
+    self._mngr.reload()
+    steps = self.all_steps()
+    return step not in steps or steps[-1] > step
+
+  def read_latest(self, step: int | None, read: Callable[[int], _T]) -> _T:
+    """`read(step)`; with `step` None, `read` of the latest step, re-selected when `read` failed
+    and the step was `superseded` meanwhile. A failing step that is still the latest is a real
+    error and is raised at once."""
+    if step is not None:
+      return read(self.select_step(step))
+    chosen = []
+    for _ in range(_VANISHED_RETRIES):
+      self._mngr.reload()
+      chosen.append(self.select_step(None))
+      try:
+        return read(chosen[-1])
+      except CheckpointError:
+        if not self.superseded(chosen[-1]):
+          raise
+        logging.warning('Checkpoint step %d was replaced while being read (a training run is '
+                        'still writing %s); reading the latest again.', chosen[-1], self.directory)
+    raise CheckpointError(
+        f'The latest checkpoint of {self.directory!r} was replaced while being read '
+        f'{len(chosen)} times (steps {chosen}): a training run still writing there keeps only '
+        'train.keep_last steps. Rerun, or evaluate once that run has ended.')
+
   def check_compatible(self, abstract_state: Any, step: int) -> None:
     """Reads step `step`'s stored tree (metadata only) and compares it with `abstract_state`.
 
@@ -274,13 +308,17 @@ class Checkpointer:
     Args:
       abstract_state: tree of jax.ShapeDtypeStruct with `.sharding` set (the target layout).
       data_iter: the Grain iterator, whose state is set in place; None = state only (eval).
-      step: which step; None = latest.
+      step: which step; None = the latest (re-selected when it is deleted meanwhile:
+        `read_latest`).
     Returns:
       (state, meta dict).
     Raises:
       CheckpointError naming the step directory and the problem (nothing is deleted).
     """
-    step = self.select_step(step)
+    return self.read_latest(step, lambda s: self._restore_step(abstract_state, data_iter, s))
+
+  def _restore_step(self, abstract_state: Any, data_iter: Any | None, step: int
+                    ) -> tuple[Any, dict[str, Any]]:
     where = self.step_dir(step)
     damage = self.damage(step)
     if damage:

@@ -8,9 +8,9 @@ r"""Command line: train, evaluate or sample one experiment (docs/usage.md).
 Any field of hmdlm_jax/config/schema.py can be overridden (`--config.train.num_steps=200`). The
 config is loaded and resolved here, once (hmdlm_jax/config); the run is checked whole before it
 writes anything (hmdlm_jax/preflight.py): a mistake ends it with ONE line `hmdlm_jax: error: ...`
-naming the file or field, exit code 1, every file left as it was. Rerunning a train command
-resumes from DIR's latest checkpoint; SIGTERM and Ctrl-C (SIGINT) checkpoint and exit (code 0,
-resp. 130).
+naming the file or field, exit code 1, every file left as it was; so does a second run on a
+directory a live run writes (hmdlm_jax/lease.py). Rerunning a train command resumes from DIR's
+latest checkpoint; SIGTERM and Ctrl-C (SIGINT) checkpoint and exit (code 0, resp. 130).
 """
 
 from __future__ import annotations
@@ -36,6 +36,7 @@ import jax
 
 from hmdlm_jax import config as config_lib
 from hmdlm_jax.config import loading as config_loading
+from hmdlm_jax import lease
 from hmdlm_jax import preflight
 from hmdlm_jax import sharding
 from hmdlm_jax import train
@@ -108,19 +109,31 @@ def run(mode: str, config: Any, workdir: str, *, step: int | None = None,
     train_iter = task.dataset(config, 'train', seed=int(config.seed),
                               process_index=jax.process_index(),
                               process_count=jax.process_count())  # reads the data: may fail
-    workdir_lib.start_run(config, workdir, mode, workdir=workdir, step=plan.step or 0,
-                          write_config=plan.step is None, argv=argv)
-    return train.train_and_evaluate(config, workdir, model=plan.model,
-                                    train_iter=iter(train_iter),
-                                    eval_fn=eval_run.TrainingEvaluator(config, task))
-  workdir_lib.start_run(config, plan.out_dir, mode, workdir=workdir, step=plan.step,
-                        write_config=False, argv=argv)
-  if mode == 'eval':
-    return eval_run.run_eval(config, workdir, step=plan.step, out_dir=plan.out_dir,
-                             overwrite=overwrite)
-  return eval_run.run_sample(config, workdir, inputs=inputs, input_file=input_file,
-                             step=plan.step, out_dir=plan.out_dir, overwrite=overwrite,
-                             prompts=prompts, infills=infills)
+    with lease.hold(workdir, lease.TRAIN_LEASE, '--workdir'):
+      # Checked again under the lease: a run that ended just before it was taken may have
+      # written the checkpoints this one would now resume.
+      if preflight.check_resume(config, workdir, plan.model,
+                                resume_with_changes=resume_with_changes) != plan.step:
+        raise ValueError(f'--workdir={workdir!r} changed while this run started (another run '
+                         'wrote checkpoints there); rerun the command to resume them.')
+      workdir_lib.start_run(config, workdir, mode, workdir=workdir, step=plan.step or 0,
+                            write_config=plan.step is None, argv=argv)
+      return train.train_and_evaluate(config, workdir, model=plan.model,
+                                      train_iter=iter(train_iter),
+                                      eval_fn=eval_run.TrainingEvaluator(config, task))
+
+  def record(read: int) -> None:  # the step read: with no --step, the latest when it was read
+    workdir_lib.start_run(config, plan.out_dir, mode, workdir=workdir, step=read,
+                          write_config=False, argv=argv)
+
+  # `step` as given: with none, the run reads the latest again (a live run may delete plan.step).
+  with lease.hold(plan.out_dir, lease.OUTPUTS_LEASE, '--out' if out else '--workdir'):
+    if mode == 'eval':
+      return eval_run.run_eval(config, workdir, step=step, out_dir=plan.out_dir,
+                               overwrite=overwrite, on_restored=record)
+    return eval_run.run_sample(config, workdir, inputs=inputs, input_file=input_file,
+                               step=step, out_dir=plan.out_dir, overwrite=overwrite,
+                               prompts=prompts, infills=infills, on_restored=record)
 
 
 class _QuietLibraries:

@@ -133,14 +133,24 @@ def check_init(config: config_lib.Config, model: nn.Module) -> None:
 def check_checkpoint(config: config_lib.Config, workdir: str, step: int | None,
                      model: nn.Module) -> int:
   """The checkpoint step of `model` an eval / sample run reads (`step`, None: the latest),
-  checked."""
+  checked. The run itself selects the latest again (a live training run may delete this one)."""
   ckpt = ckpt_lib.Checkpointer(workdir, config.train, read_only=True)
   try:
-    step = ckpt.select_step(step)
-    _check_whole(ckpt, step, workdir, 'eval')
+    abstract = _abstract_state(config, model)
+    chosen = []
+
+    def compatible(s: int) -> int:
+      chosen.append(s)
+      _check_whole(ckpt, s, workdir, 'eval')
+      ckpt.check_compatible(abstract, s)
+      return s
+
     try:
-      ckpt.check_compatible(_abstract_state(config, model), step)
+      return ckpt.read_latest(step, compatible)
     except ckpt_lib.CheckpointError as e:
+      if not chosen or ckpt.superseded(chosen[-1]):  # none read, or replaced meanwhile
+        raise
+      step = chosen[-1]
       stored, where = _stored_config(ckpt, workdir, step)
       changes = [c for c in workdir_lib.config_changes(stored, config) if c.startswith('model.')]
       if not changes:
@@ -148,7 +158,6 @@ def check_checkpoint(config: config_lib.Config, workdir: str, step: int | None,
       raise ValueError(f'checkpoint {ckpt.step_dir(step)!r} holds another model ({where}): '
                        + '; '.join(changes) + f'. Use the config it was trained with: '
                        f'--config={workdir}. {e}') from e
-    return step
   finally:
     ckpt.close()
 

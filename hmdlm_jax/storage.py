@@ -187,6 +187,40 @@ def write_bytes(path: str, data: bytes) -> None:
     raise
 
 
+def create_exclusive(path: str, data: bytes) -> None:
+  """Creates `path` holding `data` unless it exists (FileExistsError), atomically: of two writers
+  racing, one wins and the other sees its whole file.
+
+  Locally: a fully written hidden temporary is hard-linked to `path` (link(2) fails when the name
+  exists, also on NFS, and the file is never seen part-written). A URL: one upload under a
+  create-only precondition (fsspec mode 'xb'; gcsfs sends GCS `ifGenerationMatch=0`).
+  """
+  if is_url(path):
+    import fsspec  # pylint: disable=g-import-not-at-top  # etils' URL backend depends on it
+    fs, key = fsspec.core.url_to_fs(path)
+    with fs.open(key, 'xb') as f:
+      f.write(data)
+    return
+  folder, name = os.path.split(path)
+  tmp = os.path.join(folder, f'.{name}.{uuid.uuid4().hex}{TMP_SUFFIX}')
+  with open(tmp, 'xb') as f:
+    f.write(data)
+    f.flush()
+    os.fsync(f.fileno())
+  try:
+    os.link(tmp, path)
+  finally:
+    os.remove(tmp)
+
+
+def remove(path: str) -> None:
+  """Deletes the file `path` (FileNotFoundError when it is absent)."""
+  if is_url(path):
+    as_path(path).unlink()
+  else:
+    os.remove(path)
+
+
 def write_text(path: str, text: str) -> None:
   """Atomic write of `text` (UTF-8)."""
   write_bytes(path, text.encode('utf-8'))

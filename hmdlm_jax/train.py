@@ -151,15 +151,13 @@ def restore_for_eval(config: config_lib.Config, workdir: str, step: int | None =
   """(TrainState, step) of checkpoint `step` (default latest) of DIR, for evaluation/sampling.
 
   `model`: the run's network (tasks.build_model). Restores on the config's mesh (`config.mesh`,
-  all devices); nothing in DIR is written.
+  all devices); nothing in DIR is written. With `step` None the latest step is re-selected when a
+  training run still writing DIR deletes the one chosen (checkpoint.Checkpointer.read_latest).
   """
   mesh = shd.make_mesh(config.mesh)
   abstract, _ = state_shardings(config, model, mesh)
   ckpt = ckpt_lib.Checkpointer(workdir, config.train, read_only=True)
   try:
-    if ckpt.latest_step() is None:
-      raise ckpt_lib.CheckpointError(f'No checkpoint in {ckpt.directory!r}: train first '
-                                     '(--mode=train with the same --workdir).')
     state, meta = ckpt.restore(abstract, None, step)
   finally:
     ckpt.close()

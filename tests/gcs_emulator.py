@@ -5,17 +5,21 @@ that point a process at it, its bucket's objects listed and read over HTTP).
 Serves in memory on localhost:PORT with BUCKET created, until killed. One fix makes it answer like
 GCS: a media download carries the object's generation in `x-goog-generation` (real GCS sends it;
 the emulator does not). TensorStore (Orbax's array store) reads it to make conditional reads, and
-without it fails with "Malformed StorageGeneration" at the second array of a checkpoint.
+without it fails with "Malformed StorageGeneration" at the second array of a checkpoint. A second
+makes an upload honour GCS's precondition `ifGenerationMatch` (0: only if no such object exists,
+else 412), which the emulator ignores: hmdlm_jax/lease.py creates its lease with it.
 """
 
 from __future__ import annotations
 
 import contextlib
+import http
 import json
 import os
 import pathlib
 import subprocess
 import sys
+import threading
 import time
 import urllib.parse
 import urllib.request
@@ -36,6 +40,39 @@ def _download_with_generation(request: Any, response: Any, storage: Any, *args: 
     return
   response['x-goog-generation'] = obj['generation']
   response['x-goog-metageneration'] = obj['metageneration']
+
+
+_insert = objects.insert
+_insert_lock = threading.Lock()  # the check and the create as one step, as GCS makes them
+
+
+def _object_name(request: Any) -> str | None:
+  """The name an upload request creates: ?name=, else its JSON metadata's (multipart: 'meta')."""
+  if 'name' in request.query:
+    return request.query['name'][0]
+  data = request.data if isinstance(request.data, dict) else {}
+  return data.get('meta', data).get('name')
+
+
+def _insert_if_generation_matches(request: Any, response: Any, storage: Any, *args: Any,
+                                  **kwargs: Any) -> None:
+  """objects.insert under `ifGenerationMatch` (a simple or multipart upload's single request; a
+  resumable upload is checked when it starts, not when it completes as on GCS)."""
+  wanted = request.query.get('ifGenerationMatch')
+  with _insert_lock:
+    if wanted:
+      try:
+        obj = storage.get_file_obj(request.params['bucket_name'], _object_name(request))
+        live = str(obj['generation'])
+      except Exception:  # pylint: disable=broad-except  # no such object
+        live = '0'
+      if live != wanted[0]:
+        response.status = http.HTTPStatus.PRECONDITION_FAILED
+        response.json({'error': {'code': 412, 'message': 'At least one of the pre-conditions you '
+                                 'specified did not hold.', 'errors': [
+                                     {'reason': 'conditionNotMet', 'domain': 'global'}]}})
+        return
+    _insert(request, response, storage, *args, **kwargs)
 
 
 BUCKET = 'test-bucket'
@@ -116,10 +153,12 @@ def running(log_dir: str | os.PathLike[str]) -> Iterator[Emulator]:
 
 def main(port: int, bucket: str) -> None:
   objects.download = _download_with_generation  # objects.get(alt=media) calls it by name
+  objects.insert = _insert_if_generation_matches  # the batch handler looks it up by name
+  fixes = {_download: _download_with_generation, _insert: _insert_if_generation_matches}
   for _, handlers in server.HANDLERS:
     for method, handler in handlers.items():
-      if handler is _download:
-        handlers[method] = _download_with_generation
+      if handler in fixes:
+        handlers[method] = fixes[handler]
   server.create_server('localhost', port, in_memory=True, default_bucket=bucket).run()
 
 

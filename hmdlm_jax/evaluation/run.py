@@ -19,7 +19,7 @@ from __future__ import annotations
 import os
 import sys
 import time
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import flax.linen as nn
 import jax
@@ -79,24 +79,29 @@ def _print_summary(config: config_lib.Config, task: tasks_base.Task,
 
 
 def _restore(config: config_lib.Config, task: tasks_base.Task, model: nn.Module,
-             mode: str, workdir: str, step: int | None, out_dir: str, overwrite: bool
-             ) -> tuple[Any, int]:
+             mode: str, workdir: str, step: int | None, out_dir: str, overwrite: bool,
+             on_restored: Callable[[int], None] | None) -> tuple[Any, int]:
   """(evaluation params, step) of `model`'s checkpoint `step` (None: the latest) of DIR, once
-  the run's outputs are known not to replace an earlier run's (unless `overwrite`)."""
+  the run's outputs are known not to replace an earlier run's (unless `overwrite`); then
+  `on_restored(step read)` (main.py records the run with it)."""
   state, step = train.restore_for_eval(config, workdir, step, model=model)
   workdir_lib.check_outputs(out_dir, task.outputs(config, mode, step), overwrite)
+  if on_restored is not None:
+    on_restored(step)
   return eval_params(config, state), step
 
 
 def run_eval(config: config_lib.Config, workdir: str, step: int | None = None, *,
-             out_dir: str | None = None, overwrite: bool = False,
-             progress: bool = True) -> dict[str, Any]:
+             out_dir: str | None = None, overwrite: bool = False, progress: bool = True,
+             on_restored: Callable[[int], None] | None = None) -> dict[str, Any]:
   """Evaluates checkpoint `step` (default: the latest) of DIR on the whole test split; returns
-  the report (written to `out_dir`, default DIR) and prints the task's summary."""
+  the report (written to `out_dir`, default DIR, named after the step read) and prints the task's
+  summary. `on_restored(step)` is called once the checkpoint is read."""
   task = tasks.get(config)
   out_dir = out_dir or workdir
   model = task.build_model(config)
-  params, step = _restore(config, task, model, 'eval', workdir, step, out_dir, overwrite)
+  params, step = _restore(config, task, model, 'eval', workdir, step, out_dir, overwrite,
+                          on_restored)
   network = compiled.flax_network(model)
   ctx = _context(config, network, params, step, out_dir, progress=progress)
   start = time.perf_counter()
@@ -138,9 +143,9 @@ class TrainingEvaluator:
 
 def run_sample(config: config_lib.Config, workdir: str,
                inputs: Sequence[str] | None = None, input_file: str | None = None, *,
-               step: int | None = None, out_dir: str | None = None,
-               overwrite: bool = False, prompts: Sequence[str] = (),
-               infills: Sequence[str] = ()) -> tasks_base.Records:
+               step: int | None = None, out_dir: str | None = None, overwrite: bool = False,
+               prompts: Sequence[str] = (), infills: Sequence[str] = (),
+               on_restored: Callable[[int], None] | None = None) -> tasks_base.Records:
   """Samples from checkpoint `step` (default: the latest) of DIR; prints and saves them.
 
   Sudoku: solves the grids of `inputs` (81-character strings, '.' or '0' = blank) and/or of
@@ -148,14 +153,15 @@ def run_sample(config: config_lib.Config, workdir: str,
   `prompts` / text of `infills` (tasks/text_given.py), else `config.sample.num_samples` samples
   (WikiHow: conditioned on test titles). Every record holds the tokens' reveal steps.
   Output: `out_dir` (default DIR)/samples_<step>.jsonl and, with config.sample.pictures, the
-  reveal-order pictures in pictures/.
+  reveal-order pictures in pictures/. `on_restored(step)` is called once the checkpoint is read.
   """
   task = tasks.get(config)
   # bad input fails before restoring
   prepared = task.prepare_sample(config, inputs, input_file, prompts=prompts, infills=infills)
   out_dir = out_dir or workdir
   model = task.build_model(config)
-  params, step = _restore(config, task, model, 'sample', workdir, step, out_dir, overwrite)
+  params, step = _restore(config, task, model, 'sample', workdir, step, out_dir, overwrite,
+                          on_restored)
   network = compiled.flax_network(model)
   records, text = task.sample(_context(config, network, params, step, out_dir, progress=False),
                               prepared)

@@ -1,0 +1,301 @@
+"""One writer per directory (hmdlm_jax/lease.py), and eval / sample beside a live training run.
+
+Fast: the lease taken, refused (a fresh heartbeat of another host), taken over when stale (a dead
+process of this host; an old heartbeat of another host), released only while it is ours; the
+atomic create-if-absent locally and on the GCS emulator (tests/gcs_emulator.py, which honours
+`ifGenerationMatch=0` as GCS does); a checkpoint deleted between its choice and its read.
+Real processes: a second training run on a live run's workdir exits 1 with one line and changes
+nothing; eval and sample of a live run that keeps one checkpoint (slow).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from typing import Any, Iterator
+
+import pytest
+
+from hmdlm_jax import checkpoint as ckpt_lib
+from hmdlm_jax import lease
+from hmdlm_jax import storage
+from tests import gcs_emulator
+from tests.conftest import (REPO, dir_hash, main_cmd, read_jsonl, subprocess_env,
+                            train_losses)
+
+PREFIX = 'hmdlm_jax: error:'
+PUZZLE = '000000010400000000020000000000050407008000300001090000300400200050100000000806000'
+
+
+def _lease_file(directory: Any, **fields: Any) -> str:
+  path = os.path.join(str(directory), lease.TRAIN_LEASE)
+  record = {'host': socket.gethostname(), 'pid': os.getpid(), 'token': 'theirs',
+            'started': time.time(), 'heartbeat': time.time()}
+  record.update(fields)
+  with open(path, 'w', encoding='utf-8') as f:
+    json.dump(record, f)
+  return path
+
+
+def _dead_pid() -> int:
+  proc = subprocess.Popen([sys.executable, '-c', 'pass'])
+  proc.wait()
+  return proc.pid
+
+
+def test_taken_refused_released(tmp_path):
+  held = lease.acquire(str(tmp_path), lease.TRAIN_LEASE, '--workdir')
+  path = os.path.join(tmp_path, lease.TRAIN_LEASE)
+  record = json.loads(open(path, encoding='utf-8').read())
+  assert record['pid'] == os.getpid() and record['host'] == socket.gethostname()
+  with pytest.raises(lease.LeaseError, match=r"--workdir='.*' is in use by another run \(host "
+                     rf"{socket.gethostname()}, pid {os.getpid()}, heartbeat \d+ s ago"):
+    lease.acquire(str(tmp_path), lease.TRAIN_LEASE, '--workdir')
+  held.release()
+  assert os.listdir(tmp_path) == []
+  held.release()  # idempotent
+
+
+def test_refused_while_another_host_beats(tmp_path, capsys):
+  path = _lease_file(tmp_path, host='other-host', pid=1, heartbeat=time.time() - 5)
+  before = dir_hash(str(tmp_path))
+  with pytest.raises(lease.LeaseError) as e:
+    lease.acquire(str(tmp_path), lease.TRAIN_LEASE, '--workdir')
+  assert 'host other-host, pid 1, heartbeat 5 s ago' in str(e.value)
+  assert 'wait for it to end, or use another --workdir' in str(e.value)
+  assert dir_hash(str(tmp_path)) == before and os.path.exists(path)
+  assert capsys.readouterr().err == ''
+
+
+@pytest.mark.parametrize('fields,why', [
+    (lambda: {'pid': _dead_pid()}, 'on this host is gone'),
+    (lambda: {'host': 'other-host', 'pid': 1, 'heartbeat': time.time() - lease.STALE_S - 60},
+     f'its heartbeat is {lease.STALE_S + 60:.0f} s old'),
+], ids=['dead_pid_here', 'old_heartbeat_elsewhere'])
+def test_stale_lease_is_taken_over_with_one_line(tmp_path, capsys, fields, why):
+  _lease_file(tmp_path, **fields())
+  held = lease.acquire(str(tmp_path), lease.TRAIN_LEASE, '--workdir')
+  try:
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 1 and err[0].startswith('hmdlm_jax: taking over the stale lease')
+    assert why in err[0]
+    assert held.ours()
+  finally:
+    held.release()
+
+
+def test_heartbeat_and_release_only_while_ours(tmp_path):
+  path = os.path.join(tmp_path, lease.TRAIN_LEASE)
+  held = lease.acquire(str(tmp_path), lease.TRAIN_LEASE, '--workdir', heartbeat_s=0.05)
+  first = held.record['heartbeat']
+  time.sleep(0.5)
+  assert json.loads(open(path, encoding='utf-8').read())['heartbeat'] > first
+  held.release()
+  assert not os.path.exists(path)
+  held = lease.acquire(str(tmp_path), lease.TRAIN_LEASE, '--workdir')  # no beat in this test
+  _lease_file(tmp_path, host='other-host')  # taken over while this run stalled
+  held.release()
+  assert json.loads(open(path, encoding='utf-8').read())['token'] == 'theirs'
+
+
+def test_local_create_is_exclusive(tmp_path):
+  path = str(tmp_path / 'x')
+  storage.create_exclusive(path, b'one')
+  with pytest.raises(FileExistsError):
+    storage.create_exclusive(path, b'two')
+  assert open(path, 'rb').read() == b'one' and os.listdir(tmp_path) == ['x']  # no temporary
+
+
+@pytest.fixture(scope='module')
+def gcs(tmp_path_factory) -> Iterator[gcs_emulator.Emulator]:
+  with gcs_emulator.running(tmp_path_factory.mktemp('gcs_emulator')) as emulator:
+    yield emulator
+
+
+def test_gs_create_is_exclusive_and_the_lease_holds(gcs, monkeypatch):
+  for k, v in gcs.env().items():
+    monkeypatch.setenv(k, v)
+  base = f'gs://{gcs_emulator.BUCKET}/lease'
+  path = storage.join(base, 'x')
+  storage.create_exclusive(path, b'one')
+  with pytest.raises(FileExistsError):  # GCS's 412 to ifGenerationMatch=0
+    storage.create_exclusive(path, b'two')
+  assert gcs.read('lease/x') == b'one'
+  held = lease.acquire(base, lease.OUTPUTS_LEASE, '--out')
+  with pytest.raises(lease.LeaseError, match='is in use by another run'):
+    lease.acquire(base, lease.OUTPUTS_LEASE, '--out')
+  held.release()
+  assert gcs.objects('lease/') == {'lease/x': 3}
+
+
+def test_a_step_deleted_meanwhile_is_reselected(tmp_path, caplog):
+  """A live run's retention deletes the step chosen before it is read: the latest is chosen
+  again; a step that exists and fails is raised at once; no message names --step."""
+  import ml_collections  # pylint: disable=g-import-not-at-top
+  ckpts = tmp_path / 'checkpoints'
+  for step in (4, 6):
+    (ckpts / str(step)).mkdir(parents=True)
+  ckpt = ckpt_lib.Checkpointer(str(tmp_path), ml_collections.ConfigDict(
+      {'keep_last': 1, 'keep_period': 0, 'async_checkpoint': False}), read_only=True)
+  read = []
+
+  def reader(step: int) -> int:
+    read.append(step)
+    if step == 6:
+      os.rmdir(ckpts / '6')  # retention, while we read it
+      raise ckpt_lib.CheckpointError('gone')
+    return step
+
+  assert ckpt.read_latest(None, reader) == 4 and read == [6, 4]
+  assert 'step 6 was replaced while being read' in caplog.text
+
+  def broken(step: int) -> int:
+    raise ckpt_lib.CheckpointError(f'step {step} is corrupt')
+
+  with pytest.raises(ckpt_lib.CheckpointError, match='step 4 is corrupt'):
+    ckpt.read_latest(None, broken)
+
+  def vanishing(step: int) -> int:
+    (ckpts / str(step + 2)).mkdir()  # the run saves the next one; this one is being deleted
+    raise ckpt_lib.CheckpointError('half deleted')
+
+  with pytest.raises(ckpt_lib.CheckpointError) as e:
+    ckpt.read_latest(None, vanishing)
+  assert 'was replaced while being read 5 times' in str(e.value) and '--step' not in str(e.value)
+  ckpt.close()
+
+
+# ----------------------------------------------------------------------------- real processes
+
+
+def _wait_for(predicate: Any, proc: subprocess.Popen, what: str, timeout: float = 180) -> None:
+  deadline = time.monotonic() + timeout
+  while not predicate():
+    assert proc.poll() is None, f'the training run ended before {what}'
+    assert time.monotonic() < deadline, f'no {what} within {timeout} s'
+    time.sleep(0.05)
+
+
+def _popen(cmd: list[str], jax_cache: str, log: Any) -> subprocess.Popen:
+  with open(log, 'w', encoding='utf-8') as err:  # a file: no pipe to fill
+    return subprocess.Popen(cmd, cwd=REPO, env=subprocess_env(jax_cache),
+                            stdout=subprocess.DEVNULL, stderr=err)
+
+
+def _stop(proc: subprocess.Popen) -> int:
+  if proc.poll() is None:
+    proc.send_signal(signal.SIGTERM)
+  try:
+    return proc.wait(timeout=120)
+  finally:
+    if proc.poll() is None:
+      proc.kill()
+
+
+def test_second_training_run_on_a_live_workdir_is_refused(tmp_path, puzzle_cache, jax_cache,
+                                                          reference_run):
+  workdir = str(tmp_path / 'run')
+  first = _popen(main_cmd(workdir, puzzle_cache, '--config.seed=0',
+                          '--config.train.num_steps=100000'), jax_cache, tmp_path / 'first.err')
+  try:
+    _wait_for(lambda: os.path.exists(os.path.join(workdir, 'metrics.jsonl')), first,
+              'training')
+    second = subprocess.run(main_cmd(workdir, puzzle_cache, '--config.seed=1'), cwd=REPO,
+                            env=subprocess_env(jax_cache), capture_output=True, text=True,
+                            timeout=180, check=False)
+    assert first.poll() is None, 'the first run ended before the second was refused'
+  finally:
+    assert _stop(first) == 0, (tmp_path / 'first.err').read_text()[-3000:]
+  errors = [line for line in second.stderr.splitlines() if line.startswith(PREFIX)]
+  assert second.returncode == 1 and len(errors) == 1, second.stderr[-3000:]
+  assert f"--workdir='{workdir}' is in use by another run (host {socket.gethostname()}, pid " \
+         f'{first.pid}, heartbeat' in errors[0]
+  assert 'Traceback' not in second.stderr
+  # The first run's files alone: its config, its one runs.jsonl line, its losses once per step.
+  assert json.load(open(os.path.join(workdir, 'config.json'), encoding='utf-8'))['seed'] == 0
+  runs = read_jsonl(os.path.join(workdir, 'runs.jsonl'))
+  assert [r['config']['seed'] for r in runs] == [0]
+  steps = [r['step'] for r in read_jsonl(os.path.join(workdir, 'metrics.jsonl'))
+           if r['split'] == 'train']
+  assert steps == list(range(1, len(steps) + 1)), steps
+  reference = train_losses(reference_run['workdir'])
+  losses = train_losses(workdir)
+  assert {s: losses[s] for s in reference if s in losses} == \
+         {s: reference[s] for s in reference if s in losses}
+  assert not os.path.exists(os.path.join(workdir, lease.TRAIN_LEASE))  # released at the stop
+
+
+@pytest.mark.slow
+def test_eval_and_sample_of_a_live_run_that_keeps_one_checkpoint(tmp_path, puzzle_cache,
+                                                                  jax_cache):
+  workdir = str(tmp_path / 'run')
+  train = _popen(main_cmd(workdir, puzzle_cache, '--config.train.num_steps=100000',
+                          '--config.train.ckpt_every=2', '--config.train.keep_last=1'),
+                 jax_cache, tmp_path / 'train.err')
+  runs = []
+  try:
+    _wait_for(lambda: any(n.isdigit() for n in os.listdir(os.path.join(workdir, 'checkpoints'))
+                          ) if os.path.isdir(os.path.join(workdir, 'checkpoints')) else False,
+              train, 'a checkpoint')
+    for i, mode in enumerate(('eval', 'eval', 'eval', 'sample')):
+      out = str(tmp_path / f'out{i}')
+      flags = [f'--mode={mode}', f'--out={out}'] + ([f'--inputs={PUZZLE}'] if mode == 'sample'
+                                                    else [])
+      runs.append((mode, out, subprocess.Popen(
+          main_cmd(workdir, puzzle_cache, *flags), cwd=REPO, env=subprocess_env(jax_cache),
+          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)))
+    results = [(mode, out, *proc.communicate(timeout=300), proc.returncode)
+               for mode, out, proc in runs]
+    assert train.poll() is None, 'training ended before the evaluations'
+  finally:
+    for *_, proc in runs:
+      if proc.poll() is None:
+        proc.kill()
+    assert _stop(train) == 0, (tmp_path / 'train.err').read_text()[-3000:]
+  logged = set(train_losses(workdir))
+  for mode, out, stdout, stderr, rc in results:
+    assert rc == 0 and PREFIX not in stderr, f'{mode}: {stderr[-3000:]}'
+    assert '--step' not in stderr
+    (name,) = [n for n in os.listdir(out) if n.startswith(('eval_', 'samples_'))]
+    step = int(name.split('_')[1].split('.')[0])
+    assert step % 2 == 0 and step in logged, (name, sorted(logged)[-5:])
+    (record,) = read_jsonl(os.path.join(out, 'runs.jsonl'))
+    assert record['step'] == step
+    if mode == 'eval':
+      assert f'Evaluation of step {step} ' in stdout
+
+
+@pytest.mark.slow
+def test_every_process_of_a_second_job_is_refused(tmp_path, puzzle_cache, jax_cache):
+  """Two jax.distributed processes on a workdir another host's live run holds: process 0 reads
+  the lease, and both exit 1 with its line (no process waits in a collective)."""
+  import portpicker  # pylint: disable=g-import-not-at-top
+  workdir = tmp_path / 'run'
+  workdir.mkdir()
+  _lease_file(workdir, host='other-host', pid=1)
+  before = dir_hash(str(workdir))
+  port = portpicker.pick_unused_port()
+  procs = [subprocess.Popen(
+      main_cmd(str(workdir), puzzle_cache, '--config.distributed.enabled=True',
+               f'--config.distributed.coordinator_address=localhost:{port}',
+               '--config.distributed.num_processes=2', f'--config.distributed.process_id={i}'),
+      cwd=REPO, env=subprocess_env(jax_cache), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+      text=True) for i in range(2)]
+  try:
+    results = [(p.communicate(timeout=240)[1], p.returncode) for p in procs]
+  finally:
+    for p in procs:
+      if p.poll() is None:
+        p.kill()
+  lines = []
+  for stderr, rc in results:
+    errors = [line for line in stderr.splitlines() if line.startswith(PREFIX)]
+    assert rc == 1 and len(errors) == 1, stderr[-3000:]
+    lines.append(errors[0])
+  assert lines[0] == lines[1] and 'is in use by another run (host other-host, pid 1' in lines[0]
+  assert dir_hash(str(workdir)) == before
