@@ -2,10 +2,11 @@
 
 A mistake is one ValueError naming the field or file and what to do, raised before a file is
 created or the model initialised. In order: the task's data against the model, the process, the
-batch against the process count; the workdir (train: creatable; eval / sample: exists, outputs
-writable); the checkpoint (resume: its stored config agrees on workdir.RESUME_FIELDS and its tree
-fits; eval / sample: --step exists and fits); a warm start's source fits the model (shapes only);
-sample inputs parse; eval / sample outputs do not exist yet unless `overwrite`.
+batch against the process count; the workdir (train: creatable, and train.wandb usable; eval /
+sample: exists, outputs writable); the checkpoint (resume: its stored config agrees on
+workdir.RESUME_FIELDS and its tree fits; eval / sample: --step exists and fits); a warm start's
+source fits the model (shapes only); sample inputs parse; eval / sample outputs do not exist yet
+unless `overwrite`.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import jax
 
 from hmdlm_jax import checkpoint as ckpt_lib
 from hmdlm_jax import config as config_lib
+from hmdlm_jax import metrics as metrics_lib
 from hmdlm_jax import processes
 from hmdlm_jax import sharding
 from hmdlm_jax import storage
@@ -147,6 +149,7 @@ def check(mode: str, config: config_lib.Config, workdir: str, *,
       raise ValueError(f'{", ".join(extra)} apply to --mode=eval / --mode=sample, not to '
                        'training (a rerun of training resumes from the latest checkpoint).')
     workdir_lib.check_creatable(workdir, '--workdir')
+    metrics_lib.check_wandb(config.train.wandb)
     resumed = check_resume(config, workdir, model, resume_with_changes=resume_with_changes)
     if resumed is None:
       check_init(config, model)
