@@ -44,7 +44,7 @@ def has_checkpoint(run_dir: pathlib.Path) -> bool:
 If the workdir holds no checkpoint, a tiny model is trained first (a few steps in test mode).'''),
     ('code', '''\
 sudoku_run = pathlib.Path(SUDOKU_RUN) if SUDOKU_RUN else WORKDIR / 'sudoku_run'
-SUDOKU_CONFIG = SUDOKU_CONFIG or ('configs/sudoku.py' if SIZE == 'tiny' else 'configs/sudoku_25m.py')
+SUDOKU_CONFIG = SUDOKU_CONFIG or {'tiny': 'configs/sudoku.py', 'full': 'configs/sudoku_25m.py'}[SIZE]
 sudoku_cfg = load_config('configs/tiny_test.py' if TEST else SUDOKU_CONFIG)
 sudoku_cfg.data.cache_dir = str(WORKDIR / 'sudoku_cache')
 sudoku_cfg.train.final_eval = False

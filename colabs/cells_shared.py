@@ -1,4 +1,4 @@
-"""Cells every notebook starts with: parameters, setup (clone, install), imports (make_notebooks)."""
+"""Cells every notebook starts with: parameters, setup (clone, install), imports."""
 
 from __future__ import annotations
 

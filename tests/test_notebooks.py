@@ -22,6 +22,8 @@ import numpy as np
 from PIL import Image
 import pytest
 
+from tests.conftest import subprocess_env
+
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 COLABS = ROOT / 'colabs'
 NOTEBOOKS = ('quickstart.ipynb', 'schedules_explorer.ipynb', 'checkpoint_explorer.ipynb')
@@ -39,9 +41,15 @@ def _parameters_cell(nb: nbformat.NotebookNode) -> int:
   return tagged[0]
 
 
-def _run(name: str, workdir: pathlib.Path, monkeypatch: pytest.MonkeyPatch) -> nbformat.NotebookNode:
+def _run(name: str, workdir: pathlib.Path, monkeypatch: pytest.MonkeyPatch,
+         jax_cache: str) -> nbformat.NotebookNode:
   for var in ('HMDLM_NOTEBOOK_TEST', 'HMDLM_NOTEBOOK_WORKDIR'):
     monkeypatch.delenv(var, raising=False)  # the injected parameters alone select the test mode
+  # The kernel compiles as the other JAX subprocesses of the tests do (CPU, XLA's fast compile
+  # level, the session's compilation cache): compiling is most of a notebook's test time.
+  for var, value in subprocess_env(jax_cache).items():
+    if var.startswith(('JAX_', 'XLA_', 'TF_CPP')):
+      monkeypatch.setenv(var, value)
   nb = nbformat.read(COLABS / name, as_version=4)
   # What `papermill -p TEST True -p WORKDIR ...` injects.
   nb.cells.insert(_parameters_cell(nb) + 1, nbformat.v4.new_code_cell(
@@ -125,8 +133,8 @@ def test_setup_cell_clones_the_repository_outside_a_checkout(tmp_path):
   assert res.stdout.count('cloning') == 0  # the second run did not clone again
 
 
-def test_quickstart(workdir: pathlib.Path, monkeypatch: pytest.MonkeyPatch):
-  nb = _run('quickstart.ipynb', workdir, monkeypatch)
+def test_quickstart(workdir: pathlib.Path, monkeypatch: pytest.MonkeyPatch, jax_cache: str):
+  nb = _run('quickstart.ipynb', workdir, monkeypatch, jax_cache)
   pictures = workdir / 'pictures'
   _check_png(pictures / 'quickstart_sudoku_reveal.png')
   # The GIF has one frame per distinct reveal step of the generated cells, plus the quiz.
@@ -142,8 +150,8 @@ def test_quickstart(workdir: pathlib.Path, monkeypatch: pytest.MonkeyPatch):
   assert 'skipping pip install' in _stdout(nb)  # TEST never installs
 
 
-def test_schedules_explorer(workdir: pathlib.Path, monkeypatch: pytest.MonkeyPatch):
-  nb = _run('schedules_explorer.ipynb', workdir, monkeypatch)
+def test_schedules_explorer(workdir: pathlib.Path, monkeypatch: pytest.MonkeyPatch, jax_cache: str):
+  nb = _run('schedules_explorer.ipynb', workdir, monkeypatch, jax_cache)
   pictures = workdir / 'pictures'
   for name in ('schedules_lm1b', 'schedules_wikihow', 'schedules_sudoku', 'ordering_lm1b',
                'ordering_violation'):
@@ -155,8 +163,9 @@ def test_schedules_explorer(workdir: pathlib.Path, monkeypatch: pytest.MonkeyPat
   assert _num_images(nb) == 5
 
 
-def test_checkpoint_explorer(workdir: pathlib.Path, monkeypatch: pytest.MonkeyPatch):
-  nb = _run('checkpoint_explorer.ipynb', workdir, monkeypatch)
+def test_checkpoint_explorer(workdir: pathlib.Path, monkeypatch: pytest.MonkeyPatch,
+                             jax_cache: str):
+  nb = _run('checkpoint_explorer.ipynb', workdir, monkeypatch, jax_cache)
   pictures = workdir / 'pictures'
   for name in ('explorer_sudoku_0', 'explorer_sudoku_1', 'explorer_sudoku_decodings',
                'explorer_text_reveal'):

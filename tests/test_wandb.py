@@ -2,9 +2,10 @@
 
 A tiny training run with train.wandb='hmdlm-test/tiny', WANDB_MODE=offline and WANDB_DIR=tmp
 writes an offline run (WANDB_DIR/wandb/offline-run-*/run-*.wandb) whose history records hold the
-values of DIR/metrics.jsonl (nightly); `MetricsWriter` alone is checked the same way in CI. The .wandb file is a LevelDB-style log of protobuf `Record`s
-(32 KiB blocks of [crc32 4 | length 2 | type 1 | data] chunks after a 7-byte header); wandb has no
-public reader for it, so `_records` reads it here with wandb's own protobuf classes.
+values of DIR/metrics.jsonl (nightly); `MetricsWriter` alone is checked the same way in CI. The
+.wandb file is a LevelDB-style log of protobuf `Record`s (32 KiB blocks of [crc32 4 | length 2 |
+type 1 | data] chunks after a 7-byte header); wandb has no public reader for it, so `_records`
+reads it here with wandb's own protobuf classes.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from __future__ import annotations
 import json
 import pathlib
 import struct
+import time
 
 import pytest
 
@@ -49,15 +51,24 @@ def _records(path: pathlib.Path) -> list[object]:
   return out
 
 
-def _history(run_dir: pathlib.Path) -> dict[int, dict[str, float]]:
+def _history(run_dir: pathlib.Path, steps: set[int]) -> dict[int, dict[str, float]]:
+  """step -> the values logged at it, once the log holds every step of `steps`.
+
+  wandb's service writes the offline log in the background: `finish()` may return before the
+  records reach the file, so the file is read again until they are there (or 60 s passed).
+  """
   (log,) = run_dir.glob('run-*.wandb')
-  steps: dict[int, dict[str, float]] = {}
-  for rec in _records(log):
-    if rec.WhichOneof('record_type') != 'history':
-      continue
-    row = {'/'.join(i.nested_key) or i.key: json.loads(i.value_json) for i in rec.history.item}
-    steps.setdefault(int(row['_step']), {}).update(row)
-  return steps
+  deadline = time.monotonic() + 60
+  while True:
+    out: dict[int, dict[str, float]] = {}
+    for rec in _records(log):
+      if rec.WhichOneof('record_type') != 'history':
+        continue
+      row = {'/'.join(i.nested_key) or i.key: json.loads(i.value_json) for i in rec.history.item}
+      out.setdefault(int(row['_step']), {}).update(row)
+    if steps <= set(out) or time.monotonic() > deadline:
+      return out
+    time.sleep(0.2)
 
 
 @pytest.mark.slow  # a training subprocess (~30 s on 2 cores); the writer itself: the test below
@@ -70,12 +81,12 @@ def test_train_logs_its_metrics_to_an_offline_wandb_run(tmp_path, puzzle_cache, 
   workdir = tmp_path / 'run'
   proc = run_cmd(main_cmd(str(workdir), puzzle_cache, '--config.train.num_steps=2',
                           '--config.train.log_every=1', '--config.train.ckpt_every=2',
-                          '--config.train.final_eval=false', '--config.train.wandb=hmdlm-test/tiny'),
-                 jax_cache)
+                          '--config.train.final_eval=false',
+                          '--config.train.wandb=hmdlm-test/tiny'), jax_cache)
   assert proc.returncode == 0, proc.stderr[-3000:]
   (run_dir,) = (tmp_path / 'wandb_dir' / 'wandb').glob('offline-run-*')
-  history = _history(run_dir)
   logged = [r for r in read_jsonl(str(workdir / 'metrics.jsonl')) if r['split'] == 'train']
+  history = _history(run_dir, {r['step'] for r in logged})
   assert [r['step'] for r in logged] == [1, 2]
   for r in logged:
     for key in ('loss', 'lr', 'grad_norm'):
@@ -96,7 +107,7 @@ def test_metrics_writer_logs_to_an_offline_wandb_run(tmp_path, monkeypatch):
   writer.close()
   # No WANDB_DIR: the offline run lies in the (local) workdir, named after it.
   (run_dir,) = (workdir / 'wandb').glob('offline-run-*')
-  history = _history(run_dir)
+  history = _history(run_dir, {1, 2})
   assert history[1]['train/loss'] == 2.5 and history[1]['train/lr'] == 1e-3
   assert history[2]['train/loss'] == 2.25 and history[2]['eval/ppl'] == 9.5
   (run,) = [r.run for r in _records(next(run_dir.glob('run-*.wandb')))
