@@ -117,8 +117,12 @@ def test_hub_refs_and_the_switch(monkeypatch):
   from hmdlm_jax import hub  # pylint: disable=g-import-not-at-top
   monkeypatch.delenv(hub.ENV, raising=False)
   assert not hub.enabled() and hub.local_files_only()  # offline is the default
+  from hmdlm_jax.data import tokenizers  # pylint: disable=g-import-not-at-top
+  monkeypatch.delenv(tokenizers.ALLOW_DOWNLOAD_ENV, raising=False)
+  assert not tokenizers._allow_download(None)  # pylint: disable=protected-access
   monkeypatch.setenv(hub.ENV, '1')
   assert hub.enabled() and not hub.local_files_only()
+  assert tokenizers._allow_download(None)  # one switch for every Hub download
   assert hub.is_ref('hf://kuleshov-group/mdlm-owt') and not hub.is_ref('/tmp/model.safetensors')
   with pytest.raises(ValueError, match='write hf://ORG/NAME'):
     hub.download('hf://just-a-name')
