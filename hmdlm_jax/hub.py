@@ -5,9 +5,10 @@ Face cache only (`local_files_only=True`), so nothing is ever downloaded. On: `h
 checkpoints (init.mdlm_checkpoint, convert_mdlm --src; FILE defaults to model.safetensors, MDLM-OWT
 is hf://kuleshov-group/mdlm-owt), the generative-perplexity scorer (eval.gen_ppl_model) and Hub
 tokenizers (data.tokenizer) are fetched into that cache where the network allows;
-huggingface_hub's own HF_HUB_OFFLINE=1 / HF_HUB_CACHE still apply. An environment variable rather than a config field: the converter's
-command line, warm starts and evaluation read the same switch, and a machine's network access is a
-property of where a run goes, not of the experiment (config.json stays the same on both).
+huggingface_hub's own HF_HUB_OFFLINE=1 / HF_HUB_CACHE still apply. An environment variable rather
+than a config field: the converter's command line, warm starts and evaluation read the same
+switch, and network access is a property of where a run goes, not of the experiment (config.json
+stays the same on both).
 """
 
 from __future__ import annotations
