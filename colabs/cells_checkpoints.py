@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from cells_shared import IMPORTS, INSTALL, SETUP  # colabs/ is on sys.path (a script dir)
+from cells_shared import IMPORTS, INSTALL, PARAMETERS, SETUP  # colabs/ is on sys.path
 
 CHECKPOINTS = [
     ('md', '''\
@@ -13,15 +13,15 @@ Sudoku grids with the sampler of the HMDLM process (`hmdlm_jax.processes`) and d
 tiny text model on the bundled public-domain sentences and computes the rigorous bound / perplexity
 of a few sentences. **On a Colab GPU/TPU runtime** point `SUDOKU_CONFIG` / `TEXT_CONFIG` at the
 full configs and `SUDOKU_RUN` / `TEXT_RUN` at your own workdirs (e.g. on Google Drive).'''),
-    ('code', '''\
+    ('parameters', PARAMETERS + '''
 SIZE = 'tiny'  # 'tiny': minutes on a CPU runtime; 'full': the paper-size configs (GPU/TPU runtime)
-SUDOKU_CONFIG = 'configs/sudoku.py' if SIZE == 'tiny' else 'configs/sudoku_25m.py'
+SUDOKU_CONFIG = None  # None: configs/sudoku.py for 'tiny', configs/sudoku_25m.py for 'full'
 TEXT_CONFIG = 'configs/text.py'  # offline text run; perplexity below reads a local sentence file
 TRAIN_MINUTES = 3.0  # training budget when a workdir holds no checkpoint yet
+TRAIN_STEPS = None  # a number of steps instead of the budget (test mode: 2)
 SUDOKU_RUN = None  # None: WORKDIR/sudoku_run (the quickstart's run, trained here if absent)
 TEXT_RUN = None  # None: WORKDIR/text_run'''),
-    ('code', SETUP),
-    ('code', INSTALL),
+    ('code', SETUP + '\n' + INSTALL),
     ('code', IMPORTS),
     ('code', '''\
 from hmdlm_jax import main
@@ -44,11 +44,12 @@ def has_checkpoint(run_dir: pathlib.Path) -> bool:
 If the workdir holds no checkpoint, a tiny model is trained first (a few steps in test mode).'''),
     ('code', '''\
 sudoku_run = pathlib.Path(SUDOKU_RUN) if SUDOKU_RUN else WORKDIR / 'sudoku_run'
+SUDOKU_CONFIG = SUDOKU_CONFIG or {'tiny': 'configs/sudoku.py', 'full': 'configs/sudoku_25m.py'}[SIZE]
 sudoku_cfg = load_config('configs/tiny_test.py' if TEST else SUDOKU_CONFIG)
 sudoku_cfg.data.cache_dir = str(WORKDIR / 'sudoku_cache')
 sudoku_cfg.train.final_eval = False
-if TEST:
-  sudoku_cfg.train.num_steps = 6
+if TEST or TRAIN_STEPS:
+  sudoku_cfg.train.num_steps = TRAIN_STEPS or 2
 else:
   sudoku_cfg.train.time_budget_s = 60.0 * TRAIN_MINUTES
 if not has_checkpoint(sudoku_run):
@@ -132,10 +133,12 @@ if TEST:  # one block of width 64 over 32 tokens, a few steps
   text_cfg.model.seq_len = text_cfg.data.seq_len = 32
   text_cfg.model.num_layers, text_cfg.model.hidden_size = 1, 64
   text_cfg.model.num_heads, text_cfg.model.mlp_dim, text_cfg.model.cond_dim = 2, 128, 32
-  text_cfg.data.batch_size = text_cfg.data.eval_batch_size = 8
-  text_cfg.train.num_steps = 4
-  text_cfg.sample.num_steps = 16
+  text_cfg.data.batch_size = text_cfg.data.eval_batch_size = 4
+  text_cfg.train.num_steps = TRAIN_STEPS or 2
+  text_cfg.sample.num_steps = 8
   text_cfg.sample.num_samples = 2
+elif TRAIN_STEPS:
+  text_cfg.train.num_steps = TRAIN_STEPS
 else:
   text_cfg.train.time_budget_s = 60.0 * TRAIN_MINUTES
 if not has_checkpoint(text_run):

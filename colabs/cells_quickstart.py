@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from cells_shared import IMPORTS, INSTALL, SETUP  # colabs/ is on sys.path (a script dir)
+from cells_shared import IMPORTS, INSTALL, PARAMETERS, SETUP  # colabs/ is on sys.path
 
 QUICKSTART = [
     ('md', '''\
@@ -17,12 +17,12 @@ This notebook trains a small model for a few minutes on a CPU runtime (`configs/
 offline demo), solves a puzzle and draws the reveal order. **On a Colab GPU/TPU runtime** set
 `QUICK = False` (the paper's 25M model, `configs/sudoku_25m.py`) and `ACCELERATOR` in the setup
 cell.'''),
-    ('code', '''\
+    ('parameters', PARAMETERS + '''
 QUICK = True  # True: 4-layer demo model, minutes on a CPU. False: the paper's 25M model (GPU/TPU).
-CONFIG = 'configs/sudoku.py' if QUICK else 'configs/sudoku_25m.py'
-TRAIN_MINUTES = 5.0  # wall-clock budget of the training cell'''),
-    ('code', SETUP),
-    ('code', INSTALL),
+CONFIG = None  # None: configs/sudoku.py when QUICK, else configs/sudoku_25m.py
+TRAIN_MINUTES = 5.0  # wall-clock budget of the training cell
+TRAIN_STEPS = None  # a number of steps instead of the budget (test mode: 2)'''),
+    ('code', SETUP + '\n' + INSTALL),
     ('code', IMPORTS),
     ('md', '''\
 ## Config
@@ -33,12 +33,13 @@ blank cell's level, trained on generated puzzles for `TRAIN_MINUTES` (rerun the 
 train longer). The test mode (`HMDLM_NOTEBOOK_TEST=1`) swaps in the
 2-layer width-32 `configs/tiny_test.py` and trains a handful of steps.'''),
     ('code', '''\
+CONFIG = CONFIG or ('configs/sudoku.py' if QUICK else 'configs/sudoku_25m.py')
 config = load_config('configs/tiny_test.py' if TEST else CONFIG)
 RUN_DIR = WORKDIR / 'sudoku_run'
 config.data.cache_dir = str(WORKDIR / 'sudoku_cache')  # generated puzzles are cached here
 config.train.final_eval = False  # we evaluate below, on one puzzle
-if TEST:
-  config.train.num_steps = 6
+if TEST or TRAIN_STEPS:
+  config.train.num_steps = TRAIN_STEPS or 2
   config.train.ckpt_every = 1000
 else:
   config.train.num_steps = 10_000_000  # the time budget stops training first

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from cells_shared import IMPORTS, INSTALL, SETUP  # colabs/ is on sys.path (a script dir)
+from cells_shared import IMPORTS, INSTALL, PARAMETERS, SETUP  # colabs/ is on sys.path
 
 SCHEDULES = [
     ('md', '''\
@@ -13,10 +13,9 @@ levels are masked more slowly. Two families: log-linear with offsets δ_k (LM1B,
 with exponents ω_k (WikiHow). This notebook builds schedules from config values, plots α_k and the
 hazards λ'_k = −α'_k / (1 − α_k) (the loss weights), and checks Appendix D's ordering condition
 λ_k ≤ λ_k' (k < k') on the sampling grid. No training: it runs in seconds anywhere.'''),
-    ('code', '''\
+    ('parameters', PARAMETERS + '''
 NUM_STEPS = 256  # T of the sampling grid t_n = n / T (LM1B / WikiHow use 256)'''),
-    ('code', SETUP),
-    ('code', INSTALL),
+    ('code', SETUP + '\n' + INSTALL),
     ('code', IMPORTS),
     ('code', '''\
 import warnings

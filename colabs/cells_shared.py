@@ -1,42 +1,54 @@
-"""Cells every notebook starts with: setup, install, imports (colabs/make_notebooks.py)."""
+"""Cells every notebook starts with: parameters, setup (clone, install), imports."""
 
 from __future__ import annotations
 
-SETUP = '''\
-# Setup: find the repository, work in it, and read the test switches.
+# The first lines of every notebook's `parameters` cell (papermill injects its -p values after
+# that cell). make_notebooks.py replaces @REPO_URL@.
+PARAMETERS = '''\
 import os
-import pathlib
 
-# tests/test_notebooks.py sets HMDLM_NOTEBOOK_TEST=1: smallest settings, nothing installed.
+# HMDLM_NOTEBOOK_TEST=1 (tests/test_notebooks.py, CI): the smallest settings, nothing installed.
 TEST = os.environ.get('HMDLM_NOTEBOOK_TEST') == '1'
 # Everything this notebook writes (checkpoints, pictures) goes below WORKDIR.
-WORKDIR = pathlib.Path(os.environ.get('HMDLM_NOTEBOOK_WORKDIR', '/tmp/hmdlm_colabs'))
-# Colab: 'gpu' or 'tpu' installs the matching jax extra (pip install -e ".[cuda]" / ".[tpu]").
+WORKDIR = os.environ.get('HMDLM_NOTEBOOK_WORKDIR', '/tmp/hmdlm_colabs')
+# 'gpu' or 'tpu': the jax extra installed when jax is missing or outside pyproject.toml's range.
 ACCELERATOR = 'cpu'
+# Cloned (into ./hmdlm_jax) when the notebook runs outside a checkout, e.g. opened on Colab.
+REPO_URL = '@REPO_URL@'
+'''
+
+SETUP = '''\
+# Setup: find the repository (cloning it when there is none, e.g. on Colab) and work in it.
+import pathlib
+import subprocess
 
 
-def find_repo_root() -> pathlib.Path:
-  """The hmdlm_jax checkout: the working directory or one of its parents."""
+def find_repo_root() -> pathlib.Path | None:
+  """The hmdlm_jax checkout: the working directory, one of its parents, or ./hmdlm_jax."""
   here = pathlib.Path.cwd().resolve()
-  for d in (here, *here.parents):
+  for d in (here, *here.parents, here / 'hmdlm_jax'):
     if (d / 'hmdlm_jax' / '__init__.py').is_file() and (d / 'configs' / 'base.py').is_file():
       return d
-  raise FileNotFoundError(
-      f'No hmdlm_jax checkout at or above {here}. On Colab: upload or `!git clone` the repository, '
-      'then `%cd` into it (or its colabs/ folder) and run this cell again.')
+  return None
 
 
 ROOT = find_repo_root()
+if ROOT is None:
+  ROOT = pathlib.Path.cwd().resolve() / 'hmdlm_jax'
+  print('no checkout here: cloning', REPO_URL, 'into', ROOT)
+  subprocess.run(['git', 'clone', '--depth=1', REPO_URL, str(ROOT)], check=True)
 # A notebook kernel imports from its working directory first: working in the repository root
 # makes `import hmdlm_jax` (and `configs`) this checkout, installed or not.
 os.chdir(ROOT)
+WORKDIR = pathlib.Path(WORKDIR)
 WORKDIR.mkdir(parents=True, exist_ok=True)
 print(f'repository: {ROOT}\\nworkdir:    {WORKDIR}\\ntest mode:  {TEST}')
 '''
 
 INSTALL = '''\
-# Install the package with its requirements unless they are already installed in their ranges
-# (pyproject.toml): a Colab runtime keeps the versions it has when they fit.
+# Install the package unless its requirements are installed in their ranges (pyproject.toml, not
+# requirements.txt's exact pins): `pip install -e .` keeps every package Colab has in its range
+# (jax, torch, ...) and adds the accelerator's jax extra only when jax itself is missing.
 import tomllib
 from importlib import metadata
 
@@ -60,8 +72,9 @@ def missing_requirements(pyproject: pathlib.Path) -> list[str]:
 
 MISSING = [] if TEST else missing_requirements(ROOT / 'pyproject.toml')
 if MISSING:
+  extra = EXTRA if any(Requirement(m).name == 'jax' for m in MISSING) else ''
   print('installing', MISSING)
-  !pip install -q -e "{ROOT}{EXTRA}"
+  !pip install -q -e "{ROOT}{extra}"
   print('Installed: restart the runtime (Runtime > Restart session), then run all cells again.')
 else:
   print('requirements satisfied: skipping pip install')

@@ -5,11 +5,13 @@ by hand, so that they stay reproducible and reviewable as plain Python. `--check
 a notebook on disk differs from what this script would write (CI / tests).
 
 Every notebook
-  * finds the repository root (the working directory or one of its parents) and works there, so
-    that the kernel imports this checkout (no sys.path changes);
+  * opens with an "Open in Colab" badge (REPO_URL: pyproject.toml's project.urls, else
+    PLACEHOLDER_URL) and a `parameters`-tagged cell of its knobs (papermill -p NAME VALUE);
+  * finds the repository root (the working directory, a parent, or a clone it makes of REPO_URL)
+    and works there, so that the kernel imports this checkout (no sys.path changes);
   * skips `pip install -e .` when the requirements are installed in pyproject.toml's ranges, and
     always under the test (HMDLM_NOTEBOOK_TEST=1), which also selects the smallest settings;
-  * writes its pictures and checkpoints under WORKDIR = $HMDLM_NOTEBOOK_WORKDIR (default
+  * writes its pictures and checkpoints under WORKDIR (default $HMDLM_NOTEBOOK_WORKDIR or
     /tmp/hmdlm_colabs), so tests/test_notebooks.py can check them;
   * runs on a CPU runtime offline with its default settings, and on a Colab GPU/TPU runtime after a
     one-line change (QUICK = False / CONFIG = ...; ACCELERATOR picks the jax wheel to install).
@@ -19,7 +21,9 @@ from __future__ import annotations
 
 import argparse
 import pathlib
+import re
 import sys
+import tomllib
 
 import nbformat
 from nbformat import v4
@@ -33,15 +37,40 @@ import cells_schedules
 HERE = pathlib.Path(__file__).resolve().parent
 
 KERNEL = {'display_name': 'Python 3', 'language': 'python', 'name': 'python3'}
+# The repository the badges open and the notebooks clone while pyproject.toml names none
+# ([project.urls] Repository / Source / Homepage): replace it with the public GitHub URL.
+PLACEHOLDER_URL = 'https://github.com/YOUR-ORG/hmdlm_jax'
+BRANCH = 'main'
+BADGE = 'https://colab.research.google.com/assets/colab-badge.svg'
 
 
-def _cells(spec: list[tuple[str, str]]) -> list[nbformat.NotebookNode]:
-  return [v4.new_markdown_cell(src) if kind == 'md' else v4.new_code_cell(src)
-          for kind, src in spec]
+def repo_url() -> str:
+  urls = tomllib.loads((HERE.parent / 'pyproject.toml').read_text())['project'].get('urls', {})
+  for key in ('Repository', 'Source', 'Homepage'):
+    if key in urls:
+      return urls[key].removesuffix('.git').rstrip('/')
+  return PLACEHOLDER_URL
 
 
-def build(spec: list[tuple[str, str]]) -> nbformat.NotebookNode:
-  nb = v4.new_notebook(cells=_cells(spec))
+def badge(name: str) -> str:
+  """The "Open in Colab" markdown of colabs/`name` in the repository's GitHub `BRANCH`."""
+  path = re.sub(r'^https://github\.com/', '', repo_url())
+  return (f'[![Open In Colab]({BADGE})](https://colab.research.google.com/github/{path}/blob/'
+          f'{BRANCH}/colabs/{name})')
+
+
+def _cell(kind: str, src: str) -> nbformat.NotebookNode:
+  if kind == 'md':
+    return v4.new_markdown_cell(src)
+  if kind == 'parameters':  # papermill injects its -p values right after this cell
+    return v4.new_code_cell(src.replace('@REPO_URL@', repo_url()),
+                            metadata={'tags': ['parameters']})
+  return v4.new_code_cell(src)
+
+
+def build(spec: list[tuple[str, str]], name: str) -> nbformat.NotebookNode:
+  nb = v4.new_notebook(cells=[v4.new_markdown_cell(badge(name))]
+                       + [_cell(kind, src) for kind, src in spec])
   nb.metadata['kernelspec'] = KERNEL
   nb.metadata['language_info'] = {'name': 'python'}
   nb.metadata['colab'] = {'provenance': []}
@@ -58,8 +87,8 @@ NOTEBOOKS = {
 }
 
 
-def render(spec: list[tuple[str, str]]) -> str:
-  return nbformat.writes(build(spec)) + '\n'
+def render(spec: list[tuple[str, str]], name: str) -> str:
+  return nbformat.writes(build(spec, name)) + '\n'
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -69,7 +98,7 @@ def main(argv: list[str] | None = None) -> int:
   stale = []
   for name, spec in NOTEBOOKS.items():
     path = HERE / name
-    text = render(spec)
+    text = render(spec, name)
     nbformat.validate(nbformat.reads(text, as_version=4))
     if args.check:
       if not path.exists() or path.read_text() != text:

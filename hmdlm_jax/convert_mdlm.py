@@ -1,16 +1,17 @@
 """MDLM's PyTorch DiT weights -> our Flax DiT parameters (paper section 5.1.2: HMDLM from MDLM-OWT).
 
 Reads the state dict of kuleshov-group/mdlm's `models/dit.py` DIT from a safetensors file (e.g.
-the Hugging Face release kuleshov-group/mdlm-owt) or a Lightning `.ckpt` (`load_mdlm_state_dict`),
-maps it onto models/dit.py's parameter names (`convert_state_dict` lists the key map) and writes a
-`.npz` of the converted tree ('/'-joined paths, float32), read by `load_params`. HMDLM's own
+the Hugging Face release, hf://kuleshov-group/mdlm-owt: hmdlm_jax/hub.py) or a Lightning `.ckpt`
+(`load_mdlm_state_dict`), maps it onto models/dit.py's parameter names (`convert_state_dict` lists
+the key map) and writes a `.npz` of the converted tree ('/'-joined paths, float32), read by
+`load_params`. HMDLM's own
 parameters (level_embed, hier_layer, token_level_embed) do not exist in MDLM and keep their fresh
 initialisation (`merge_pretrained`); `init_from_mdlm(params, path)` serves `init.mdlm_checkpoint`,
 which accepts that `.npz` or the MDLM file itself (converted on the fly). docs/method.md §6
 (WikiHow) and §13.2 (continual adaptation) say where it is used.
 
 CLI: python -m hmdlm_jax.convert_mdlm --src=model.safetensors --dst=mdlm_owt.npz [--use_ema]
-     [--num_heads=12] [--allow_pickle]
+     [--num_heads=12] [--allow_pickle]    (--src=hf://kuleshov-group/mdlm-owt: the release)
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ import numpy as np
 from safetensors import safe_open
 from safetensors import SafetensorError
 
+from hmdlm_jax import hub
 from hmdlm_jax import storage
 
 ROTARY_BASE = 1e4
@@ -285,11 +287,17 @@ def load_params(path: str | pathlib.Path) -> dict[str, Any]:
                      f'({type(e).__name__}: {e}); convert the MDLM checkpoint again.') from e
 
 
+def _local(path: str | pathlib.Path) -> str:
+  """`path`, or the local copy of a Hub file (hf://ORG/NAME[/FILE], hmdlm_jax/hub.py)."""
+  path = os.fspath(path)
+  return hub.download(path) if hub.is_ref(path) else path
+
+
 def load_pretrained(path: str | pathlib.Path, *, use_ema: bool = False,
                     allow_pickle: bool = False) -> dict[str, Any]:
   """A converted `.npz` (a local path or URL), or a local MDLM safetensors / .ckpt converted on
-  the fly."""
-  path = os.fspath(path)
+  the fly; either may be a Hub file (hf://ORG/NAME[/FILE])."""
+  path = _local(path)
   if path.endswith('.npz'):
     if not storage.isfile(path):
       raise ValueError(f'init.mdlm_checkpoint={path!r} does not exist.')
@@ -326,7 +334,7 @@ def pretrained_shapes(path: str | pathlib.Path) -> dict[str, tuple[int, ...]]:
   A converted `.npz` is checked whole (zip CRCs) and its array headers are read, no array is
   loaded; other files are converted (as `load_pretrained` does). Raises ValueError naming the file.
   """
-  path = os.fspath(path)
+  path = _local(path)
   if not path.endswith('.npz'):
     return {k: tuple(v.shape) for k, v in flatten(load_pretrained(path)).items()}
   try:
@@ -391,6 +399,11 @@ def convert(src: str, dst: str, *, use_ema: bool = False, num_heads: int | None 
             allow_pickle: bool = False) -> str:
   """Converts `src` into `dst` (validated first, written atomically); returns a summary line."""
   out = _check_destination(dst)
+  if hub.is_ref(src):
+    try:
+      src = hub.download(src)
+    except ValueError as e:
+      raise ValueError(f'--src={src}: {e}') from None
   if not pathlib.Path(src).is_file():
     raise ValueError(f'--src={src}: no such file; give the MDLM model.safetensors (Hugging Face '
                      'kuleshov-group/mdlm-owt) or a Lightning .ckpt.')
@@ -410,7 +423,8 @@ def convert(src: str, dst: str, *, use_ema: bool = False, num_heads: int | None 
 
 def main(argv: Sequence[str] | None = None) -> None:
   parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
-  parser.add_argument('--src', required=True, help='MDLM .safetensors or Lightning .ckpt')
+  parser.add_argument('--src', required=True,
+                      help='MDLM .safetensors or Lightning .ckpt, or hf://ORG/NAME[/FILE]')
   parser.add_argument('--dst', required=True, help='output .npz')
   parser.add_argument('--use_ema', action='store_true', help='EMA weights of a Lightning .ckpt')
   parser.add_argument('--num_heads', type=int, default=None,

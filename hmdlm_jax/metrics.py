@@ -1,4 +1,5 @@
-"""Metric sinks of the training loop: DIR/metrics.jsonl and TensorBoard (DIR/tb).
+"""Metric sinks of the training loop: DIR/metrics.jsonl, TensorBoard (DIR/tb), Weights & Biases
+(optional, `train.wandb`) and a progress bar.
 
 metrics.jsonl holds one JSON object per line and per logged step:
   {"step": int, "split": "train" | "eval", "time": unix seconds, <scalar name>: float, ...}
@@ -10,8 +11,10 @@ Non-finite values are written as the strings "nan" / "inf" / "-inf" (JSON has no
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import math
+import os
 import re
 import socket
 import struct
@@ -26,6 +29,7 @@ from hmdlm_jax import storage
 REQUIRED_TRAIN_KEYS: tuple[str, ...] = ('step', 'split', 'loss', 'lr', 'grad_norm', 'steps_per_s',
                                         'tokens_per_s')
 _TB_ILLEGAL = re.compile(r'[^-/\w.]')  # characters a TensorBoard tag may not hold
+WANDB_INSTALL = 'pip install "hmdlm_jax[wandb]"'  # the `wandb` extra (pyproject.toml)
 
 
 def tb_tag(name: str) -> str:
@@ -93,8 +97,36 @@ class TensorBoardEvents:
     self._file.close()
 
 
+def check_wandb(spec: str) -> None:
+  """Raises ValueError unless `train.wandb` is '' (off) or 'PROJECT[/RUN_NAME]' with wandb
+  installed (preflight: before anything is written)."""
+  if not spec:
+    return
+  parts = spec.split('/')
+  if len(parts) > 2 or not all(p.strip() for p in parts):
+    raise ValueError(f"train.wandb={spec!r} must be 'PROJECT' or 'PROJECT/RUN_NAME' ('' = off).")
+  if importlib.util.find_spec('wandb') is None:
+    raise ValueError(f"train.wandb={spec!r} needs the wandb package, which is not installed: "
+                     f"{WANDB_INSTALL} (or set train.wandb='').")
+
+
+def start_wandb(spec: str, workdir: str, record: Mapping[str, Any] | None = None) -> Any:
+  """A wandb run for `train.wandb` = 'PROJECT[/RUN_NAME]' holding the config `record`.
+
+  Its files go to WANDB_DIR when set, else into a local workdir (DIR/wandb). Every start is a new
+  wandb run under the same name: a resumed run repeats the steps after its last checkpoint, which
+  one wandb run would refuse (its steps must increase).
+  """
+  import wandb  # pylint: disable=g-import-not-at-top  (optional: the `wandb` extra)
+  project, _, name = spec.partition('/')
+  local = 'WANDB_DIR' not in os.environ and not storage.is_url(workdir)
+  return wandb.init(project=project, name=name or os.path.basename(workdir.rstrip('/')),
+                    config=dict(record or {}), dir=workdir if local else None)
+
+
 class MetricsWriter:
-  """Appends metrics to DIR/metrics.jsonl and TensorBoard event files in DIR/tb (process 0 only).
+  """Appends metrics to DIR/metrics.jsonl and TensorBoard event files in DIR/tb (process 0 only),
+  and to a Weights & Biases run when `wandb` = 'PROJECT[/RUN_NAME]' (`start_wandb`).
 
   Appending (not truncating) lets a resumed run continue the same file; a resumed run may repeat
   steps after the last checkpoint, and readers should keep the last line per (split, step). Every
@@ -103,17 +135,21 @@ class MetricsWriter:
   leaves no part of its line.
   """
 
-  def __init__(self, workdir: str, *, enabled: bool = True, tensorboard: bool = True) -> None:
+  def __init__(self, workdir: str, *, enabled: bool = True, tensorboard: bool = True,
+               wandb: str = '', record: Mapping[str, Any] | None = None) -> None:
     self.workdir = workdir
     self.enabled = enabled
     self.path = storage.join(workdir, 'metrics.jsonl')
     self._tb = None
+    self._wandb = None
     if not enabled:
       return
     storage.makedirs(workdir)
     self._file = storage.open_append(self.path)
     if tensorboard:
       self._tb = TensorBoardEvents(storage.join(workdir, 'tb'))
+    if wandb:
+      self._wandb = start_wandb(wandb, workdir, record)
 
   def write(self, step: int, split: str, scalars: Mapping[str, float]) -> None:
     """Writes one record; `scalars` maps names to host floats."""
@@ -126,6 +162,8 @@ class MetricsWriter:
     self._file.flush()
     if self._tb is not None:
       self._tb.scalars(step, {tb_tag(f'{split}/{k}'): v for k, v in scalars.items()})
+    if self._wandb is not None:
+      self._wandb.log({f'{split}/{k}': float(v) for k, v in scalars.items()}, step=int(step))
 
   def close(self) -> None:
     if not self.enabled:
@@ -135,6 +173,9 @@ class MetricsWriter:
     if self._tb is not None:
       self._tb.close()
       self._tb = None
+    if self._wandb is not None:
+      self._wandb.finish()
+      self._wandb = None
 
 
 def read_metrics(workdir: str) -> list[dict[str, Any]]:

@@ -2,12 +2,12 @@
 
 A mistake is one ValueError naming the field or file and what to do, raised before a file is
 created or the model initialised. In order: the task's data against the model, the process, the
-batch against the process count; the workdir (train: creatable; eval / sample: exists, outputs
-writable); memory and disk (hmdlm_jax/resources.py: the batch fits the devices, one checkpoint the
-disk); the checkpoint (its files whole, checkpoint_manifest; resume: its stored config agrees on
-workdir.RESUME_FIELDS and its tree fits; eval / sample: --step exists and fits); a warm start's
-source fits the model (shapes only); sample inputs parse; eval / sample outputs do not exist yet
-unless `overwrite`.
+batch against the process count; the workdir (train: creatable, and train.wandb usable; eval /
+sample: exists, outputs writable); memory and disk (hmdlm_jax/resources.py: the batch fits the
+devices, one checkpoint the disk); the checkpoint (its files whole, checkpoint_manifest; resume:
+its stored config agrees on workdir.RESUME_FIELDS and its tree fits; eval / sample: --step exists
+and fits); a warm start's source fits the model (shapes only); sample inputs parse; eval / sample
+outputs do not exist yet unless `overwrite`.
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ import jax
 
 from hmdlm_jax import checkpoint as ckpt_lib
 from hmdlm_jax import config as config_lib
+from hmdlm_jax import metrics as metrics_lib
 from hmdlm_jax import processes
 from hmdlm_jax import resources
 from hmdlm_jax import sharding
@@ -187,6 +188,7 @@ def check(mode: str, config: config_lib.Config, workdir: str, *,
       raise ValueError(f'{", ".join(extra)} apply to --mode=eval / --mode=sample, not to '
                        'training (a rerun of training resumes from the latest checkpoint).')
     workdir_lib.check_creatable(workdir, '--workdir')
+    metrics_lib.check_wandb(config.train.wandb)
     abstract, mesh = resources.abstract_state(config, model)
     resources.check_train(config, model, abstract, mesh)
     resources.check_disk(workdir, abstract)

@@ -386,7 +386,8 @@ def train_and_evaluate(config: config_lib.Config, workdir: str, *, model: nn.Mod
     state, _ = create_train_state(config, mesh, model)
   train_step = make_train_step(config, model, process, mesh, shardings)
 
-  writer = metrics_lib.MetricsWriter(workdir, enabled=is_main)
+  writer = metrics_lib.MetricsWriter(workdir, enabled=is_main, wandb=tc.wandb,
+                                     record=workdir_lib.config_to_dict(config))
   step = int(jax.device_get(state.step))
   last_saved = step if ckpt.latest_step() == step else None
   tokens_per_step = int(config.data.batch_size) * int(config.model.seq_len)

@@ -161,7 +161,14 @@ def _define_probes(d: dict[str, str], cache: str, world_cache: str) -> None:
          t + [f'--workdir={new}', f'--config.init.mdlm_checkpoint={d["corrupt_npz"]}'], [new])
   _probe('init_checkpoint_wrong_shapes', ('init.mdlm_checkpoint=', 'checkpoint lacks'),
          t + [f'--workdir={new}', f'--config.init.mdlm_checkpoint={d["small_npz"]}'], [new])
+  # Off by default (hmdlm_jax/hub.py): a Hub checkpoint that is not cached says how to allow it.
+  _probe('init_checkpoint_hub_off', ('init.mdlm_checkpoint=', 'hmdlm-test/absent',
+                                     'set HMDLM_HUB=1'),
+         t + [f'--workdir={new}', '--config.init.mdlm_checkpoint=hf://hmdlm-test/absent'], [new])
   conv = [sys.executable]
+  _probe('convert_hub_off', ('--src=hf://hmdlm-test/absent', 'set HMDLM_HUB=1'),
+         conv + ['--src', 'hf://hmdlm-test/absent', '--dst', f'{d["dst"]}/x.npz'], [d['dst']],
+         entry='convert')
   _probe('convert_missing_source', ('--src=', 'no such file'),
          conv + ['--src', f'{d["dir"]}/none.safetensors', '--dst', f'{d["dst"]}/x.npz'],
          [d['dst']], entry='convert')
@@ -182,6 +189,9 @@ def _define_probes(d: dict[str, str], cache: str, world_cache: str) -> None:
   _probe('sample_pictures_taken', ('pictures exists', '--overwrite'),
          t + [f'--workdir={run}', '--mode=sample', f'--inputs={PUZZLE}',
               f'--out={d["pictured"]}'], [run, d['pictured']])
+  _probe('wandb_not_installed', ("train.wandb='hmdlm-test'", 'pip install "hmdlm_jax[wandb]"'),
+         t + [f'--workdir={new}', '--config.train.wandb=hmdlm-test'], [new],
+         block_modules=['wandb'])
   _probe('step_flag_in_train', ('--step apply to --mode=eval',),
          t + [f'--workdir={run}', '--step=20'], [run])
 

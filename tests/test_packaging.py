@@ -141,7 +141,7 @@ def _declared(wheel: pathlib.Path) -> dict[str, list]:
     req = packaging_requirements.Requirement(line)
     extra = ''
     if req.marker is not None:
-      extras = [e for e in ('eval', 'tpu', 'cuda', 'cuda12', 'test')
+      extras = [e for e in ('eval', 'wandb', 'tpu', 'cuda', 'cuda12', 'test')
                 if req.marker.evaluate({'extra': e})]
       assert len(extras) == 1 and not req.marker.evaluate({'extra': ''}), line
       extra = extras[0]
@@ -169,7 +169,7 @@ def test_wheel_holds_the_package_its_configs_and_their_data(wheel):
 def test_requirements_are_ranges_that_hold_the_lock(wheel):
   declared = _declared(wheel)
   extras = set(_metadata(wheel).get_all('Provides-Extra') or [])
-  assert {'eval', 'tpu', 'cuda', 'test'} <= extras, f'extras: {sorted(extras)}'
+  assert {'eval', 'wandb', 'tpu', 'cuda', 'test'} <= extras, f'extras: {sorted(extras)}'
   for extra, reqs in declared.items():
     for req in reqs:
       ops = {s.operator for s in req.specifier}

@@ -13,6 +13,7 @@ import copy
 
 import ml_collections
 
+from hmdlm_jax import hub
 from hmdlm_jax import storage
 
 from hmdlm_jax.config import kinds as config_kinds
@@ -111,7 +112,7 @@ def _check_init(config: ml_collections.ConfigDict) -> None:
       raise ValueError(f'init.workdir={ini.workdir!r} is not a run directory of this project (no '
                        'config.json); train there first or set it to \'\'.')
   path = ini.mdlm_checkpoint
-  if not path:
+  if not path or hub.is_ref(path):  # a Hub file is looked up (offline by default) in preflight
     return
   if not storage.isfile(path):
     raise ValueError(f'init.mdlm_checkpoint={path!r} does not exist; convert an MDLM checkpoint '

@@ -261,6 +261,9 @@ class TrainSection:
   final_eval: bool = True  # evaluate once more after the last step
   async_checkpoint: bool = True  # Orbax writes in the background (always waited for at exit)
   debug_nan_steps: tuple[int, ...] = ()  # fault injection: steps whose loss/grads are NaN (tests only)
+  # Also log every metrics line to Weights & Biases: 'PROJECT' or 'PROJECT/RUN_NAME' (default
+  # name: the workdir's), '' = off. Needs the `wandb` extra; WANDB_MODE=offline keeps it local.
+  wandb: str = ''
 
 
 @dataclasses.dataclass(frozen=True)
@@ -329,7 +332,7 @@ class EvalSection:
   # kinds ('greedy', 'stochastic'); the modes' w and level context, the rest from `sample`.
   hierarchy_sampling: tuple[str, ...] = ('greedy',)
   num_samples: int = 0  # text: unconditional samples for generative metrics (0 = none)
-  gen_ppl_model: str = 'gpt2-large'  # AR scorer of generative perplexity (local cache only)
+  gen_ppl_model: str = 'gpt2-large'  # AR scorer of gen PPL (local cache; Hub: HMDLM_HUB=1)
   mauve_featurizer: str = 'gpt2-large'
 
 

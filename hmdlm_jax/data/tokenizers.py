@@ -23,6 +23,8 @@ import pathlib
 from collections.abc import Sequence
 from typing import Any
 
+from hmdlm_jax import hub
+
 OFFLINE_BERT = 'offline:bert-base-uncased'
 MASK_TOKEN_MODES = ('append', 'tokenizer')
 ALLOW_DOWNLOAD_ENV = 'HMDLM_ALLOW_TOKENIZER_DOWNLOAD'
@@ -186,7 +188,9 @@ def _bert_from_vocab(path: pathlib.Path, name: str, *, lowercase: bool | None = 
 def _allow_download(allow_download: bool | None) -> bool:
   if allow_download is not None:
     return bool(allow_download)
-  return os.environ.get(ALLOW_DOWNLOAD_ENV, '').strip().lower() in ('1', 'true', 'yes')
+  # HMDLM_HUB=1 allows every Hub download (hmdlm_jax/hub.py), tokenizers included.
+  return hub.enabled() or os.environ.get(ALLOW_DOWNLOAD_ENV, '').strip().lower() in (
+      '1', 'true', 'yes')
 
 
 def _load_hf(name_or_path: str, allow_download: bool | None) -> Any:

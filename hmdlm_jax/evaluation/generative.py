@@ -4,14 +4,14 @@
   MDLM reports it (`entr(counts / counts.sum()).sum()` per sample). A collapsed, repetitive sampler
   has low entropy; read it next to gen PPL, which repetition lowers artificially.
 * Generative perplexity: exp of the token-weighted mean NLL of the sample texts under an external
-  autoregressive scorer (GPT-2 Large in the paper). The scorer is pluggable (`ARScorer`): weights
-  may not be downloadable where this runs, so `TransformersGPT2Scorer` only loads what is already in
-  the local Hugging Face cache (`local_files_only=True`). When it cannot load, `gen_ppl` is reported
-  as `None` together with `gen_ppl_unavailable_reason` -- never replaced by a made-up number.
+  autoregressive scorer (GPT-2 Large in the paper), on the torch CUDA device when there is one
+  (`gen_ppl_device` says which). The scorer is pluggable (`ARScorer`): `TransformersGPT2Scorer`
+  loads from the local Hugging Face cache only, unless HMDLM_HUB=1 allows a download (hub.py). When
+  it cannot load, `gen_ppl` is `None` with `gen_ppl_unavailable_reason`, never a made-up number.
 * MAUVE: via the `mauve-text` package, only when it is importable AND its featuriser (GPT-2 Large by
-  default) loads from the local cache. The features are computed here (last-token hidden state of
-  the final layer, MAUVE's own featurisation) and handed to `mauve.compute_mauve`, so the package
-  never tries to download anything. Otherwise `mauve` is `None` with `mauve_unavailable_reason`.
+  default) loads as the scorer does. The features are computed here (last-token hidden state of the
+  final layer, MAUVE's own featurisation) and handed to `mauve.compute_mauve`, so the package never
+  downloads anything itself. Otherwise `mauve` is `None` with `mauve_unavailable_reason`.
 """
 
 from __future__ import annotations
@@ -22,6 +22,8 @@ import math
 from typing import Any, Callable, Protocol, Sequence, runtime_checkable
 
 import numpy as np
+
+from hmdlm_jax import hub
 
 DEFAULT_SCORER = 'gpt2-large'
 DEFAULT_FEATURIZER = 'gpt2-large'
@@ -127,18 +129,25 @@ def _require(module: str, purpose: str) -> Any:
   return importlib.import_module(module)
 
 
-def _load_local(loader: Any, name: str, what: str) -> Any:
-  """`loader.from_pretrained(name, local_files_only=True)`; never touches the network."""
+def _load(loader: Any, name: str, what: str) -> Any:
+  """`loader.from_pretrained(name)`: from the local cache only unless the Hub is enabled."""
+  local = hub.local_files_only()
   try:
-    return loader.from_pretrained(name, local_files_only=True)
+    return loader.from_pretrained(name, local_files_only=local)
   except (OSError, ValueError) as e:  # transformers raises OSError for files absent from the cache
+    where = (f'not available locally (local_files_only=True; {hub.how_to_enable()})' if local else
+             f'not loadable ({hub.ENV}=1: not cached and not fetched from the Hub)')
     raise ScorerUnavailableError(
-        f'{what} {name!r} is not available locally (local_files_only=True; weights cannot be '
-        f'downloaded here): {type(e).__name__}: {str(e).splitlines()[0]}') from e
+        f'{what} {name!r} is {where}: {type(e).__name__}: {str(e).splitlines()[0]}') from e
+
+
+def default_device(torch: Any) -> str:
+  """The accelerator when torch sees one ('cuda'), else 'cpu'."""
+  return 'cuda' if torch.cuda.is_available() else 'cpu'
 
 
 class TransformersGPT2Scorer:
-  """GPT-2 (PyTorch, `transformers`) as an `ARScorer`, loaded from the local cache only.
+  """GPT-2 (PyTorch, `transformers`) as an `ARScorer`, from the local cache (or the Hub: `_load`).
 
   Scoring follows MDLM's `compute_generative_perplexity`: each text is tokenised without special
   tokens and cut into chunks of `max_length` tokens; within a chunk, token j > 0 is scored given
@@ -147,19 +156,21 @@ class TransformersGPT2Scorer:
 
   Raises:
     ScorerUnavailableError: torch/transformers missing, or `model_name` (a hub id or a local
-      directory) not loadable without the network.
+      directory) not loadable (from the cache only unless HMDLM_HUB=1).
   """
 
   def __init__(self, model_name: str = DEFAULT_SCORER, *, batch_size: int = 8,
-               max_length: int = 1024, device: str = 'cpu', prepend_bos: bool = False) -> None:
+               max_length: int = 1024, device: str | None = None,
+               prepend_bos: bool = False) -> None:
     if batch_size < 1 or max_length < 2:
       raise ValueError(f'TransformersGPT2Scorer: batch_size >= 1 and max_length >= 2 required, got '
                        f'{batch_size}, {max_length}')
     self._torch = _require('torch', 'the GPT-2 scorer')
     transformers = _require('transformers', 'the GPT-2 scorer')
     self.name = model_name
-    self.tokenizer = _load_local(transformers.AutoTokenizer, model_name, 'scorer tokenizer')
-    self.model = _load_local(transformers.AutoModelForCausalLM, model_name, 'scorer model')
+    self.tokenizer = _load(transformers.AutoTokenizer, model_name, 'scorer tokenizer')
+    self.model = _load(transformers.AutoModelForCausalLM, model_name, 'scorer model')
+    device = device or default_device(self._torch)  # None: the accelerator when there is one
     self.model.eval().to(device)
     self.device = device
     self.batch_size = batch_size
@@ -220,8 +231,11 @@ def generative_perplexity(texts: Sequence[str], scorer: ARScorer) -> dict[str, A
     raise _NothingScored(f'scorer {scorer.name!r}: no token could be scored in {len(texts)} '
                          'texts (all empty or single-token)')
   mean = total / count
-  return {'gen_ppl': math.exp(mean), 'gen_nll_per_token': mean, 'gen_ppl_num_tokens': count,
-          'gen_ppl_scorer': scorer.name}
+  out = {'gen_ppl': math.exp(mean), 'gen_nll_per_token': mean, 'gen_ppl_num_tokens': count,
+         'gen_ppl_scorer': scorer.name}
+  if getattr(scorer, 'device', None) is not None:  # where the scorer ran: 'cuda' or 'cpu'
+    out['gen_ppl_device'] = str(scorer.device)
+  return out
 
 
 def gen_ppl_report(texts: Sequence[str], *, scorer: ARScorer | None = None,
@@ -262,7 +276,7 @@ def load_or_reason(factory: Any, *args: Any, **kwargs: Any) -> tuple[Any, str | 
 
 
 class TransformersFeaturizer:
-  """MAUVE's featurisation: final-layer hidden state of the last token, GPT-2 from the local cache.
+  """MAUVE's featurisation: final-layer hidden state of the last token, GPT-2 loaded as the scorer.
 
   `features(texts) -> float32 [N, H]`; each text truncated to `max_length` tokens (MAUVE's
   `max_text_length`). An empty text (a sample that ended at once) is featurised as the
@@ -270,13 +284,13 @@ class TransformersFeaturizer:
   """
 
   def __init__(self, model_name: str = DEFAULT_FEATURIZER, *, max_length: int = 1024,
-               device: str = 'cpu') -> None:
+               device: str | None = None) -> None:
     self._torch = _require('torch', 'the MAUVE featuriser')
     transformers = _require('transformers', 'the MAUVE featuriser')
     self.name = model_name
-    self.tokenizer = _load_local(transformers.AutoTokenizer, model_name,
-                                 'MAUVE featuriser tokenizer')
-    self.model = _load_local(transformers.AutoModel, model_name, 'MAUVE featuriser model')
+    self.tokenizer = _load(transformers.AutoTokenizer, model_name, 'MAUVE featuriser tokenizer')
+    self.model = _load(transformers.AutoModel, model_name, 'MAUVE featuriser model')
+    device = device or default_device(self._torch)
     self.model.eval().to(device)
     self.device = device
     self.max_length = max_length
@@ -309,7 +323,7 @@ def mauve_report(samples: Sequence[str], references: Sequence[str] | Callable[[]
                  featurize_model_name: str = DEFAULT_FEATURIZER,
                  unavailable_reason: str | None = None, seed: int = 25,
                  **mauve_kwargs: Any) -> dict[str, Any]:
-  """MAUVE(samples, references) when `mauve-text` and the featuriser are available locally.
+  """MAUVE(samples, references) when `mauve-text` and the featuriser are available.
 
   `references` may be a callable, called only when MAUVE can run (reading a test split for
   nothing is avoided). Returns `{'mauve': float, ...}` or `{'mauve': None,
@@ -329,4 +343,5 @@ def mauve_report(samples: Sequence[str], references: Sequence[str] | Callable[[]
   q = featurizer.features(refs)
   out = mauve.compute_mauve(p_features=p, q_features=q, seed=seed, verbose=False, **mauve_kwargs)
   return {'mauve': float(out.mauve), 'mauve_featurizer': featurizer.name,
-          'mauve_num_samples': len(samples), 'mauve_num_references': len(refs)}
+          'mauve_device': str(featurizer.device), 'mauve_num_samples': len(samples),
+          'mauve_num_references': len(refs)}
