@@ -203,10 +203,15 @@ def create_exclusive(path: str, data: bytes) -> None:
     return
   folder, name = os.path.split(path)
   tmp = os.path.join(folder, f'.{name}.{uuid.uuid4().hex}{TMP_SUFFIX}')
-  with open(tmp, 'xb') as f:
-    f.write(data)
-    f.flush()
-    os.fsync(f.fileno())
+  try:
+    with open(tmp, 'xb') as f:
+      f.write(data)
+      f.flush()
+      os.fsync(f.fileno())
+  except OSError as e:  # a full disk or a read-only folder: one line naming the file
+    if os.path.exists(tmp):
+      os.remove(tmp)
+    raise write_errors.from_exception(e, path) or e
   try:
     os.link(tmp, path)
   finally:

@@ -488,8 +488,7 @@ def train_and_evaluate(config: config_lib.Config, workdir: str, *, model: nn.Mod
       print(msg, flush=True)
     else:
       if stop_reason != 'num_steps':
-        logging.warning('Stopping at step %d of %d: %s reached; checkpoint saved.', step,
-                        num_steps, stop_reason)
+        logging.warning('Stopping at step %d: %s reached.', step, stop_reason)
       if tc.final_eval:
         eval_result = run_evaluation(config, state, step, workdir, writer, eval_fn)
     ckpt.close()

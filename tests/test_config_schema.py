@@ -140,7 +140,8 @@ def test_load_reads_the_command_line_dialect():
 
 
 def test_only_the_entry_points_resolve():
-  """Below the entry points (main.py and ar_judge's own command line) no module resolves."""
+  """Below the entry points (main.py, ar_judge's own command line and hmdlm_jax.load) no module
+  resolves."""
   callers = set()
   for path in (ROOT / 'hmdlm_jax').rglob('*.py'):
     rel = path.relative_to(ROOT).as_posix()
@@ -148,7 +149,7 @@ def test_only_the_entry_points_resolve():
       continue
     if re.search(r'(?<![.\w])resolve\(|config_lib\.resolve\(', path.read_text(encoding='utf-8')):
       callers.add(rel)
-  assert callers == {'hmdlm_jax/main.py', 'hmdlm_jax/ar_judge.py'}
+  assert callers == {'hmdlm_jax/main.py', 'hmdlm_jax/ar_judge.py', 'hmdlm_jax/trained.py'}
 
 
 def test_resolve_runs_once_per_run(tmp_path, monkeypatch, puzzle_cache):
