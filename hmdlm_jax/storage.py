@@ -211,7 +211,7 @@ def create_exclusive(path: str, data: bytes) -> None:
   except OSError as e:  # a full disk or a read-only folder: one line naming the file
     if os.path.exists(tmp):
       os.remove(tmp)
-    raise write_errors.from_exception(e, path) or e
+    raise _refused(e, path) from e
   try:
     os.link(tmp, path)
   finally:
