@@ -144,7 +144,11 @@ else:
 if not has_checkpoint(text_run):
   print('no checkpoint in', text_run, '-> training one')
   main.run('train', text_cfg, str(text_run))
-records = main.run('sample', text_cfg, str(text_run), overwrite=True)  # a rerun replaces its samples'''),
+text_model = hmdlm_jax.load(text_run)  # the recorded config and the latest checkpoint
+samples = text_model.sample(2)  # writes nothing
+for text in samples:
+  print('sample:', text[:100])
+records = samples.records'''),
     ('code', '''\
 from hmdlm_jax.data import tokenizers
 
@@ -161,11 +165,23 @@ text_pictures.plot_text_reveal(strings, np.array(rec['reveal_step'][:length]),
                                path=png)
 show(png)'''),
     ('md', '''\
+### Prompts and infilling
+
+`complete` continues a prompt (its tokens given, their hierarchy levels derived as in training);
+`infill` generates the `[MASK]` (one token) and `[MASK*n]` (n tokens) spans of a text and keeps
+every other token.'''),
+    ('code', '''\
+for text in text_model.complete(['the king said']):
+  print('complete:', text[:100])
+for text in text_model.infill(['the [MASK*3] was first printed in the folio .']):
+  print('infill:', text[:100])'''),
+    ('md', '''\
 ### Perplexity of a few sentences
 
-`main.run('eval', ...)` restores the checkpoint and evaluates the rigorous bound of
-docs/method.md §8 (token + hierarchy + consistency terms, pass 2 seeing each position's own level)
-on the test split, here a file with our sentences. The Appendix E number is reported too, but it is an estimate, not a bound.'''),
+`score` evaluates the rigorous bound of docs/method.md §8 (token + hierarchy + consistency terms,
+pass 2 seeing each position's own level) over the given texts, one row each, with the code and
+settings of `--mode=eval`. The Appendix E number is reported too, but it is an estimate, not a
+bound.'''),
     ('code', '''\
 import json
 
@@ -174,13 +190,7 @@ SENTENCES = [
     'shakespeare was born at stratford on avon in 1564 .',
     'the company acted at the globe theatre on the bankside .',
 ]
-sentences_file = WORKDIR / 'sentences.txt'
-sentences_file.write_text('\\n'.join(SENTENCES) + '\\n')
-ppl_cfg = text_cfg.copy_and_resolve_references()
-ppl_cfg.data.test_path = str(sentences_file)
-ppl_cfg.data.test_fraction = 0.0
-report = main.run('eval', ppl_cfg, str(text_run), overwrite=True)  # a rerun replaces its report
-(WORKDIR / 'sentences_perplexity.json').write_text(json.dumps(report['results'], indent=1))
-p = report['results']['perplexity']
+p = text_model.score(SENTENCES)  # writes nothing; the notebook keeps a copy
+(WORKDIR / 'sentences_perplexity.json').write_text(json.dumps({'perplexity': p}, indent=1))
 print(f"bound {p['bound_nats_per_token']:.3f} nats/token -> PPL {p['ppl']:.1f} over {p['num_tokens']} tokens")'''),
 ]

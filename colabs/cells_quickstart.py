@@ -60,11 +60,14 @@ print({k: round(float(v), 4) for k, v in result['train'].items() if k in ('loss'
 ## Solve a puzzle
 
 A generated test puzzle (the one with the most givens among 64, so a briefly trained model can
-solve much of it; paste any 81-character puzzle instead). `main.run('sample', ...)` (what
-`--mode=sample` runs) restores the latest checkpoint (EMA weights), runs the configured sampler
-(confidence ordering for Sudoku) and records for every cell the step `n` at which it was revealed
-(n = T is the first step) and the level the model drew for it.'''),
+solve much of it; paste any 81-character puzzle instead). `hmdlm_jax.load(RUN_DIR)` reads the
+config the run recorded and restores its latest checkpoint (EMA weights); `solve` runs the
+configured sampler (confidence ordering for Sudoku) as `--mode=sample` does and records for every
+cell the step `n` at which it was revealed (n = T is the first step) and the level the model drew
+for it. Nothing is written unless you save it.'''),
     ('code', '''\
+import json
+
 from hmdlm_jax.data import sudoku as sudoku_data
 from hmdlm_jax.data import sudoku_csv
 from hmdlm_jax.data import sudoku_generator
@@ -74,8 +77,10 @@ quizzes, _, _ = sudoku_generator.generate_dataset(0, 64, 'test', progress=False)
 PUZZLE = ''.join(map(str, quizzes[np.argmax((quizzes > 0).sum(-1))]))
 # Example 1 of the paper's Appendix F (sudoku-hard: almost every cell needs search, level 0):
 # PUZZLE = '506070800400000016000000000002000003070050400000900020960000500030002007000100000'
-records = main.run('sample', config, str(RUN_DIR), inputs=[PUZZLE], overwrite=True)  # rerun: replace
-rec = records[0]
+trained = hmdlm_jax.load(RUN_DIR)  # also: step=..., params='raw', overrides=[...]
+solved = trained.solve([PUZZLE])
+rec = solved.records[0]
+(WORKDIR / 'quickstart_solution.json').write_text(json.dumps(rec))  # kept for later cells/runs
 num_solutions, solution = sudoku_data.count_solutions(sudoku_csv.parse_puzzle(PUZZLE))
 assert num_solutions == 1, 'the puzzle should have exactly one solution'
 wrong = sum(p != str(d) for p, d in zip(rec['prediction'], solution))
@@ -93,7 +98,7 @@ levels = np.array(rec['levels'])
 reveal_step = np.array(rec['reveal_step'])
 png = PICTURES / 'quickstart_sudoku_reveal.png'
 sudoku_pictures.plot_sudoku_reveal(rec['quiz'], tokens, levels, reveal_step, T,
-                                   title=f'HMDLM, step {result["step"]}, T = {T}',
+                                   title=f'HMDLM, step {trained.step}, T = {T}',
                                    num_levels=int(config.model.num_levels), solution=solution,
                                    path=png)
 show(png)'''),
