@@ -15,7 +15,6 @@ CheckpointError (a ValueError) that names the directory and what is wrong.
 
 from __future__ import annotations
 
-import collections
 import contextlib
 import signal
 import threading
@@ -113,7 +112,6 @@ class Checkpointer:
     # Always Orbax's asynchronous saver (its post-finalisation callback writes the manifest, and
     # only that saver has one); train.async_checkpoint=False waits for each save in `save`.
     self._async = bool(train_cfg.async_checkpoint)
-    self._saving: collections.deque[int] = collections.deque()
     options = ocp.CheckpointManagerOptions(
         preservation_policy=_preservation_policy(keep_last, keep_period),
         enable_async_checkpointing=True,
@@ -160,20 +158,12 @@ class Checkpointer:
         state=ocp.args.StandardSave(state),
         data_iter=grain.checkpoint.CheckpointSave(data_iter),
         meta=ocp.args.JsonSave(meta))
-    primary = jax.process_index() == 0  # where Orbax runs the manifest callback
-    self.wait()  # Orbax waits for the previous save anyway; its failure is that step's
+    # One save at a time: Orbax waits for the previous one anyway, and its failure is that step's.
+    # So `_writing` is also the step whose manifest the callback writes.
+    self.wait()
     self._writing = int(step)
-    if primary:
-      self._saving.append(int(step))
-    try:
-      with self._naming_refused_writes():
-        saved = self._mngr.save(int(step), args=args, force=True)
-    except BaseException:
-      if primary:
-        self._saving.pop()
-      raise
-    if not saved and primary:
-      self._saving.pop()
+    with self._naming_refused_writes():
+      self._mngr.save(int(step), args=args, force=True)
     logging.info('Checkpoint of step %d being written to %s', step, self.step_dir(step))
     if not self._async:
       self.wait()
@@ -182,7 +172,8 @@ class Checkpointer:
     """Orbax's callback (primary process, saves in order) once a step's files are all written and
     before it commits the step: a local step is still its temporary directory then; an object
     store's has its final name and gets a commit marker instead."""
-    final = self.step_dir(self._saving.popleft())
+    assert self._writing is not None
+    final = self.step_dir(self._writing)
     tmp = final + _TMP_MARK  # Orbax's fixed name: one left by a killed save is replaced
     checkpoint_manifest.write(tmp if storage.isdir(tmp) else final)
 
