@@ -244,7 +244,8 @@ def test_gamma_zero_loss_equals_mdlm_on_a_real_model():
   zero = jnp.zeros_like(tokens)
   out = fresh(tokens, zero, t, heads=('anchor', 'token'))
   assert np.all(np.asarray(out['anchor']) == 0.0)
-  np.testing.assert_array_equal(out['token'], fresh(tokens[::-1], zero, t, heads=('token',))['token'])
+  flipped = fresh(tokens[::-1], zero, t, heads=('token',))['token']
+  np.testing.assert_array_equal(out['token'], flipped)
   assert not np.allclose(fn(tokens, zero, t, heads=('token',))['token'],
                          fn(tokens[::-1], zero, t, heads=('token',))['token'])
   # The jitted sampler on the real model returns words only.
@@ -297,7 +298,8 @@ def test_gamma_ramp():
   c = config_lib.defaults()
   c.process.kind, c.model.num_levels, c.train.num_steps = 'adlm', 1, 777
   c.data.kind, c.schedule.offsets = 'text', (0.0,)
-  assert config_lib.ADLMConfig._view(config_lib.resolve(c)).ramp_steps == 777  # pylint: disable=protected-access
+  view = config_lib.ADLMConfig._view(config_lib.resolve(c))  # pylint: disable=protected-access
+  assert view.ramp_steps == 777
   c.model.num_levels = 2
   with pytest.raises(ValueError, match='model.num_levels=1'):
     config_lib.resolve(c)

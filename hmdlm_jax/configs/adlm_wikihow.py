@@ -1,4 +1,4 @@
-"""ADLM fine-tuned on WikiHow, the HMDLM paper's baseline (its section 5.1.2; docs/method.md §13.4).
+"""ADLM fine-tuned on WikiHow: the HMDLM paper's baseline (its 5.1.2; docs/method.md §13.4).
 
 Expected: not measured in this repository (no WikiHow data or ADLM-OWT checkpoint here); the HMDLM
 paper reports ADLM up to 4.4 PPL points above HMDLM-F and an LLM-judge preference of 15.25%.

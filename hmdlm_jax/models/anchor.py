@@ -1,4 +1,5 @@
-"""ADLM's denoiser ψ beside a backbone whose trunk is the anchor network φ (docs/method.md §13.4).
+"""ADLM's denoiser ψ beside a backbone whose trunk is the anchor network φ (docs/method.md
+§13.4).
 
   'anchor' = y_φ(z_t): the backbone's own token head on its trunk, raw logits [B, L, V]
   h = W_in · y_φ(z_t) + b              a dense V -> H map of the RAW anchor logits (no softmax)

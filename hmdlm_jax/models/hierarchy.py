@@ -11,8 +11,7 @@ f: the task's input features; positions: rotary, learned or the task's (models/f
 Input states (docs/design.md): levels 0..K-1, K = h_m (masked) and, with `given_state`, K+1 = h_g
 (a given position), written by the process before each call (`processes.base.with_given_state`).
 A backbone supplies `trunk`, `make_heads` and `block` (one block of its kind, for the pathway);
-every submodule, the pathway's included, lives in the backbone's own scope, so the parameter tree
-stays flat (level_embed, token_level_embed, position, hier_*, next to the backbone's own names).
+every submodule (pathway, denoiser) lives in the backbone's own scope: a flat parameter tree.
 """
 
 from __future__ import annotations
@@ -43,8 +42,9 @@ TokenHeadFn = Callable[..., Array]
 
 HEADS = ('hier', 'token', 'token_nll', 'cluster', 'hier_round_tokens', 'anchor')
 # The heads every model has ('cluster' exists only when the backbone's cluster_head > 0,
-# 'hier_round_tokens' only with the pathway's round_tokens, 'anchor' only with ADLM's denoiser). 'token_nll' is the token head read
-# as a loss at selected rows only (needs a token_query).
+# 'hier_round_tokens' only with the pathway's round_tokens, 'anchor' only with ADLM's
+# denoiser). 'token_nll' is the token head read as a loss at selected rows only (needs a
+# token_query).
 CORE_HEADS = ('hier', 'token')
 # The heads that read the trunk's output (the level heads read it when the pathway's source is
 # 'features').
