@@ -159,6 +159,16 @@ def _exact_model(toy, proc, anchor: str):
 
 
 def test_bound_is_exact_and_the_anelbo_a_bound_by_quadrature():
+  _check_anelbo_bound()
+
+
+def test_mutated_anchor_sign_fails_the_bound_test(monkeypatch):
+  monkeypatch.setattr(adlm, 'objective_terms', _mutant('sign'))
+  with pytest.raises(AssertionError):
+    _check_anelbo_bound()
+
+
+def _check_anelbo_bound() -> None:
   toy = _toy(2)
   proc = _proc()
   fn = _exact_model(toy, proc, 'posterior')
@@ -200,6 +210,7 @@ def test_monte_carlo_loss_matches_its_exact_expectation():
       jax.random.split(jax.random.key(0), 2000))
   losses = np.asarray(losses, np.float64)
   se = losses.std(ddof=1) / np.sqrt(len(losses))
+  assert se < 0.02 * exact.mean()  # a sharp check, not a wide interval
   assert abs(losses.mean() - exact.mean()) < 4 * se, (losses.mean(), exact.mean(), se)
 
 
@@ -216,6 +227,11 @@ def test_gamma_zero_loss_equals_mdlm_on_a_real_model():
   proc = adlm.build(r)
   model = models.build_model(r.model)
   params = models.init_params(model, jax.random.key(0), 8)
+  specs = models.logical_specs(model, 8)  # every denoiser parameter has logical axes
+  assert jax.tree.structure(specs) == jax.tree.structure(params)
+  counts = models.param_count_breakdown(r.model)
+  assert counts['adlm denoiser'] == sum(models.count_params(v) for k, v in params.items()
+                                         if k.startswith('denoiser_'))
   params = jax.tree.map(lambda p: p + 0.05 * jax.random.normal(jax.random.key(1), p.shape), params)
   fn = models.make_apply_fn(model, params, train=False)
   rng = np.random.default_rng(0)
@@ -227,13 +243,23 @@ def test_gamma_zero_loss_equals_mdlm_on_a_real_model():
   batch = proc.prepare_batch(raw)
   key = jax.random.key(3)
   mdlm = hmdlm.HMDLM(proc.mdlm.schedule, proc.mdlm.cfg)
-  want, _ = mdlm.loss(fn, mdlm.prepare_batch(raw), key)
-  got, metrics = proc.loss(fn, batch, key, step=jnp.int32(10))
+  want, _ = jax.jit(lambda b: mdlm.loss(fn, b, key))(mdlm.prepare_batch(raw))
+  got, metrics = jax.jit(lambda b: proc.loss(fn, b, key, step=jnp.int32(10)))(batch)
   assert float(got) == float(want) and float(metrics['nelbo']) == float(want)
   assert float(metrics['anchor']) > 0.0  # the anchor term is computed, with weight 0
+  # Gradients: the anchor term reaches φ only, the denoiser term reaches both networks.
+  def grads(which):
+    def f(p):
+      return proc.loss(models.make_apply_fn(model, p, train=False), batch, key)[1][which]
+    return jax.jit(jax.grad(f))(params)
+  g_anchor, g_lm = grads('anchor'), grads('lm')
+  norm = lambda g, pre: sum(float(jnp.abs(x).sum()) for k, v in g.items() if k.startswith(pre)
+                           for x in jax.tree.leaves(v))
+  assert norm(g_anchor, 'denoiser_') == 0.0 and norm(g_anchor, 'blocks_') > 0.0
+  assert norm(g_lm, 'denoiser_') > 0.0 and norm(g_lm, 'blocks_') > 0.0
   # With γ > 0 the same draws add exactly γ times that term.
   proc2 = adlm.make(proc.mdlm.schedule, mask_id=proc.cfg.mask_id, gamma=0.25, tau=5)
-  got2, m2 = proc2.loss(fn, batch, key)
+  got2, _ = jax.jit(lambda b: proc2.loss(fn, b, key))(batch)
   np.testing.assert_allclose(float(got2), float(want) + 0.25 * float(metrics['anchor']),
                              rtol=1e-6)
   # The denoiser sees z_t only through y_φ(z_t): with φ's output layer zeroed (random weights
