@@ -122,7 +122,8 @@ def _loss_calls(config: config_lib.Config, model: nn.Module, abstract_params: An
     return process.loss(recorded, batch, key, step=jnp.zeros((), jnp.int32),
                         target_apply_fn=target)
 
-  batch = {k: jax.ShapeDtypeStruct((1, seq_len), d) for k, d in BATCH_DTYPES.items()}
+  dtypes = {**BATCH_DTYPES, **process.extra_batch_keys}
+  batch = {k: jax.ShapeDtypeStruct((1, seq_len), d) for k, d in dtypes.items()}
   jax.eval_shape(loss, abstract_params, batch, jax.ShapeDtypeStruct((2,), jnp.uint32))
   return calls
 

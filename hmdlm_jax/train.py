@@ -257,7 +257,7 @@ def make_train_step(config: config_lib.Config, model: nn.Module,
       out['hier_grad_norm'] = optim.group_norms(grads)['hier']
     return new_state, out
 
-  rep = shd.replicated(mesh)
+  rep, extra = shd.replicated(mesh), tuple(process.extra_batch_keys)  # e.g. ADLM's anchors
   jitted = jax.jit(step_fn, in_shardings=(shardings, shd.batch_sharding(mesh), rep),
                    out_shardings=(shardings, rep), donate_argnums=0)
   faults = jax.device_put(fault_steps, rep)
@@ -265,7 +265,7 @@ def make_train_step(config: config_lib.Config, model: nn.Module,
   def train_step(state: TrainState, batch: Mapping[str, jax.Array]
                  ) -> tuple[TrainState, dict[str, jax.Array]]:
     with shd.mesh_context(mesh):
-      return jitted(state, {k: batch[k] for k in BATCH_KEYS}, faults)
+      return jitted(state, {k: batch[k] for k in BATCH_KEYS + extra}, faults)  # extra: anchors
 
   train_step.jitted = jitted  # type: ignore[attr-defined]
   return train_step

@@ -5,6 +5,7 @@
 entry point reads. The schema, with the only defaults, is hmdlm_jax/config/schema.py.
 """
 
+from hmdlm_jax.config.adlm import ADLMConfig
 from hmdlm_jax.config.derive import resolve
 from hmdlm_jax.config.hdlm import HDLMConfig
 from hmdlm_jax.config.hdlm import hdlm_cluster_rows

@@ -2,7 +2,7 @@
 
 `PROCESS_RULES` is the one place the config branches on `process.kind` (processes/__init__.py builds
 the processes themselves): whether the kind takes hierarchy levels, the ids of its noise states
-(MASK, or MultiMDM's masks), the model fields it derives (HDLM's cluster rows and auxiliary head)
+(MASK, or MultiMDM's masks), the model fields it derives (HDLM's cluster rows and auxiliary head, ADLM's denoiser)
 and the check of its own config section. A new process adds one row here (docs/extending.md).
 Nothing here imports JAX.
 """
@@ -14,6 +14,7 @@ from typing import Any, Callable, Mapping
 
 import ml_collections
 
+from hmdlm_jax.config import adlm as config_adlm
 from hmdlm_jax.config import hdlm as config_hdlm
 from hmdlm_jax.config import multimdm as config_multimdm
 from hmdlm_jax.config.checks import check_int
@@ -55,7 +56,7 @@ class KindRules:
   check: Callable[[ml_collections.ConfigDict], None] = lambda config: None
 
 
-DERIVED_MODEL_FIELDS = ('extra_vocab_rows', 'cluster_head')
+DERIVED_MODEL_FIELDS = ('extra_vocab_rows', 'cluster_head', 'denoiser_layers')
 PROCESS_RULES: dict[str, KindRules] = {
     'hmdlm': KindRules(),
     'mdlm': KindRules(levels='is HMDLM with one level'),
@@ -63,6 +64,8 @@ PROCESS_RULES: dict[str, KindRules] = {
                       derived=config_hdlm.derived_model_fields, check=config_hdlm.check_section),
     'multimdm': KindRules(levels='has no hierarchy levels', noise_ids=config_multimdm.noise_ids,
                           check=config_multimdm.check_section),
+    'adlm': KindRules(levels='has no hierarchy levels (its anchors are a training target)',
+                      derived=config_adlm.derived_model_fields, check=config_adlm.check_section),
 }
 PROCESS_KINDS = tuple(PROCESS_RULES)
 

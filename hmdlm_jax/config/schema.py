@@ -14,6 +14,7 @@ from typing import Any, Mapping
 import ml_collections
 
 from hmdlm_jax.config import kinds as config_kinds
+from hmdlm_jax.config.adlm import ADLMSection
 from hmdlm_jax.config.checks import check_bool as _check_bool
 from hmdlm_jax.config.checks import check_int as _check_int
 from hmdlm_jax.config.checks import check_number as _check_number
@@ -33,10 +34,12 @@ SUDOKU_CELLS = 81
 @dataclasses.dataclass(frozen=True)
 class ProcessSection:
   """`process`: The forward process (hmdlm_jax/processes): 'hmdlm' | 'mdlm' (= 'hmdlm' with
-  num_levels=1) | 'hdlm' (word -> cluster -> MASK, docs/method.md §13.1) | 'multimdm' (§13.2)."""
+  num_levels=1) | 'hdlm' (word -> cluster -> MASK, docs/method.md §13.1) | 'multimdm' (§13.2)
+  | 'adlm' (anchored diffusion, §13.4)."""
   kind: str = 'hmdlm'
   hdlm: HDLMSection = dataclasses.field(default_factory=HDLMSection)
   multimdm: MultiMDMSection = dataclasses.field(default_factory=MultiMDMSection)
+  adlm: ADLMSection = dataclasses.field(default_factory=ADLMSection)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -51,6 +54,7 @@ class ModelConfig:
   mask_id: int = -1
   extra_vocab_rows: int = 0  # derived (config/derive.py): rows after MASK (HDLM's clusters)
   cluster_head: int = 0  # derived: outputs of HDLM's auxiliary head (process.hdlm.aux_weight)
+  denoiser_layers: int = 0  # derived: blocks of ADLM's denoiser (process.adlm.denoiser_layers)
   seq_len: int = 128
   num_layers: int = 12
   hidden_size: int = 768
@@ -107,6 +111,7 @@ class ModelConfig:
                  'sudoku_candidates', 'candidates_pathway_only'):
       _check_bool(f'model.{name}', values[name])
     _check_int('model.cluster_head', values['cluster_head'], minimum=0)
+    _check_int('model.denoiser_layers', values['denoiser_layers'], minimum=0)
     p = values['pathway']
     if not isinstance(p, PathwayConfig):
       items = p.items() if hasattr(p, 'items') else ()

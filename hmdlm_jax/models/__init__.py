@@ -28,6 +28,7 @@ from hmdlm_jax.config import ModelConfig
 from hmdlm_jax.models import hierarchy
 from hmdlm_jax.models import pathway
 from hmdlm_jax.models import token_head
+from hmdlm_jax.models.anchor import DENOISER_PREFIX
 from hmdlm_jax.models.dit import DiT
 from hmdlm_jax.models.features import ModelFeatures
 from hmdlm_jax.models.gpt2 import GPT2
@@ -64,7 +65,7 @@ def build_model(cfg_model: Any, features: ModelFeatures | None = None) -> nn.Mod
       single_pass=cfg.variant == 'single_pass', position_embedding=cfg.position_embedding,
       seq_len=cfg.seq_len, tie_embeddings=cfg.tie_embeddings, dtype=cfg.dtype,
       given_state=cfg.given_state, cluster_head=cfg.cluster_head, mask_id=cfg.mask_id,
-      pathway=pathway.settings(cfg), features=features)
+      pathway=pathway.settings(cfg), denoiser_layers=cfg.denoiser_layers, features=features)
 
 
 def heads_salt(heads: tuple[str, ...]) -> int:
@@ -152,8 +153,9 @@ _GROUPS: dict[str, str] = {
     'cluster_layer': 'cluster head', 'cluster_head': 'cluster head',
 }
 # The parts beyond the MDLM backbone ('hmdlm extras'; HDLM's auxiliary cluster head counts too).
+# ADLM's denoiser counts as well (docs/method.md §13.4).
 _HMDLM_GROUPS = ('level table', 'token-level table', 'hierarchy trunk', 'hierarchy head',
-                 'cluster head')
+                 'cluster head', 'adlm denoiser')
 _GROUP_ORDER = ('token embedding', 'position embedding', 'input features', 'time embedding',
                 'transformer blocks', 'final norm', 'token head') + _HMDLM_GROUPS
 
@@ -161,6 +163,8 @@ _GROUP_ORDER = ('token embedding', 'position embedding', 'input features', 'time
 def _group(name: str) -> str:
   if name.startswith('blocks_') or name.startswith('h_'):
     return 'transformer blocks'
+  if name.startswith(DENOISER_PREFIX):
+    return 'adlm denoiser'
   if hierarchy.is_hierarchy_param(name) and name not in _GROUPS:
     return 'hierarchy trunk'  # hier_blocks_i, hier_time_*, hier_level_embed, hier_candidate_proj
   if name not in _GROUPS:

@@ -6,12 +6,12 @@
   'hier', 'hier_round_tokens' = pathway(x, c, ...)  the level pathway (models/pathway.py)
   'token' = token_head(x (+ W_tok_lvl[token_levels] if single pass and K > 1), c)
   'cluster' = cluster_head(x, c)                    HDLM's auxiliary head (cluster_head = n > 0)
+  'anchor', 'token' = y_φ, x_ψ(y_φ)                 ADLM (denoiser_layers > 0, models/anchor.py)
 f: the task's input features; positions: rotary, learned or the task's (models/features.py).
 Input states (docs/design.md): levels 0..K-1, K = h_m (masked) and, with `given_state`, K+1 = h_g
 (a given position), written by the process before each call (`processes.base.with_given_state`).
 A backbone supplies `trunk`, `make_heads` and `block` (one block of its kind, for the pathway);
-every submodule, the pathway's included, lives in the backbone's own scope, so the parameter tree
-stays flat (level_embed, token_level_embed, position, hier_*, next to the backbone's own names).
+every submodule (pathway, denoiser) lives in the backbone's own scope: a flat parameter tree.
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ import jax.numpy as jnp
 
 from hmdlm_jax.models import layers
 from hmdlm_jax.models import token_head
+from hmdlm_jax.models.anchor import Denoiser
 from hmdlm_jax.models.features import ModelFeatures
 from hmdlm_jax.models.features import feature_projection
 from hmdlm_jax.models.pathway import BlockFn
@@ -39,14 +40,15 @@ HeadFn = Callable[[Array, Array | None], Array]
 # token(x, c, query=None): HeadFn's logits, or with a token_head.TokenQuery its rows' NLL [B, L].
 TokenHeadFn = Callable[..., Array]
 
-HEADS = ('hier', 'token', 'token_nll', 'cluster', 'hier_round_tokens')
+HEADS = ('hier', 'token', 'token_nll', 'cluster', 'hier_round_tokens', 'anchor')
 # The heads every model has ('cluster' exists only when the backbone's cluster_head > 0,
-# 'hier_round_tokens' only with the pathway's round_tokens). 'token_nll' is the token head read
-# as a loss at selected rows only (needs a token_query).
+# 'hier_round_tokens' only with the pathway's round_tokens, 'anchor' only with ADLM's
+# denoiser). 'token_nll' is the token head read as a loss at selected rows only (needs a
+# token_query).
 CORE_HEADS = ('hier', 'token')
 # The heads that read the trunk's output (the level heads read it when the pathway's source is
 # 'features').
-TRUNK_HEADS = ('token', 'token_nll', 'cluster')
+TRUNK_HEADS = ('token', 'token_nll', 'cluster', 'anchor')
 
 
 def pass1_heads(beta_rounds: float) -> tuple[str, ...]:
@@ -139,6 +141,8 @@ class HierarchicalBackbone(nn.Module):
     'cluster' -> float32 [B, L, n] raw auxiliary cluster logits (needs cluster_head = n > 0)
     'hier_round_tokens' -> float32 [B, L, R, V] raw token logits read from each of the R = K-1
                repeats of the pathway's blocks (needs pathway.round_tokens; models/pathway.py)
+    'anchor' -> float32 [B, L, V] ADLM's anchor logits y_φ (needs denoiser_layers > 0; then
+               'token' / 'token_nll' read the denoiser x_ψ(y_φ) instead: models/anchor.py)
   Only the requested heads are computed. train=True applies dropout (rng stream 'dropout').
   Subclasses set the defaults of the fields, `token_embed_name`, `embedding_std`, and implement
   `trunk`, `make_heads` and `block`.
@@ -161,6 +165,7 @@ class HierarchicalBackbone(nn.Module):
   cluster_head: int = 0  # n outputs of HDLM's auxiliary cluster head (0 = no such head)
   mask_id: int = -1  # the MASK token (the pathway's input features of the givens show it)
   pathway: PathwaySettings = PathwaySettings()  # the level pathway (models/pathway.py)
+  denoiser_layers: int = 0  # ADLM: blocks of its denoiser on the anchor logits (0 = none)
   features: ModelFeatures = ModelFeatures()  # the task's positions, relations, input features
 
   # Parameter name of the input token table ('vocab_embed' in MDLM's DiT, 'wte' in GPT-2).
@@ -198,7 +203,8 @@ class HierarchicalBackbone(nn.Module):
     """The heads with parameters: 'hier', 'token', 'cluster' if cluster_head > 0 and
     'hier_round_tokens' if pathway.round_tokens ('token_nll' reads the token head)."""
     return (CORE_HEADS + (('cluster',) if self.cluster_head else ())
-            + (('hier_round_tokens',) if self.pathway.round_tokens else ()))
+            + (('hier_round_tokens',) if self.pathway.round_tokens else ())
+            + (('anchor',) if self.denoiser_layers else ()))
 
   @property
   def num_input_states(self) -> int:
@@ -228,7 +234,9 @@ class HierarchicalBackbone(nn.Module):
       hx = x if self.pathway.reads_trunk else x_in
       out.update(self._pathway()(hx, c, tokens, levels, t, embedding.rope, train, features,
                                  heads, head.hier))
-    if 'token' in heads or 'token_nll' in heads:
+    if self.denoiser_layers:  # ADLM: the trunk is the anchor network (models/anchor.py)
+      out.update(self._anchored(x, c, t, embedding.rope, train, heads, head, token_query))
+    elif 'token' in heads or 'token_nll' in heads:
       x = self._with_token_levels(x, token_levels)
       if 'token' in heads:
         out['token'] = head.token(x, c)
@@ -236,6 +244,24 @@ class HierarchicalBackbone(nn.Module):
         out['token_nll'] = head.token(x, c, token_query)
     if 'cluster' in heads:  # reads the final features as the token head does (not level-aware)
       out['cluster'] = head.cluster(x, c)
+    return out
+
+  def _anchored(self, x: Array, c: Array | None, t: Array, rope: tuple[Array, Array] | None,
+                train: bool, heads: tuple[str, ...], head: Heads,
+                token_query: token_head.TokenQuery | None) -> dict[str, Array]:
+    """ADLM's heads: 'anchor' = the trunk's token head y_φ, and 'token' / 'token_nll' = the
+    denoiser x_ψ on those raw logits (docs/method.md §13.4)."""
+    anchor = head.token(x, c)
+    out = {'anchor': anchor} if 'anchor' in heads else {}
+    if 'token' in heads or 'token_nll' in heads:
+      denoiser = Denoiser(self.denoiser_layers, self.block, self.vocab_size, self.hidden_size,
+                          self.mlp_dim, self.num_heads, self.cond_dim, self.time_conditioning,
+                          self.compute_dtype, name='denoiser')
+      nn.share_scope(self, denoiser)
+      if 'token' in heads:
+        out['token'] = denoiser(anchor, t, rope, train)
+      if 'token_nll' in heads:
+        out['token_nll'] = denoiser(anchor, t, rope, train, token_query)
     return out
 
   def _check_call(self, tokens: Array, levels: Array, t: Array, heads: Sequence[str],
@@ -249,6 +275,9 @@ class HierarchicalBackbone(nn.Module):
     if 'hier_round_tokens' in heads and not (self.pathway.round_tokens and self.num_levels > 1):
       raise ValueError("heads include 'hier_round_tokens' but the model has no per-round token "
                        'head (set loss.beta_rounds > 0 with K > 1 and model.pathway.readout=rounds).')
+    if 'anchor' in heads and not self.denoiser_layers:
+      raise ValueError("heads include 'anchor' but the model has no ADLM denoiser "
+                       "(model.denoiser_layers=0; set process.kind='adlm').")
     check_inputs(tokens, levels, t, token_levels, single_pass=self.single_pass,
                  num_levels=self.num_levels, heads=heads)
     if ('token_nll' in heads) != (token_query is not None):

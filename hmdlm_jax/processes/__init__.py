@@ -10,6 +10,8 @@ docs/method.md §13.1 (its one-cluster case is MDLM too).
 'multimdm' is MultiMDM (docs/method.md §13.2); with
 `process.multimdm.distill=True` its loss is consistency distillation (Algorithm 3) and
 `process.uses_target` is True; `num_masks=1` is MDLM (with shared-Gumbel paths when distilled).
+'adlm' is ADLM, MDLM on an anchor network + denoiser with the anchor term (docs/method.md §13.4);
+`process.adlm.gamma=0` is MDLM's loss of that network.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from typing import Callable
 
 
 from hmdlm_jax import config as config_lib
+from hmdlm_jax.processes import adlm
 from hmdlm_jax.processes import hdlm
 from hmdlm_jax.processes import hmdlm
 from hmdlm_jax.processes import multimdm_distill
@@ -36,6 +39,7 @@ BUILDERS: dict[str, Callable[[config_lib.Config], Process]] = {
     'mdlm': _hmdlm,
     'hdlm': hdlm.from_config,
     'multimdm': multimdm_distill.build,
+    'adlm': adlm.build,
 }
 
 

@@ -212,6 +212,12 @@ class Process(abc.ABC):
     return ()
 
   @property
+  def extra_batch_keys(self) -> Mapping[str, Any]:
+    """Per-position batch arrays [B, L] beyond BATCH_KEYS that `prepare_batch` adds and `loss`
+    reads, name -> dtype (ADLM's 'anchors'); the train step passes them on. None by default."""
+    return {}
+
+  @property
   def kinks(self) -> tuple[float, ...]:
     """Times in (0, 1) where the bound's integrand is not smooth (quadrature splits there)."""
     return ()
