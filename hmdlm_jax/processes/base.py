@@ -214,7 +214,7 @@ class Process(abc.ABC):
   @property
   def extra_batch_keys(self) -> Mapping[str, Any]:
     """Per-position batch arrays [B, L] beyond BATCH_KEYS that `prepare_batch` adds and `loss`
-    reads, name -> dtype (ADLM's 'anchors'); the train step passes them on. None by default."""
+    reads, name -> dtype (ADLM's 'anchors'); the train step passes them on. Empty by default."""
     return {}
 
   @property
