@@ -46,7 +46,9 @@ command is run again (a killed invocation resumes where it stopped). Results (pe
 mean ± standard error over seeds) are printed and written to WORKDIR/results.json. `--config` and
 its `--config.*` overrides are those of `python -m hmdlm_jax.main` (hmdlm_jax/config/loading.py);
 an override applies to every run (e.g. `--config.train.num_steps=4000`).
-`--runs=hmdlm` / `--runs=mdlm` / `--runs=hdlm` runs one model only.
+ADLM (configs/adlm_text.py's `to_adlm`, τ = 5; only with `--runs=...,adlm`) does the same in
+WORKDIR/adlm: the config's network is its anchor network, plus a denoiser of half its blocks.
+`--runs=hmdlm` / `--runs=mdlm` / `--runs=hdlm` / `--runs=adlm` runs one model only.
 """
 
 from __future__ import annotations
@@ -76,7 +78,7 @@ from scripts import stats
 
 _REPO = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), '..'))
 
-RUNS = ('hmdlm', 'mdlm', 'hdlm')
+RUNS = ('hmdlm', 'mdlm', 'hdlm', 'adlm')
 
 # ----------------------------------------------------------------------------- configs
 
@@ -130,6 +132,16 @@ def hdlm_twin(config: ml_collections.ConfigDict, clusters_path: str, num_cluster
   with twin.unlocked():
     hdlm_text.to_hdlm(twin, words_and_mask=int(config.model.vocab_size),
                       num_clusters=num_clusters, clusters=clusters_path)
+  return twin
+
+
+def adlm_twin(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
+  """configs/adlm_text.py's ADLM twin of `config` (its data, anchor-network size, optimiser and
+  budget; the denoiser adds half the network's blocks, docs/method.md §13.4)."""
+  from hmdlm_jax.configs import adlm_text  # pylint: disable=g-import-not-at-top
+  twin = copy.deepcopy(config)
+  with twin.unlocked():
+    adlm_text.to_adlm(twin, tau=5)
   return twin
 
 
@@ -316,6 +328,8 @@ def run(config: ml_collections.ConfigDict, workdir: str, runs: Sequence[str], *,
       path, num_clusters = hdlm_text.BERT_N64, 64
       results['hdlm_clusters'] = {'path': path, 'num_clusters': 64}
     configs['hdlm'] = hdlm_twin(config, path, num_clusters)
+  if 'adlm' in runs:
+    configs['adlm'] = adlm_twin(config)
   per_seed: dict[str, dict[str, Any]] = {name: {} for name in runs}
   for seed in seeds:  # seeds outer: the runs of one seed are timed side by side
     for name in runs:
@@ -337,8 +351,9 @@ def run(config: ml_collections.ConfigDict, workdir: str, runs: Sequence[str], *,
   for name in runs:
     results[name] = {'per_seed': per_seed[name], 'mean': aggregate(per_seed[name])}
   results['config'] = json.loads(config.to_json_best_effort())
-  if 'hdlm' in runs:
-    results['config_hdlm'] = json.loads(configs['hdlm'].to_json_best_effort())
+  for name in ('hdlm', 'adlm'):
+    if name in runs:
+      results[f'config_{name}'] = json.loads(configs[name].to_json_best_effort())
   os.makedirs(workdir, exist_ok=True)
   with open(os.path.join(workdir, 'results.json'), 'w', encoding='utf-8') as f:
     json.dump(results, f, indent=2, default=str)
