@@ -12,6 +12,7 @@ from hmdlm_jax.config.hdlm import hdlm_cluster_rows
 from hmdlm_jax.config.kinds import noise_ids
 from hmdlm_jax.config.kinds import num_noise_rows
 from hmdlm_jax.config.loading import load
+from hmdlm_jax.config.mgdm import MGDMConfig
 from hmdlm_jax.config.multimdm import MultiMDMConfig
 from hmdlm_jax.config.schema import BACKBONES
 from hmdlm_jax.config.schema import COMPUTE_DTYPES

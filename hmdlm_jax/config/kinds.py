@@ -16,6 +16,7 @@ import ml_collections
 
 from hmdlm_jax.config import adlm as config_adlm
 from hmdlm_jax.config import hdlm as config_hdlm
+from hmdlm_jax.config import mgdm as config_mgdm
 from hmdlm_jax.config import multimdm as config_multimdm
 from hmdlm_jax.config.checks import check_int
 from hmdlm_jax.config.checks import is_int
@@ -66,6 +67,7 @@ PROCESS_RULES: dict[str, KindRules] = {
                           check=config_multimdm.check_section),
     'adlm': KindRules(levels='has no hierarchy levels (its anchors are a training target)',
                       derived=config_adlm.derived_model_fields, check=config_adlm.check_section),
+    'mgdm': KindRules(levels='is MDLM with a reweighted loss', check=config_mgdm.check_section),
 }
 PROCESS_KINDS = tuple(PROCESS_RULES)
 

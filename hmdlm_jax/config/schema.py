@@ -19,6 +19,7 @@ from hmdlm_jax.config.checks import check_bool as _check_bool
 from hmdlm_jax.config.checks import check_int as _check_int
 from hmdlm_jax.config.checks import check_number as _check_number
 from hmdlm_jax.config.hdlm import HDLMSection
+from hmdlm_jax.config.mgdm import MGDMSection
 from hmdlm_jax.config.multimdm import MultiMDMSection
 from hmdlm_jax.config.pathway import PathwayConfig
 from hmdlm_jax.config.pathway import check_pathway
@@ -35,10 +36,12 @@ SUDOKU_CELLS = 81
 class ProcessSection:
   """`process`: The forward process (hmdlm_jax/processes): 'hmdlm' | 'mdlm' (= 'hmdlm' with
   num_levels=1) | 'hdlm' (word -> cluster -> MASK, docs/method.md §13.1) | 'multimdm' (§13.2)
-  | 'adlm' (anchored diffusion, §13.4)."""
+  | 'mgdm' (MDLM trained by MGDM's token-reweighted loss, §13.3) | 'adlm' (anchored diffusion,
+  §13.4)."""
   kind: str = 'hmdlm'
   hdlm: HDLMSection = dataclasses.field(default_factory=HDLMSection)
   multimdm: MultiMDMSection = dataclasses.field(default_factory=MultiMDMSection)
+  mgdm: MGDMSection = dataclasses.field(default_factory=MGDMSection)
   adlm: ADLMSection = dataclasses.field(default_factory=ADLMSection)
 
 
@@ -294,7 +297,11 @@ class SampleSection:
   num_steps: int = 128
   temperature: float = 1.0
   greedy: bool = False
-  ordering: str = 'ancestral'  # 'ancestral' (Algorithm 2) | 'confidence'
+  ordering: str = 'ancestral'  # 'ancestral' (Algorithm 2) | 'confidence' | 'remask' (MGDM, §13.3)
+  # 'remask' only: Gumbel noise of scale remask_noise·rate on the confidences unless greedy, and
+  # the masked share after step n, rate = (n-1)/T ('linear') or cos(π(T-n+1)/(2T)) ('cosine').
+  remask_noise: float = 0.5
+  remask_schedule: str = 'linear'
   use_cache: bool = True
   level_context: str = 'candidates'  # 'candidates' | 'none': levels pass 2 sees (confidence ordering)
   hierarchy_weight: float = 1.0  # confidence score = w · log π + log max f (1: the ancestral move)

@@ -15,7 +15,8 @@ from hmdlm_jax.config.checks import check_number as _check_number
 from hmdlm_jax.config.hdlm import HDLMConfig
 
 VARIANTS = schema.VARIANTS
-ORDERINGS = ('ancestral', 'confidence')
+ORDERINGS = ('ancestral', 'confidence', 'remask')
+REMASK_SCHEDULES = ('linear', 'cosine')
 LEVEL_CONTEXTS = ('candidates', 'none')
 HIER_OBJECTIVES = ('bound', 'cross_entropy')
 TOKEN_ROWS = ('auto', 'all', 'selected')
@@ -111,7 +112,10 @@ class SampleConfig:
     mask_id: the MASK token id.
     temperature: τ > 0 for token draws (log f / τ); unused when greedy.
     greedy: argmax tokens instead of draws.
-    ordering: 'ancestral' (Algorithm 2) | 'confidence' (top-k by score).
+    ordering: 'ancestral' (Algorithm 2) | 'confidence' (top-k by score) | 'remask' (MGDM's top-k
+      mask-predict, docs/method.md §13.3; MGDM only).
+    remask_noise, remask_schedule: 'remask' only: the Gumbel scale on the confidences (greedy:
+      none) and the schedule of the masked share.
     use_cache: skip unneeded calls and reuse unchanged pass-1 outputs.
     prior_corrected: apply the prior correction to the hierarchy head; False for an exact oracle.
     variant: 'two_pass' (paper) | 'single_pass'; ignored for K == 1.
@@ -134,6 +138,8 @@ class SampleConfig:
   level_context: str = _SAMPLE.level_context
   hierarchy_weight: float = _SAMPLE.hierarchy_weight
   given_state: bool = _MODEL.given_state
+  remask_noise: float = _SAMPLE.remask_noise
+  remask_schedule: str = _SAMPLE.remask_schedule
 
   def __post_init__(self) -> None:
     _check_int('sample.num_steps', self.num_steps, minimum=1)
@@ -152,6 +158,10 @@ class SampleConfig:
       raise ValueError(f'sample.level_context must be one of {LEVEL_CONTEXTS}, got '
                        f'{self.level_context!r}.')
     _check_number('sample.hierarchy_weight', self.hierarchy_weight, lo=0.0)
+    _check_number('sample.remask_noise', self.remask_noise, lo=0.0)
+    if self.remask_schedule not in REMASK_SCHEDULES:
+      raise ValueError(f'sample.remask_schedule must be one of {REMASK_SCHEDULES}, got '
+                       f'{self.remask_schedule!r}.')
     if self.variant not in VARIANTS:
       raise ValueError(f'model.variant must be one of {VARIANTS}, got {self.variant!r}.')
 
@@ -167,7 +177,8 @@ class SampleConfig:
                # The pass-1 cache may reuse logits only if nothing in the network reads t.
                time_conditioning=m.time_conditioning or m.pathway.time_conditioning,
                level_context=sm.level_context, hierarchy_weight=float(sm.hierarchy_weight),
-               given_state=m.given_state)
+               given_state=m.given_state, remask_noise=float(sm.remask_noise),
+               remask_schedule=sm.remask_schedule)
 
 
 def hdlm_config(config: schema.Config) -> HDLMConfig:

@@ -12,6 +12,7 @@ docs/method.md §13.1 (its one-cluster case is MDLM too).
 `process.uses_target` is True; `num_masks=1` is MDLM (with shared-Gumbel paths when distilled).
 'adlm' is ADLM, MDLM on an anchor network + denoiser with the anchor term (docs/method.md §13.4);
 `process.adlm.gamma=0` is MDLM's loss of that network.
+'mgdm' is MDLM trained by MGDM's token-reweighted loss, with its 'remask' decoding (§13.3).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from hmdlm_jax import config as config_lib
 from hmdlm_jax.processes import adlm
 from hmdlm_jax.processes import hdlm
 from hmdlm_jax.processes import hmdlm
+from hmdlm_jax.processes import mgdm
 from hmdlm_jax.processes import multimdm_distill
 from hmdlm_jax.processes import schedules
 from hmdlm_jax.processes.base import Process
@@ -40,6 +42,7 @@ BUILDERS: dict[str, Callable[[config_lib.Config], Process]] = {
     'hdlm': hdlm.from_config,
     'multimdm': multimdm_distill.build,
     'adlm': adlm.build,
+    'mgdm': mgdm.from_config,
 }
 
 

@@ -92,6 +92,13 @@ def raise_if_nonfinite(metrics: Mapping[str, Any], *, where: str = '') -> None:
     raise FloatingPointError(f'non-finite loss terms{" at " + where if where else ""}: {detail}')
 
 
+def check_ordering(cfg: SampleConfig, orderings: tuple[str, ...], process: str) -> None:
+  """sample.ordering must be one the process samples with (ValueError naming the field)."""
+  if cfg.ordering not in orderings:
+    raise ValueError(f"sample.ordering={cfg.ordering!r}: process.kind={process!r} samples with "
+                     f'one of {orderings}.')
+
+
 def unpack(batch: Batch) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array]:
   """(tokens, levels int [B, L], given, loss_mask bool [B, L]) of a batch, checked."""
   tokens = jnp.asarray(batch['tokens'])

@@ -300,6 +300,7 @@ class HMDLM(base.Process):
   check_ordering: str = 'error'
 
   name: ClassVar[str] = 'hmdlm'
+  orderings: ClassVar[tuple[str, ...]] = ('ancestral', 'confidence')  # sample.ordering values
 
   def __post_init__(self) -> None:
     _check(self.schedule, self.cfg)
@@ -407,6 +408,7 @@ class HMDLM(base.Process):
                   self.schedule, self.cfg)
 
   def check_sampling(self, cfg: SampleConfig) -> None:
+    base.check_ordering(cfg, self.orderings, self.name)
     schedules.check_ordering(self.schedule, cfg.num_steps, self.check_ordering)
     hmdlm_sampler.check_config(self.schedule, cfg)
 

@@ -257,6 +257,7 @@ class MultiMDM(base.Process):
   # --------------------------------------------------------------------------------- sampling
 
   def check_sampling(self, cfg: SampleConfig) -> None:
+    base.check_ordering(cfg, ('ancestral', 'confidence'), 'multimdm')
     if cfg.num_levels != 1:
       raise ValueError(f'MultiMDM has no levels: model.num_levels must be 1, got '
                        f'{cfg.num_levels}.')
