@@ -22,7 +22,8 @@ NORMALISATIONS = ('masked', 'positions')
 @dataclasses.dataclass(frozen=True)
 class MGDMSection:
   """`process.mgdm`: MGDM (process.kind='mgdm'; model.num_levels=1): MDLM's forward process and
-  bound, trained by the token-reweighted loss v·w(t)·CE with v = alpha·(1 - p)^gamma."""
+  bound, trained by the token-reweighted loss v·w(t)·CE with v = alpha·(1 - p)^gamma. Also the
+  process's static view (`MGDMConfig`, hashable), checked when built."""
   token_reweighting: bool = True  # False: v = 1 (the MDLM loss with MGDM's time weight)
   alpha: float = 0.25
   gamma: float = 1.0  # the Sudoku recipe's exponent (Countdown: 2)
@@ -33,20 +34,6 @@ class MGDMSection:
   # The loss divides by the batch's masked loss positions ('masked', MGDM) or by all its loss
   # positions ('positions', MDLM's normalisation).
   normalisation: str = 'masked'
-
-
-@dataclasses.dataclass(frozen=True)
-class MGDMConfig:
-  """Static MGDM loss settings (`process.mgdm.*`, docs/method.md §13.3); hashable.
-
-  Attributes: those of `MGDMSection`, checked.
-  """
-  token_reweighting: bool = MGDMSection.token_reweighting
-  alpha: float = MGDMSection.alpha
-  gamma: float = MGDMSection.gamma
-  time_weighting: str = MGDMSection.time_weighting
-  diffusion_steps: int = MGDMSection.diffusion_steps
-  normalisation: str = MGDMSection.normalisation
 
   def __post_init__(self) -> None:
     f = 'process.mgdm.'
@@ -65,12 +52,15 @@ class MGDMConfig:
                        f'{NORMALISATIONS}.')
 
   @classmethod
-  def from_config(cls, config: ml_collections.ConfigDict) -> MGDMConfig:
-    """The view of a (resolved or not) experiment config's `process.mgdm`."""
+  def from_config(cls, config: ml_collections.ConfigDict) -> MGDMSection:
+    """The section of a resolved `Config` or of an experiment's ConfigDict, checked."""
     g = config.process.mgdm
-    return cls(token_reweighting=g.token_reweighting, alpha=g.alpha, gamma=g.gamma,
-               time_weighting=g.time_weighting, diffusion_steps=g.diffusion_steps,
-               normalisation=g.normalisation)
+    if isinstance(g, cls):
+      return g
+    return cls(**{f.name: g[f.name] for f in dataclasses.fields(cls)})
+
+
+MGDMConfig = MGDMSection  # the process's view is the section itself (no derived fields)
 
 
 def check_section(config: ml_collections.ConfigDict) -> None:
