@@ -131,30 +131,34 @@ def test_objective_matches_numpy_on_every_state(name):
   assert objective_error(cfg, _times(cfg)) < 1e-10
 
 
-def test_loss_of_a_batch_and_key_matches_numpy():
-  """`MGDM.loss` (times, masks, weights, normalisation) against numpy on a batch and key."""
+def batch_loss_error(cfg: mgdm.MGDMConfig) -> float:
+  """|`MGDM.loss` - numpy| / numpy on a batch and key (times, masks, weights, normalisation)."""
   toy = _toy()
   batch = toy.batch(np.arange(4 * len(toy.probs)) % len(toy.probs))
-  for cfg in CASES.values():
-    proc = _proc(cfg)
-    apply_fn = oracle.make_oracle(toy, proc)
-    key = jax.random.key(5)
-    loss, metrics = jax.jit(lambda k: proc.loss(apply_fn, batch, k))(key)  # pylint: disable=cell-var-from-loop
-    k_t, k_mask, _ = jax.random.split(key, 3)
-    t = np.asarray(mgdm.draw_times(k_t, len(batch['tokens']), proc.cfg, cfg), np.float64)
-    if cfg.diffusion_steps:  # MGDM's grid
-      k = t * cfg.diffusion_steps - 1
-      np.testing.assert_allclose(k, np.round(k), atol=1e-5)
-      t = (np.round(k) + 1) / cfg.diffusion_steps
-    xt, _, masked = hmdlm.corrupt(k_mask, jnp.asarray(batch['tokens']), jnp.asarray(batch['levels']),
-                                  jnp.asarray(batch['given']), jnp.asarray(t, jnp.float32), EXACT,
-                                  mask_id=toy.mask_id)
-    xt, masked = np.asarray(xt), np.asarray(masked)
-    num = sum(np_sum(toy, a, s, ti, cfg) for a, s, ti in zip(batch['tokens'], xt, t))
-    den = masked.sum() if cfg.normalisation == 'masked' else masked.size
-    np.testing.assert_allclose(float(loss), num / den, rtol=2e-5)
-    assert float(metrics['finite']) == 1.0
-    np.testing.assert_allclose(float(metrics['mask_rate']), masked.mean(), rtol=1e-6)
+  proc = _proc(cfg)
+  apply_fn = oracle.make_oracle(toy, proc)
+  key = jax.random.key(5)
+  loss, metrics = proc.loss(apply_fn, batch, key)
+  k_t, k_mask, _ = jax.random.split(key, 3)
+  t = np.asarray(mgdm.draw_times(k_t, len(batch['tokens']), proc.cfg, cfg), np.float64)
+  if cfg.diffusion_steps:  # MGDM's grid
+    k = t * cfg.diffusion_steps - 1
+    np.testing.assert_allclose(k, np.round(k), atol=1e-5)
+    t = (np.round(k) + 1) / cfg.diffusion_steps
+  xt, _, masked = hmdlm.corrupt(k_mask, jnp.asarray(batch['tokens']), jnp.asarray(batch['levels']),
+                                jnp.asarray(batch['given']), jnp.asarray(t, jnp.float32), EXACT,
+                                mask_id=toy.mask_id)
+  xt, masked = np.asarray(xt), np.asarray(masked)
+  num = sum(np_sum(toy, a, s, ti, cfg) for a, s, ti in zip(batch['tokens'], xt, t))
+  want = num / (masked.sum() if cfg.normalisation == 'masked' else masked.size)
+  assert float(metrics['finite']) == 1.0 and 0 < masked.mean() < 1
+  np.testing.assert_allclose(float(metrics['mask_rate']), masked.mean(), rtol=1e-6)
+  return abs(float(loss) - want) / want
+
+
+@pytest.mark.parametrize('name', CASES)
+def test_loss_of_a_batch_and_key_matches_numpy(name):
+  assert batch_loss_error(CASES[name]) < 2e-5
 
 
 @pytest.mark.parametrize('alpha,gamma,reweight', [(0.25, 1.0, False), (1.0, 0.0, True)])
@@ -288,12 +292,18 @@ def test_mutations_of_the_objective_fail_the_oracle_checks(monkeypatch):
   monkeypatch.setattr(mgdm, 'token_weight', good)
   real = mgdm.weighted_sums
 
-  def everywhere(u, sel, t, hazard, c):  # the weight applied to unmasked positions as well
+  # The weight applied to unmasked positions as well, where the network is not certain (the exact
+  # denoiser is, u = 0 there, which would hide this mutant).
+  def everywhere(u, sel, t, hazard, c):
     return real(jnp.where(sel, u, 0.5), jnp.ones_like(sel), t, hazard, c)
 
   monkeypatch.setattr(mgdm, 'weighted_sums', everywhere)
   assert objective_error(cfg, times) > 1e-3
   monkeypatch.setattr(mgdm, 'weighted_sums', real)
+  # Unmasked positions counted in MGDM's normaliser (MDLM's denominator in 'masked' mode).
+  assert batch_loss_error(cfg) < 2e-5
+  monkeypatch.setattr(mgdm, 'normaliser', lambda sel, loss_mask, c: loss_mask.sum())
+  assert batch_loss_error(cfg) > 1e-2
   auto, fd = _focal_grad(lambda u, a, g: jax.lax.stop_gradient(good(u, a, g)))  # detached
   assert np.abs(auto - fd).max() > 1e-3
 
