@@ -11,8 +11,8 @@ docs/method.md §13.1 (its one-cluster case is MDLM too).
 `process.multimdm.distill=True` its loss is consistency distillation (Algorithm 3) and
 `process.uses_target` is True; `num_masks=1` is MDLM (with shared-Gumbel paths when distilled).
 'adlm' is ADLM, MDLM on an anchor network + denoiser with the anchor term (docs/method.md §13.4);
-`process.adlm.gamma=0` is MDLM's loss of that network.
-'mgdm' is MDLM trained by MGDM's token-reweighted loss, with its 'remask' decoding (§13.3).
+`process.adlm.gamma=0` is MDLM's loss of that network. 'mgdm' is MDLM trained by MGDM's
+token-reweighted loss, with its 'remask' decoding (§13.3).
 """
 
 from __future__ import annotations
