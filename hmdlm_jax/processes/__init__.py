@@ -6,8 +6,7 @@ branches on `config.process.kind` (docs/extending.md).
 
 'mdlm' is HMDLM with one level (docs/method.md §12), reachable by name; 'hmdlm' with
 `model.num_levels=1` is the same process. 'hdlm' is the word -> cluster -> MASK process of
-docs/method.md §13.1 (its one-cluster case is MDLM too).
-'multimdm' is MultiMDM (docs/method.md §13.2); with
+docs/method.md §13.1 (its one-cluster case is MDLM too). 'multimdm' is MultiMDM (§13.2); with
 `process.multimdm.distill=True` its loss is consistency distillation (Algorithm 3) and
 `process.uses_target` is True; `num_masks=1` is MDLM (with shared-Gumbel paths when distilled).
 'adlm' is ADLM, MDLM on an anchor network + denoiser with the anchor term (docs/method.md §13.4);
