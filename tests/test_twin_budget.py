@@ -53,7 +53,7 @@ def test_read_run_and_paired_table(tmp_path):
   os.makedirs(tmp_path / 'unfinished')
   assert twin_budget.read_run(str(tmp_path / 'unfinished')) is None
   text = twin_budget.table(runs, [0, 1, 2, 3])  # seed 3 has no runs: left out
-  assert 'seeds with both runs: [0, 1, 2]' in text
+  assert 'seeds with every run: [0, 1, 2]' in text
   diff = np.array([figs[('hmdlm', s)][0][0] - figs[('twin', s)][0][0] for s in range(3)])
   expect = f'{100 * diff.mean():.1f} ± {100 * diff.std(ddof=1) / math.sqrt(3):.1f}'
   paired = [line for line in text.splitlines() if line.startswith('| HMDLM − twin')][0]
@@ -190,3 +190,17 @@ def test_a_given_twin_budget_is_used_and_a_run_of_another_budget_is_refused(tmp_
   assert not (tmp_path / 'hmdlm_s1').exists()
   with pytest.raises(SystemExit):
     twin_budget.main([f'--workdir={tmp_path}', '--seeds=0', '--twin_steps=-1'])
+
+
+def test_mgdm_baseline_is_the_twin_with_mgdms_loss_and_decoding():
+  """The baseline's command is the twin's plus MGDM's process and decoding flags, its training
+  grid the config's T; the resolved config is MGDM on the twin's network."""
+  flags = twin_budget.baseline_flags('mgdm', [])
+  t = twin_budget.command('/w/t', 1, 500, [], 1600)
+  g = twin_budget.command('/w/t', 1, 500, [], 1600, baseline=flags)
+  assert g[:len(t)] == t and g[len(t):] == flags
+  cfg = config_lib.resolve(config_lib.load(twin_budget.DEFAULT_CONFIG, [twin_budget.TWIN, *flags]))
+  assert (cfg.process.kind, cfg.sample.ordering, cfg.model.num_levels) == ('mgdm', 'remask', 1)
+  assert cfg.process.mgdm.diffusion_steps == cfg.sample.num_steps == 81
+  with pytest.raises(ValueError, match="'adlm' is not one of"):
+    twin_budget.baseline_flags('adlm', [])
