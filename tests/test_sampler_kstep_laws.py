@@ -16,7 +16,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from scipy import stats
 
 from hmdlm_jax.config import HDLMConfig
 from hmdlm_jax.config import SampleConfig
@@ -26,6 +25,8 @@ from hmdlm_jax.processes import hdlm_core
 from hmdlm_jax.processes import hdlm_sampler
 from hmdlm_jax.processes.hdlm_core import ClusterLayout
 from tests import oracle
+from tests.sampler_helpers import chi2_pvalue
+from tests.sampler_helpers import table_model
 from tests.conftest import OPTIMISED
 
 WORD_CLUSTERS = (0, 0, 1, 1)
@@ -33,27 +34,6 @@ W, MASK, N_CLUS, L = 4, 4, 2, 2
 V = W + 1 + N_CLUS  # words, MASK, two cluster rows
 NUM_SAMPLES = 20_000
 P_MIN = 1e-3  # χ² p-value below which a law is rejected
-
-
-def table_model(seed: int, vocab: int, seq_len: int = L, scale: float = 1.5):
-  """apply_fn with logits A[z] + t·B[z] [B, L, V] from a random table over all vocab^L states."""
-  rng = np.random.default_rng(seed)
-  a = rng.normal(0.0, scale, (vocab ** seq_len, seq_len, vocab))
-  b = rng.normal(0.0, scale, (vocab ** seq_len, seq_len, vocab))
-  weights = vocab ** np.arange(seq_len - 1, -1, -1)
-
-  def logits(tokens: np.ndarray, t: float) -> np.ndarray:
-    """numpy float64 reference: tokens [L] -> [L, V]."""
-    i = int(np.dot(tokens, weights))
-    return a[i] + t * b[i]
-
-  ja, jb, jw = (jnp.asarray(x, jnp.float32) for x in (a, b, weights))
-
-  def apply_fn(tokens, levels, t, *, heads, token_levels=None):
-    i = (tokens.astype(jnp.float32) @ jw).astype(jnp.int32)
-    return {'token': ja[i] + t[:, None, None] * jb[i]}
-
-  return apply_fn, logits
 
 
 def make_process(**kw) -> hdlm.HDLM:
@@ -142,7 +122,7 @@ def hdlm_kstep_law(logits_fn, proc: hdlm.HDLM, num_steps: int, *,
     jumps = _jumps(c.gamma, c.sampler, s, t)
     nxt = dict.fromkeys(states, 0.0)
     for z, pz in prob.items():
-      lg = logits_fn(np.asarray(z), t + time_shift)
+      lg = logits_fn(np.asarray(z), None, t + time_shift)['token']
       laws = [_position_law(lg[i], z[i], jumps, last=n == 1, argmax=c.final_step == 'argmax',
                             force=c.force, xi=c.xi, perturbed=c.cluster_draw == 'perturbed')
               for i in range(L)]
@@ -150,6 +130,7 @@ def hdlm_kstep_law(logits_fn, proc: hdlm.HDLM, num_steps: int, *,
       for y in zip(*np.nonzero(joint)):
         nxt[y] += pz * joint[y]
     prob = {z: p for z, p in nxt.items() if p > 0}
+  assert abs(sum(prob.values()) - 1.0) < 1e-12
   law = np.zeros(W ** L)
   for z, p in prob.items():
     assert max(z) < W, 'the reference left a noise state after the last step'
@@ -165,18 +146,6 @@ def draw(proc: hdlm.HDLM, apply_fn, num_steps: int, seed: int = 0) -> np.ndarray
   tokens = np.asarray(run(jax.random.key(seed)).tokens)
   assert tokens.max() < W, 'the sampler left noise states in its output'
   return tokens[:, 0] * W + tokens[:, 1]
-
-
-def chi2_pvalue(idx: np.ndarray, law: np.ndarray) -> tuple[float, float]:
-  """(Pearson χ² p-value, TV) of draws against a law; a draw of a zero-probability cell gives 0."""
-  counts = np.bincount(idx, minlength=len(law)).astype(np.float64)
-  tv = 0.5 * float(np.abs(counts / counts.sum() - law).sum())
-  if np.any(counts[law == 0] > 0):
-    return 0.0, tv
-  keep = law > 0
-  exp = law[keep] * counts.sum()
-  chi2 = float(((counts[keep] - exp) ** 2 / exp).sum())
-  return float(stats.chi2.sf(chi2, keep.sum() - 1)), tv
 
 
 # ---------------------------------------------------------------------------------------------
@@ -196,7 +165,7 @@ HDLM_CASES = {
 def test_hdlm_sampler_follows_the_exact_kstep_law(name):
   kw, k = HDLM_CASES[name]
   proc = make_process(**kw)
-  apply_fn, logits = table_model(1, V)
+  apply_fn, logits = table_model(1, V, seq_len=L)
   law = hdlm_kstep_law(logits, proc, k)
   pval, tv = chi2_pvalue(draw(proc, apply_fn, k), law)
   print(f'{name}: χ² p = {pval:.3g}, TV = {tv:.4f}')
@@ -206,7 +175,7 @@ def test_hdlm_sampler_follows_the_exact_kstep_law(name):
 def test_mutant_law_is_far_from_the_right_one():
   """The t-dependent table separates the right K-step law from the one of the time mutant."""
   proc = make_process(final_step='sample')
-  _, logits = table_model(1, V)
+  _, logits = table_model(1, V, seq_len=L)
   tv = 0.5 * np.abs(hdlm_kstep_law(logits, proc, 3)
                     - hdlm_kstep_law(logits, proc, 3, time_shift=-1 / 3)).sum()
   assert tv > 0.02, f'TV between the right and the mutant law {tv:.4f}: too close to test'
@@ -216,7 +185,7 @@ def test_mutant_network_called_at_s_is_rejected():
   """Mutation: the sampler evaluates the network at s = t - 1/K instead of t."""
   k = 3
   proc = make_process(final_step='sample')
-  apply_fn, logits = table_model(1, V)
+  apply_fn, logits = table_model(1, V, seq_len=L)
   mutant = lambda tokens, levels, t, **kw: apply_fn(tokens, levels, t - 1.0 / k, **kw)
   pval, tv = chi2_pvalue(draw(proc, mutant, k), hdlm_kstep_law(logits, proc, k))
   print(f'network at s: χ² p = {pval:.3g}, TV = {tv:.4f}')
@@ -231,7 +200,7 @@ def test_mutant_unrestricted_word_draw_is_rejected(monkeypatch):
   """Mutation: a cluster position draws its word from x̂ over all words (no renormalisation)."""
   k = 3
   proc = make_process(final_step='sample')
-  apply_fn, logits = table_model(1, V)
+  apply_fn, logits = table_model(1, V, seq_len=L)
   monkeypatch.setattr(hdlm_core, 'forced_log_probs', lambda log_xhat, *a, **kw: log_xhat)
   pval, tv = chi2_pvalue(draw(proc, apply_fn, k), hdlm_kstep_law(logits, proc, k))
   print(f'unrestricted word draw: χ² p = {pval:.3g}, TV = {tv:.4f}')
