@@ -1,18 +1,14 @@
 r"""HDLM on LM1B with the authors' LM1B recipe (docs/method.md §13.1); `:mdlm` is its MDLM twin.
 
-Expected: not measured in this repository (no LM1B, no accelerator; docs/results/hdlm.md). The
-authors release this configuration without an LM1B result.
+Expected: not measured in this repository (no LM1B, no accelerator); the authors release this
+configuration without an LM1B result (docs/results/hdlm.md).
 
-The authors' lm1b-hdlm-small-cluster_64-gamma_1.0-xi_1.0: DiT 12 × 768 (dropout 0.1,
-time-conditioned), bert-base-uncased sentences of L = 128 (one per row, no packing), n = 64,
-γ = 1, ξ = 1, force-within, weight clipping [0, 10], t ∈ [1e-4, 1]; AdamW lr 3e-4 with 2,500
-warm-up steps then constant, betas (0.9, 0.99), eps 1e-9, weight decay 0.02, clip 1.0, no EMA,
-bf16, batch 512 (64 per GPU), 1M steps; sampling 512 first-order steps at temperature 1 with the
-argmax last step. MASK = BERT's [MASK] (id 103) and the 64 cluster tokens as the last rows
-(vocab_size = 30,522 + 64); the committed size-constrained k-means clusters of all-MiniLM-L6-v2's
-word embeddings (the authors cluster bert-base-uncased's own; their semantic_cluster_dict_*.pt is
-accepted by `process.hdlm.clusters`). `:mdlm`: the same recipe with n = 1 (exactly MDLM's process
-and NELBO, docs/method.md §13.1) and unclipped weights.
+Their lm1b-hdlm-small-cluster_64-gamma_1.0-xi_1.0: DiT 12 × 768 (dropout 0.1, time-conditioned),
+bert-base-uncased sentences of L = 128 (no packing), n = 64, γ = 1, ξ = 1, clipping [0, 10];
+AdamW lr 3e-4, 2,500 warm-up steps then constant, betas (0.9, 0.99), eps 1e-9, weight decay 0.02,
+clip 1.0, no EMA, batch 512, 1M steps; 512 first-order sampling steps, temperature 1. MASK =
+[MASK] (103), the clusters as the last 64 rows (the committed MiniLM clusters, or their .pt file).
+`:mdlm`: the same recipe with n = 1 (exactly MDLM), unclipped.
 
   python -m hmdlm_jax.main --config=configs/hdlm_lm1b.py --workdir=DIR \
       --config.data.tfds_data_dir=/data/tfds

@@ -1,24 +1,19 @@
 """HDLM on OpenWebText: the authors' recipes (HDLM-small-64 and its options; docs/method.md §13.1).
 
-Expected: not measured in this repository (no OpenWebText, GPT-2 tokenizer or MDLM-OWT checkpoint
-here); the paper reports validation PPL 23.36 and Gen PPL 144.2 (T = 512, GPT-2 Large) for '',
-23.54 / 69.76 for ':xi0.9', 23.25 / 148.0 for ':n128', 19.22 / 139.9 for ':base' and 27.39 / 163.7
-for MDLM-small (':mdlm', here trained with the same recipe).
+Expected: not run here; the paper reports val PPL / Gen PPL (T = 512, GPT-2 Large) 23.36 / 144.2
+for '', 23.54 / 69.76 for ':xi0.9', 23.25 / 148.0 for ':n128', 19.22 / 139.9 for ':base' and
+27.39 / 163.7 for MDLM-small (':mdlm', here with the same recipe; docs/results/hdlm.md).
 
-The authors' small model and recipe: DiT 12 × 768 (dropout 0, time-conditioned), L = 512 rows of
-BOS + text + EOS, one document per row, padded (no packing), the GPT-2 vocabulary with MASK at
-50,257 and the n cluster tokens after it, n = 64, γ = 1, ξ = 1, weight clipping [0, 2] in
-training, t ∈ [1e-4, 1]; AdamW lr 5e-4, betas (0.9, 0.99), eps 1e-9, weight decay 0.02, clip 1.0,
-10k warm-up steps then cosine to 0.1 × lr, batch 512, bf16, no EMA, 500k steps (131B tokens);
-sampling 512 first-order steps, temperature 1, argmax last step. Options (`configs/hdlm_owt.py:X`):
-`xi0.9` (ξ = 0.9, the authors' simplified loss, force-within sampling), `n128` (128 clusters),
-`base` (DiT 24 × 1024, 16 heads, n = 128: HDLM-base-128), `mdlm` (n = 1: exactly MDLM, the twin,
-unclipped weights as the authors' mdlm.yaml, 1.131M steps). Data: a corpus prepared once
-(`python -m hmdlm_jax.data.prepare --tokenizer=gpt2 --output=DIR`), --config.data.corpus_dir=DIR.
-Clusters: `process.hdlm.clusters` takes our .npz or the authors' semantic_cluster_dict_*.pt.
-Deviations (embedding initialisation, crop position, ...): docs/method.md §13.1; commands:
-docs/results/hdlm.md.
+Their recipe: DiT 12 × 768 (dropout 0, time-conditioned), L = 512 rows BOS + document + EOS,
+padded (no packing), GPT-2 words, MASK 50,257, then n = 64 cluster rows; γ = 1, ξ = 1, clipping
+[0, 2]; AdamW lr 5e-4, betas (0.9, 0.99), eps 1e-9, weight decay 0.02, clip 1.0, 10k warm-up then
+cosine to 0.1 × lr, batch 512, bf16, no EMA, 500k steps; 512 first-order sampling steps, temp 1.
+Options: `xi0.9` (ξ = 0.9, simplified loss, force-within sampling), `n128`, `base` (24 × 1024,
+n = 128), `mdlm` (n = 1: exactly MDLM, unclipped, 1.131M steps). --config.data.corpus_dir=DIR
+(`python -m hmdlm_jax.data.prepare --tokenizer=gpt2`); `process.hdlm.clusters`: our .npz or the
+authors' .pt. Deviations: docs/method.md §13.1.
 """
+
 from __future__ import annotations
 
 import ml_collections
