@@ -117,6 +117,19 @@ def table_model(seed: int, vocab: int, *, seq_len: int, num_levels: int = 0, sca
   return apply_fn, reference
 
 
+def final_law(prob: dict, num_words: int) -> np.ndarray:
+  """The law [W^L] of words from an enumerated chain's final states (tuples of word ids ->
+  probability, which must sum to 1), indexed lexicographically."""
+  assert abs(sum(prob.values()) - 1.0) < 1e-12
+  seq_len = len(next(iter(prob)))
+  law = np.zeros(num_words ** seq_len)
+  weights = num_words ** np.arange(seq_len - 1, -1, -1)
+  for z, p in prob.items():
+    assert max(z) < num_words, 'the reference left a noise state after the last step'
+    law[int(np.dot(z, weights))] += p
+  return law
+
+
 def chi2_pvalue(idx: np.ndarray, law: np.ndarray) -> tuple[float, float]:
   """(Pearson χ² p-value, TV) of draws (indices) against a law; a draw of a zero-probability
   cell gives p = 0."""

@@ -26,6 +26,7 @@ from hmdlm_jax.processes import hdlm_sampler
 from hmdlm_jax.processes.hdlm_core import ClusterLayout
 from tests import oracle
 from tests.sampler_helpers import chi2_pvalue
+from tests.sampler_helpers import final_law
 from tests.sampler_helpers import table_model
 from tests.conftest import OPTIMISED
 
@@ -130,12 +131,7 @@ def hdlm_kstep_law(logits_fn, proc: hdlm.HDLM, num_steps: int, *,
       for y in zip(*np.nonzero(joint)):
         nxt[y] += pz * joint[y]
     prob = {z: p for z, p in nxt.items() if p > 0}
-  assert abs(sum(prob.values()) - 1.0) < 1e-12
-  law = np.zeros(W ** L)
-  for z, p in prob.items():
-    assert max(z) < W, 'the reference left a noise state after the last step'
-    law[z[0] * W + z[1]] += p
-  return law
+  return final_law(prob, W)
 
 
 def draw(proc: hdlm.HDLM, apply_fn, num_steps: int, seed: int = 0) -> np.ndarray:

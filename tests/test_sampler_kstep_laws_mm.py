@@ -34,16 +34,6 @@ def _softmax(x: np.ndarray) -> np.ndarray:
   return e / e.sum()
 
 
-def _finish(prob: dict, num_words: int) -> np.ndarray:
-  """The law [W^L] of the final states (a dict state -> probability, which must sum to 1)."""
-  assert abs(sum(prob.values()) - 1.0) < 1e-12
-  law = np.zeros(num_words ** L)
-  for z, p in prob.items():
-    assert max(z) < num_words, 'the reference left a noise state after the last step'
-    law[z[0] * num_words + z[1]] += p
-  return law
-
-
 # ---------------------------------------------------------------------------------------------
 # MultiMDM: words 0..V-1, masks V..V+M-1; x_1 uniform over the masks, then (3.7) per step.
 
@@ -80,7 +70,7 @@ def multimdm_kstep_law(reference, proc: multimdm.MultiMDM, num_steps: int, *,
       for y in zip(*np.nonzero(joint)):
         nxt[y] = nxt.get(y, 0.0) + pz * joint[y]
     prob = nxt
-  return _finish(prob, MV)
+  return sh.final_law(prob, MV)
 
 
 def _multimdm_draws(proc, apply_fn, num_steps: int) -> np.ndarray:
@@ -161,7 +151,7 @@ def hmdlm_kstep_law(reference, schedule, num_steps: int, *, time_shift: float = 
   words: dict = {}
   for (x, _), p in prob.items():
     words[x] = words.get(x, 0.0) + p
-  return _finish(words, HW)
+  return sh.final_law(words, HW)
 
 
 def _hmdlm_draws(apply_fn, schedule, num_steps: int) -> np.ndarray:
