@@ -1,7 +1,8 @@
 """The HDLM authors' recipes as configs (configs/hdlm_lm1b.py, configs/hdlm_owt.py and options):
 the settings are the authors' (their released configs, docs/method.md §13.1), and each config,
 shrunk to a tiny model and vocabulary with everything else kept, trains a few steps through
-`train.make_train_step` with a finite, changing loss."""
+`train.make_train_step` with a finite, changing loss. An HDLM starts from an MDLM checkpoint
+(`init.mdlm_checkpoint`): words and MASK take its rows, each cluster row the mean of its words'."""
 
 from __future__ import annotations
 
@@ -12,6 +13,8 @@ import numpy as np
 import pytest
 
 from hmdlm_jax import config as config_lib
+from hmdlm_jax import convert_mdlm
+from hmdlm_jax import preflight
 from hmdlm_jax import processes
 from hmdlm_jax import sharding
 from hmdlm_jax import tasks
@@ -56,9 +59,11 @@ def test_recipe_settings_are_the_authors(name, option):
     assert (m.dropout, m.seq_len, m.mask_id) == (0.1, 128, 103)
 
 
-def _tiny(name: str, option: str, words: int = 40):
+def _tiny(name: str, option: str, words: int = 40, **init: str):
   """The config with a tiny DiT, `words` word ids and at most 4 'id' clusters (rest unchanged)."""
   c = _config(name, option)
+  for k, v in init.items():
+    c.init[k] = v
   h, m, d = c.process.hdlm, c.model, c.data
   n = min(int(h.num_clusters), 4)
   h.num_clusters, h.clusters, h.fallback = n, '', 'id'
@@ -99,3 +104,28 @@ def test_recipe_trains_a_few_steps(name, option):
   final = [np.asarray(x) for x in jax.tree.leaves(state.params)]
   assert any(not np.allclose(a, b) for a, b in zip(initial, final))
   assert np.all(np.isfinite(losses)) and len(set(losses)) == 3, losses
+
+
+def test_hdlm_starts_from_an_mdlm_checkpoint(tmp_path):
+  src_cfg = _tiny('hdlm_owt', 'mdlm')  # MDLM: 40 words + MASK (id 40)
+  src_model = tasks.get(src_cfg).build_model(src_cfg)
+  src, _ = train.create_train_state(src_cfg, sharding.make_mesh(src_cfg.mesh), src_model)
+  path = str(tmp_path / 'mdlm.npz')
+  src_flat = convert_mdlm.flatten(jax.tree.map(np.asarray, src.ema_params))
+  convert_mdlm.save_params(path, convert_mdlm.unflatten(src_flat))
+  c = _tiny('hdlm_owt', '', mdlm_checkpoint=path)  # HDLM: 40 words, MASK 40, clusters 41..44
+  model = tasks.get(c).build_model(c)
+  preflight.check_init(c, model)
+  state, _ = train.create_train_state(c, sharding.make_mesh(c.mesh), model)
+  lay = processes.build(c).layout
+  for k, v in convert_mdlm.flatten(jax.tree.map(np.asarray, state.params)).items():
+    s = src_flat[k]
+    if k == 'vocab_embed/embedding':
+      np.testing.assert_array_equal(v[:41], s[:41])
+      for cl in range(4):
+        np.testing.assert_allclose(v[41 + cl], s[:40][lay.cluster_of[:40] == cl].mean(0),
+                                   rtol=1e-6, atol=1e-7)
+    elif v.shape != s.shape:  # the token head: its word and MASK columns are the source's
+      np.testing.assert_array_equal(v[..., :41], s[..., :41], err_msg=k)
+    else:
+      np.testing.assert_array_equal(v, s, err_msg=k)
