@@ -8,10 +8,10 @@ Algorithm 1. This module is the one place that initialises parameters from elsew
 `init.mdlm_checkpoint` is set):
 * `init.workdir = DIR`: DIR's latest checkpoint (EMA parameters with `init.use_ema`), its process
   and vocabulary layout read from DIR/config.json; no TrainState of that run is rebuilt;
-* `init.mdlm_checkpoint = FILE`: a converted MDLM checkpoint, its rows remapped for a MultiMDM
-  config (`init.mdlm_mask_id` names its MASK row), or merged by `convert_mdlm.init_from_mdlm` for
-  a config with one noise row (MDLM, HMDLM, HDLM). The leaf-by-leaf mapping (`adapt`), the EMA and
-  the optimiser state: docs/method.md §13.2 ("Continual adaptation").
+* `init.mdlm_checkpoint = FILE`: a converted MDLM checkpoint, its rows remapped for MultiMDM /
+  HDLM (`init.mdlm_mask_id` names its MASK row; HDLM's cluster rows: the mean of their words'),
+  or merged by `convert_mdlm.init_from_mdlm` for one noise row (MDLM, HMDLM, HDLM n = 1). The
+  mapping (`adapt`), EMA and optimiser state: docs/method.md §13.2 ("Continual adaptation").
 """
 
 from __future__ import annotations
@@ -32,6 +32,7 @@ from hmdlm_jax import config as config_lib
 from hmdlm_jax import convert_mdlm
 from hmdlm_jax import models
 from hmdlm_jax import storage
+from hmdlm_jax.processes import hdlm
 
 PyTree = Any
 
@@ -44,8 +45,13 @@ class Layout:
 
 
 def layout_of(config: config_lib.Config) -> Layout:
-  """The vocabulary layout of a resolved experiment config (MultiMDM: its M masks; else MASK)."""
-  return Layout(int(config.model.vocab_size), config_lib.noise_ids(config))
+  """The vocabulary layout of a resolved experiment config (MultiMDM: its M masks; HDLM: MASK and
+  its cluster rows; else MASK)."""
+  vocab, noise = int(config.model.vocab_size), tuple(config_lib.noise_ids(config))
+  if config.process.kind == 'hdlm':
+    rows = config_lib.hdlm_cluster_rows(int(config.process.hdlm.num_clusters))
+    noise += tuple(range(vocab - rows, vocab))
+  return Layout(vocab, noise)
 
 
 def requested(config: config_lib.Config) -> bool:
@@ -58,7 +64,27 @@ def maps_rows(config: config_lib.Config) -> bool:
   an MDLM file into a table with several noise rows (MultiMDM's masks: the MASK row is copied into
   each). One noise row is MDLM's own layout: `convert_mdlm.init_from_mdlm` merges it."""
   return bool(config.init.workdir) or (bool(config.init.mdlm_checkpoint)
-                                       and config_lib.num_noise_rows(config) > 1)
+                                       and len(layout_of(config).mask_rows) > 1)
+
+
+def cluster_rows_from_members(config: config_lib.Config, params: PyTree, source: PyTree,
+                              vocab_axes: Mapping[str, int | None]) -> PyTree:
+  """HDLM from a one-MASK source: each cluster row of every vocabulary leaf becomes the mean of its
+  member words' source rows (the authors initialise cluster rows at the k-means centroids of the
+  embedding the clusters were built from; docs/method.md §13.1)."""
+  lay = hdlm.layout_from_config(config_lib.hdlm_config(config))
+  member = (lay.cluster_of[None, :] == np.arange(lay.num_clusters)[:, None]).astype(np.float64)
+  member /= member.sum(-1, keepdims=True)  # [n, V] rows average the members
+  flat_p, flat_s = _flat(params), _flat(source)
+  for k, axis in vocab_axes.items():
+    if axis is None or k not in flat_p:
+      continue
+    s = np.moveaxis(np.asarray(flat_s[k], np.float64), axis, 0)  # [V_src, ...]
+    means = np.tensordot(member[:, :s.shape[0]], s, axes=1)  # [n, ...]
+    v = np.moveaxis(np.array(flat_p[k]), axis, 0)
+    v[lay.cluster_offset:lay.cluster_offset + lay.num_clusters] = means
+    flat_p[k] = np.moveaxis(v, 0, axis)
+  return convert_mdlm.unflatten(flat_p)
 
 
 # ------------------------------------------------------------------------------------ sources
@@ -273,8 +299,10 @@ def load(config: config_lib.Config, fresh: PyTree, model: nn.Module
   else:
     source, src = read_mdlm_file(ini.mdlm_checkpoint, int(ini.mdlm_mask_id))
     what = f'{ini.mdlm_checkpoint} (MASK row {src.mask_rows[0]})'
-  params, dropped = adapt(fresh, source, vocab_axes_of(model, int(config.model.seq_len)), src,
-                          dst)
+  axes = vocab_axes_of(model, int(config.model.seq_len))
+  params, dropped = adapt(fresh, source, axes, src, dst)
+  if config.process.kind == 'hdlm' and len(src.mask_rows) == 1 and len(dst.mask_rows) > 1:
+    params = cluster_rows_from_members(config, params, source, axes)
   if dropped:
     more = f' and {len(dropped) - 4} more' if len(dropped) > 4 else ''  # a log line stays short
     logging.info('Warm start: %d source parameters not in this model, dropped: %s%s',

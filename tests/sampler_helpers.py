@@ -8,6 +8,7 @@ from typing import Callable
 import jax
 import jax.numpy as jnp
 import numpy as np
+from scipy import stats
 
 from hmdlm_jax import config as config_lib
 from hmdlm_jax.processes import base
@@ -78,6 +79,68 @@ def hash_model(num_levels: int, vocab: int, counter: list[int] | None = None
     return out
 
   return fn
+
+
+def table_model(seed: int, vocab: int, *, seq_len: int, num_levels: int = 0, scale: float = 1.5
+                ) -> tuple[Callable[..., dict], Callable[..., dict]]:
+  """An imperfect denoiser: logits A[z] + t·B[z] from a fixed random table over every state z.
+
+  A state is the tokens (and, with num_levels = K > 0, the level inputs 0..K) of all positions.
+  Returns (apply_fn: 'token' [B, L, vocab] and with K > 0 'hier' [B, L, K] logits; its numpy
+  float64 reference (tokens [L], levels [L] or None, t) -> {'token': [L, vocab], 'hier': [L, K]}).
+  """
+  rng = np.random.default_rng(seed)
+  per_pos = vocab * (num_levels + 1)
+  tabs = [rng.normal(0.0, scale, (per_pos ** seq_len, seq_len, vocab + num_levels))
+          for _ in range(2)]
+  weights = per_pos ** np.arange(seq_len - 1, -1, -1)
+
+  def split(row: np.ndarray) -> dict:
+    out = {'token': row[..., :vocab]}
+    if num_levels:
+      out['hier'] = row[..., vocab:]
+    return out
+
+  def reference(tokens, levels=None, t: float = 0.0) -> dict:
+    lev = np.zeros(seq_len, int) if levels is None else np.asarray(levels)
+    i = int(np.dot(np.asarray(tokens) * (num_levels + 1) + lev, weights))
+    return split(tabs[0][i] + t * tabs[1][i])
+
+  ja, jb = (jnp.asarray(x, jnp.float32) for x in tabs)
+  jw = jnp.asarray(weights, jnp.int32)
+
+  def apply_fn(tokens, levels, t, *, heads, token_levels=None):
+    i = (tokens * (num_levels + 1) + levels) @ jw
+    out = split(ja[i] + t[:, None, None] * jb[i])
+    return {k: out[k] for k in heads}
+
+  return apply_fn, reference
+
+
+def final_law(prob: dict, num_words: int) -> np.ndarray:
+  """The law [W^L] of words from an enumerated chain's final states (tuples of word ids ->
+  probability, which must sum to 1), indexed lexicographically."""
+  assert abs(sum(prob.values()) - 1.0) < 1e-12
+  seq_len = len(next(iter(prob)))
+  law = np.zeros(num_words ** seq_len)
+  weights = num_words ** np.arange(seq_len - 1, -1, -1)
+  for z, p in prob.items():
+    assert max(z) < num_words, 'the reference left a noise state after the last step'
+    law[int(np.dot(z, weights))] += p
+  return law
+
+
+def chi2_pvalue(idx: np.ndarray, law: np.ndarray) -> tuple[float, float]:
+  """(Pearson χ² p-value, TV) of draws (indices) against a law; a draw of a zero-probability
+  cell gives p = 0."""
+  counts = np.bincount(idx, minlength=len(law)).astype(np.float64)
+  tv = 0.5 * float(np.abs(counts / counts.sum() - law).sum())
+  if np.any(counts[law == 0] > 0):
+    return 0.0, tv
+  keep = law > 0
+  exp = law[keep] * counts.sum()
+  chi2 = float(((counts[keep] - exp) ** 2 / exp).sum())
+  return float(stats.chi2.sf(chi2, keep.sum() - 1)), tv
 
 
 def sample_cfg(**kw) -> config_lib.SampleConfig:

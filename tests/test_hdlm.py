@@ -100,8 +100,10 @@ def test_schedule_matches_closed_forms_and_rates():
 
 
 @pytest.mark.parametrize('gamma,xi,force', [(1.0, 1.0, 'within'), (2.0, 1.0, 'within'),
-                                            (1.0, 0.8, 'none'), (2.0, 0.7, 'none')],
-                         ids=['gamma1', 'gamma2', 'gamma1-xi0.8', 'gamma2-xi0.7'])
+                                            (0.7, 1.0, 'within'), (1.0, 0.8, 'none'),
+                                            (2.0, 0.7, 'none'), (0.7, 0.8, 'none')],
+                         ids=['gamma1', 'gamma2', 'gamma0.7', 'gamma1-xi0.8', 'gamma2-xi0.7',
+                              'gamma0.7-xi0.8'])
 def test_continuous_bound_equals_neg_log_likelihood(gamma, xi, force):
   tt = toy()
   proc = make_process(gamma=gamma, xi=xi, force=force)
@@ -113,12 +115,16 @@ def test_continuous_bound_equals_neg_log_likelihood(gamma, xi, force):
 
 
 def test_between_force_is_a_valid_but_loose_bound():
-  """ξ < 1 with 'between' (a heuristic law at cluster states): E_p[bound] > H(p)."""
+  """ξ < 1 with 'between' (a heuristic law at cluster states): E_p[bound] > H(p); 'within' with
+  ξ < 1 (the authors' sampling law) reports the same finite bound."""
   tt = toy()
   proc = make_process(xi=0.8, force='between')
+  within = make_process(xi=0.8, force='within')
   with jax.enable_x64(True):
     nats = oracle.integrated_bound(tt, proc, denoiser(tt, proc))
+    nats_w = oracle.integrated_bound(tt, within, denoiser(tt, within))
   assert nats @ tt.probs > tt.entropy() + 1e-3
+  np.testing.assert_allclose(nats_w, nats, rtol=1e-12)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -491,8 +497,9 @@ def test_config_errors_name_the_field(field, value, match):
 
 
 def test_config_errors_for_inconsistent_settings():
-  with pytest.raises(ValueError, match="force='within' with xi=0.8"):
-    config_lib.resolve(_hdlm_config(xi=0.8, force='within'))
+  # force='within' with ξ < 1 is the authors' sampling law; its bound uses 'between'.
+  proc = processes.build(resolved(_hdlm_config(xi=0.9, force='within')))
+  assert proc.cfg.force == 'within' and hdlm.bound_force(proc.cfg.force, 0.9) == 'between'
   with pytest.raises(ValueError, match='needs at least 2 clusters'):
     config_lib.resolve(_hdlm_config(num_clusters=1, xi=0.9))
   c = _hdlm_config()
@@ -527,7 +534,7 @@ def test_forced_laws_are_distributions():
   np.testing.assert_allclose(p.sum(-1), 1.0, rtol=1e-6)
   sc = jnp.asarray(rng.integers(0, NC, (2, 5)), jnp.int32)
   for force in ('within', 'between', 'none'):
-    f = np.exp(np.asarray(hdlm_core.forced_log_probs(log_xhat, p, sc, lay, force=force, xi=0.8)))
+    f = np.exp(np.asarray(hdlm_core.forced_log_probs(log_xhat, sc, lay, force=force, xi=0.8)))
     np.testing.assert_allclose(f.sum(-1), 1.0, rtol=1e-5)
     inside = (CLUSTERS[None, None, :] == np.asarray(sc)[..., None])
     mass_in = (f[..., :NW] * inside).sum(-1)

@@ -37,7 +37,8 @@ class HDLMSection:
   clusters: str = ''  # token -> cluster .npz (python -m hmdlm_jax.data.clusters); '' = fallback
   fallback: str = 'id'  # without `clusters`: 'id' (contiguous id blocks) | 'error'
   force: str = 'auto'  # cluster positions: 'auto' (within for ξ = 1, between for ξ < 1) | 'within'
-  #                   | 'between' | 'none'
+  #                   | 'between' | 'none'; 'within' with ξ < 1 samples within (the authors' ξ = 0.9
+  #                   runs), its bound and 'elbo' loss use 'between' (within's is infinite there)
   xi_loss: str = 'elbo'  # ξ < 1 training loss: 'elbo' (exact) | 'approx' (the authors' simplified)
   hard_training: bool = False  # ablation: word CE instead of cluster CE at MASK positions
   clip_weights: bool = False  # training only: clip w_m, w_c to [weight_min, weight_max]
@@ -65,7 +66,8 @@ class HDLMConfig:
     fallback: 'id' (contiguous blocks of token ids) | 'error' when `clusters` is ''.
     force: the parameterisation at cluster positions, resolved: 'within' (ξ = 1), 'between'
       (ξ < 1) or 'none' (the raw token head); 'auto' resolves to within / between
-      (config.hdlm_config builds the view of a whole config).
+      (config.hdlm_config builds the view of a whole config). 'within' with ξ < 1 is the
+      authors' sampling law; the bound then uses 'between' (hdlm.bound_force).
     xi_loss: ξ < 1 training loss: 'elbo' (the exact ELBO) | 'approx' (the authors' simplified one).
     hard_training: the word cross-entropy replaces the cluster one at MASK positions (ablation).
     clip_weights, weight_min, weight_max: training-only clipping of w_m and w_c.
@@ -113,10 +115,6 @@ class HDLMConfig:
                           ('final_step', HDLM_FINAL_STEP), ('cluster_draw', HDLM_CLUSTER_DRAW)):
       if getattr(self, name) not in allowed:
         raise ValueError(f'{f}{name}={getattr(self, name)!r} is not one of {allowed}.')
-    if self.force == 'within' and self.xi < 1.0:
-      raise ValueError(f"process.hdlm.force='within' with xi={self.xi} < 1 gives a perturbed "
-                       "cluster state zero probability for its true word (infinite bound); use "
-                       "'between', 'none' or 'auto'.")
     for name in ('hard_training', 'clip_weights', 'antithetic'):
       check_bool(f + name, getattr(self, name))
     check_number(f + 'aux_weight', self.aux_weight, lo=0.0)

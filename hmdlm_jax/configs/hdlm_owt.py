@@ -1,17 +1,17 @@
-"""HDLM-small-64 on OpenWebText: the paper's main run (docs/method.md §13.1).
+"""HDLM on OpenWebText: the authors' recipes (HDLM-small-64 and its options; docs/method.md §13.1).
 
-Expected: not measured in this repository (no OpenWebText, GPT-2 tokenizer or MDLM-OWT checkpoint
-here); the paper reports validation PPL 23.36 and Gen PPL 144.2 (T = 512, GPT-2 Large) for it.
+Expected: not run here; the paper reports val PPL / Gen PPL (T = 512, GPT-2 Large) 23.36 / 144.2
+for '', 23.54 / 69.76 for ':xi0.9', 23.25 / 148.0 for ':n128', 19.22 / 139.9 for ':base' and
+27.39 / 163.7 for MDLM-small (':mdlm', here with the same recipe; docs/results/hdlm.md).
 
-The authors' small model and recipe: DiT 12 × 768 (dropout 0), L = 512 rows BOS + text + EOS, the
-GPT-2 vocabulary with MASK at 50,257 and the 64 cluster tokens after it (vocab_size = 50,322),
-n = 64, γ = 1, ξ = 1, weight clipping [0, 2] in training, t ∈ [1e-4, 1]; AdamW lr 5e-4, betas
-(0.9, 0.99), eps 1e-9, weight decay 0.02, clip 1.0, 10k warm-up steps then cosine to 0.1 × lr,
-batch 512, bf16, no EMA, 500k steps (131B tokens). Data: a corpus prepared once
-(`python -m hmdlm_jax.data.prepare --tokenizer=gpt2 --output=DIR`, train/ and test/ splits) read by
-the 'corpus' kind with MDLM's wrap packing (docs/method.md §6); set --config.data.corpus_dir=DIR.
-The clusters come from the MDLM-OWT checkpoint's embedding (the authors used GIDD's); deviations:
-docs/method.md §13.1. Commands for clusters, training and evaluation: docs/results/hdlm.md.
+Their recipe: DiT 12 × 768 (dropout 0, time-conditioned), L = 512 rows BOS + document + EOS,
+padded (no packing), GPT-2 words, MASK 50,257, then n = 64 cluster rows; γ = 1, ξ = 1, clipping
+[0, 2]; AdamW lr 5e-4, betas (0.9, 0.99), eps 1e-9, weight decay 0.02, clip 1.0, 10k warm-up then
+cosine to 0.1 × lr, batch 512, bf16, no EMA, 500k steps; 512 first-order sampling steps, temp 1.
+Options: `xi0.9` (ξ = 0.9, simplified loss, force-within sampling), `n128`, `base` (24 × 1024,
+n = 128), `mdlm` (n = 1: exactly MDLM, unclipped, 1.131M steps). --config.data.corpus_dir=DIR
+(`python -m hmdlm_jax.data.prepare --tokenizer=gpt2`); `process.hdlm.clusters`: our .npz or the
+authors' .pt. Deviations: docs/method.md §13.1.
 """
 
 from __future__ import annotations
@@ -20,10 +20,15 @@ import ml_collections
 
 from hmdlm_jax.configs.base import get_base_config
 
-CLUSTERS = '/data/hdlm/gpt2_mdlm-owt_n64.npz'  # built by step 1 of the module docstring
+CLUSTERS = '/data/hdlm/gpt2_mdlm-owt_n64.npz'  # built by step 1 of docs/results/hdlm.md
+CLUSTERS_128 = '/data/hdlm/gpt2_mdlm-owt_n128.npz'
+GPT2_WORDS = 50257
+OPTIONS = ('', 'xi0.9', 'n128', 'base', 'mdlm')
 
 
-def get_config() -> ml_collections.ConfigDict:
+def get_config(arg: str = '') -> ml_collections.ConfigDict:
+  if arg not in OPTIONS:
+    raise ValueError(f'configs/hdlm_owt.py:{arg}: the option must be one of {OPTIONS}.')
   c = get_base_config()
 
   c.process.kind = 'hdlm'
@@ -45,7 +50,7 @@ def get_config() -> ml_collections.ConfigDict:
   m = c.model
   m.backbone = 'dit'
   m.num_levels = 1
-  m.vocab_size = 50257 + 1 + 64
+  m.vocab_size = GPT2_WORDS + 1 + 64
   m.mask_id = -1  # -> 50257, the appended MASK (MDLM-OWT's row)
   m.seq_len = 512
   m.num_layers = 12
@@ -65,7 +70,7 @@ def get_config() -> ml_collections.ConfigDict:
   d = c.data
   d.kind = 'corpus'
   d.corpus_dir = ''  # set on the command line: the folder `prepare` wrote
-  d.packing = 'wrap'
+  d.packing = 'truncate'  # the authors: one document per row, padded (no packing)
   d.batch_size = 512
   d.eval_batch_size = 256
   d.tokenizer = 'gpt2'
@@ -108,4 +113,26 @@ def get_config() -> ml_collections.ConfigDict:
   c.eval.num_examples = 1_000_000
   c.eval.num_samples = 256
   c.eval.gen_ppl_model = 'gpt2-large'
+  return _option(c, arg)
+
+
+def _option(c: ml_collections.ConfigDict, arg: str) -> ml_collections.ConfigDict:
+  """The authors' other OWT configurations (module docstring)."""
+  h, m = c.process.hdlm, c.model
+  if arg == 'xi0.9':  # their hdlm-small-cluster_64-gamma_1.0-xi_0.9: p_perturb 0.1, simplified
+    h.xi = 0.9  # trained by the simplified loss (xi_loss above)
+    h.force = 'within'  # their sampling law; the bound uses 'between' (docs/method.md §13.1)
+  elif arg in ('n128', 'base'):
+    h.num_clusters = 128
+    h.clusters = CLUSTERS_128
+    m.vocab_size = GPT2_WORDS + 1 + 128
+    if arg == 'base':  # their model/base.yaml: 24 × 1024, 16 heads
+      m.num_layers, m.hidden_size, m.num_heads, m.mlp_dim = 24, 1024, 16, 4096
+  elif arg == 'mdlm':  # their mdlm.yaml: MDLM's NELBO (n = 1 merged with MASK), no clipping
+    h.num_clusters = 1
+    h.clusters = ''
+    h.fallback = 'id'
+    h.clip_weights = False
+    m.vocab_size = GPT2_WORDS + 1
+    c.train.num_steps = 1_131_000
   return c

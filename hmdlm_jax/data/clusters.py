@@ -4,9 +4,9 @@ Every word token gets one of n clusters. docs/method.md §13.1 ("The hierarchica
 states the authors' recipe (k-means++, Lloyd iterations, cluster sizes within [0.1×, 5×] the
 mean), our choices where the sources are silent (cosine distance, scikit-learn's tolerance, the
 greedy size repair) and the fallbacks without embeddings ('id', 'frequency'). The map is a
-versioned artefact (.npz, `ClusterArtefact`) that configs reference by path
-(`process.hdlm.clusters`; processes/hdlm.py reads it). The committed bert-base-uncased artefact
-is rebuilt by the first of the commands `main` lists:
+versioned artefact (.npz, `ClusterArtefact`; the authors' .pt files are read too) that configs
+reference by path (`process.hdlm.clusters`; processes/hdlm.py reads it). The committed
+bert-base-uncased artefact is rebuilt by the first of the commands `main` lists:
 
   python -m hmdlm_jax.data.clusters --embeddings=minilm --num_clusters=64 \
       --out=assets/hdlm_clusters/bert-base-uncased_minilm-l6_n64.npz
@@ -28,6 +28,7 @@ import numpy as np
 
 from hmdlm_jax import storage
 from hmdlm_jax.data import tokenizers
+from hmdlm_jax.data import torch_tensor
 
 FORMAT_VERSION = 1
 METRICS = ('cosine', 'euclidean')
@@ -84,8 +85,37 @@ def save(path: str | pathlib.Path, art: ClusterArtefact) -> None:
     storage.write_bytes(path, f.getvalue())
 
 
+def load_authors(path: str | pathlib.Path) -> ClusterArtefact:
+  """The authors' released `semantic_cluster_dict_*.pt` (a torch.save integer tensor [N]).
+
+  Their ids are 0..n-1 or offset by their vocabulary size (cluster tokens V..V+n-1); both are
+  mapped to 0..n-1. Centroids are not read (shape [n, 0]): only the map is used.
+  """
+  with storage.open_file(os.fspath(path), 'rb') as f:
+    data = f.read()
+  try:
+    ids = torch_tensor.load(data)
+  except ValueError as e:
+    raise ValueError(f'{path}: {e}; process.hdlm.clusters takes a .npz artefact or the '
+                     "authors' semantic_cluster_dict_*.pt.") from e
+  if ids.ndim != 1 or ids.size == 0 or not np.issubdtype(ids.dtype, np.integer):
+    raise ValueError(f'{path}: expected an integer tensor [N] of clusters, got {ids.dtype} '
+                     f'{ids.shape}.')
+  ids = ids.astype(np.int64) - int(ids.min())
+  n = int(ids.max()) + 1
+  if np.unique(ids).size != n:
+    raise ValueError(f'{path}: the cluster ids are not contiguous (some of 0..{n - 1} unused).')
+  return ClusterArtefact(token_to_cluster=ids.astype(np.int32),
+                         centroids=np.zeros((n, 0), np.float32),
+                         source=f"authors' cluster file {os.path.basename(os.fspath(path))}",
+                         metric='unknown')
+
+
 def load(path: str | pathlib.Path) -> ClusterArtefact:
-  """Reads and checks an artefact (ValueError naming the problem and the command to rebuild)."""
+  """Reads and checks an artefact (ValueError naming the problem and the command to rebuild);
+  a .pt path is the authors' format (`load_authors`)."""
+  if os.fspath(path).endswith('.pt'):
+    return load_authors(path)
   rebuild = 'rebuild it with python -m hmdlm_jax.data.clusters'
   try:
     with storage.open_file(os.fspath(path), 'rb') as f, np.load(f, allow_pickle=False) as z:

@@ -292,18 +292,20 @@ def gold_nll(token_logits: jax.Array, tokens: jax.Array, ref_cluster: jax.Array,
   return GoldNLL(word=lse_all - gold, cluster=lse_all - lse_ref, within=lse_ref - gold)
 
 
-def forced_log_probs(log_xhat: jax.Array, p: jax.Array, state_cluster: jax.Array,
-                     layout: ClusterLayout, *, force: str, xi: float) -> jax.Array:
+def forced_log_probs(log_xhat: jax.Array, state_cluster: jax.Array, layout: ClusterLayout, *,
+                     force: str, xi: float) -> jax.Array:
   """The word law at a cluster position in state c [B, L]: log [B, L, V] (module docstring).
 
   'within': x̂ renormalised over c; 'between': mass ξ inside c and 1 - ξ outside, each part
-  proportional to x̂; 'none': x̂.
+  proportional to x̂; 'none': x̂. Normalised in log space (a logsumexp over the members of c), so
+  a cluster whose mass P_θ(c) underflows in float32 still gets its exact within-cluster law.
   """
   if force == 'none':
     return log_xhat
   member = jnp.asarray(layout.cluster_of) == state_cluster[..., None]  # [B, L, V]
-  log_pc = jnp.log(jnp.take_along_axis(p, state_cluster[..., None], axis=-1))  # [B, L, 1]
+  inside = jnp.where(member, log_xhat, -jnp.inf)
+  log_pc = jax.nn.logsumexp(inside, axis=-1, keepdims=True)  # [B, L, 1] log P_θ(c)
   if force == 'within' or xi == 1.0:
-    return jnp.where(member, log_xhat - log_pc, -jnp.inf)
-  log_out = jnp.log1p(-jnp.minimum(jnp.exp(log_pc), 1.0))
-  return log_xhat + jnp.where(member, np.log(xi) - log_pc, np.log1p(-xi) - log_out)
+    return inside - log_pc
+  log_out = jax.nn.logsumexp(jnp.where(member, -jnp.inf, log_xhat), axis=-1, keepdims=True)
+  return jnp.where(member, np.log(xi) + log_xhat - log_pc, np.log1p(-xi) + log_xhat - log_out)

@@ -127,7 +127,7 @@ def reverse_step(apply_fn: ApplyFn, schedule: HDLMSchedule, layout: ClusterLayou
     nan = jnp.any(jnp.isnan(logits))
     log_xhat = hdlm_core.word_log_probs(logits, layout)
     p = hdlm_core.cluster_probs(log_xhat, layout)
-    forced = hdlm_core.forced_log_probs(log_xhat, p, layout.state_cluster(x), layout,
+    forced = hdlm_core.forced_log_probs(log_xhat, layout.state_cluster(x), layout,
                                         force=hcfg.force, xi=hcfg.xi)
     law = jnp.where(is_c[..., None], forced, log_xhat)  # [B, L, V]
     v = jnp.where(final_argmax, jnp.argmax(law, axis=-1).astype(jnp.int32),
