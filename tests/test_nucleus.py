@@ -21,8 +21,12 @@ def _kept_reference(logits: np.ndarray, top_p: float) -> np.ndarray:
   x = logits.astype(np.float64)
   p = np.exp(x - x.max(-1, keepdims=True))
   p /= p.sum(-1, keepdims=True)
-  above = (p[..., None, :] > p[..., :, None]) * p[..., None, :]  # [..., v, u]: p_u if p_u > p_v
-  return above.sum(-1) < top_p
+  flat, out = p.reshape(-1, p.shape[-1]), np.zeros(p.shape, bool).reshape(-1, p.shape[-1])
+  for r, row in enumerate(flat):
+    asc = np.sort(row)
+    suffix = np.concatenate([np.cumsum(asc[::-1])[::-1], [0.0]])  # suffix[i] = Σ asc[i:]
+    out[r] = suffix[np.searchsorted(asc, row, side='right')] < top_p  # Σ_{u: p_u > p_v} p_u
+  return out.reshape(p.shape)
 
 
 @pytest.mark.parametrize('vocab', [12, 300])  # the inverse-CDF and the Gumbel-max paths

@@ -180,6 +180,7 @@ def nucleus_logits(logits: jax.Array, top_p: float) -> jax.Array:
   """
   if top_p >= 1.0:
     return logits
+  logits = logits.astype(jnp.float32)  # the cut in float32 whatever the compute dtype
   desc = -jnp.sort(-logits, axis=-1)  # [..., V] descending
   cum = jnp.cumsum(jax.nn.softmax(desc, axis=-1), axis=-1)
   # The first sorted position whose cumulative mass reaches top_p (the last if round-off keeps
