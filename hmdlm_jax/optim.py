@@ -10,11 +10,8 @@ network, so the pathway can learn faster without touching the backbone's step.
 
 Gradient accumulation is not an optax wrapper here: `train.py` splits the batch into micro-batches
 inside one jitted step (`lax.scan`) and hands the averaged gradient to this optimiser, so one
-optimiser update = one global batch whatever `train.grad_accum` is.
-
-A distillation target frozen per round (docs/method.md §13.2) lives in the optimiser state
-(`frozen_target`, last in the chain): it is a copy of the parameters that changes only with the
-updates, is sharded like them and is saved with them, and exists only in the runs that use it.
+optimiser update = one global batch whatever `train.grad_accum` is. A distillation target frozen
+per round (`frozen_target`, docs/method.md §13.2) lives in the optimiser state of the runs using it.
 """
 
 from __future__ import annotations
