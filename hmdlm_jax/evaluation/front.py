@@ -68,3 +68,16 @@ def fronts(points: Sequence[Mapping[str, Any]], metric: str) -> dict[str, list[i
                          [points[i]['mean'].get(metric) for i in idx])
     out[str(k)] = [idx[j] for j in front]
   return out
+
+
+def at_entropy(points: Sequence[Mapping[str, Any]], front: Sequence[int], metric: str,
+               entropy: float) -> float | None:
+  """`metric` on the front at `entropy`: linear in log GenPPL between the two front points whose
+  mean entropies bracket it (the point itself when one matches); None outside the front's range."""
+  xs = [float(points[i]['mean']['entropy']) for i in front]
+  ys = [math.log(float(points[i]['mean'][metric])) for i in front]
+  if not xs or not xs[0] <= entropy <= xs[-1]:
+    return None
+  if len(xs) == 1:
+    return math.exp(ys[0])
+  return float(math.exp(np.interp(entropy, xs, ys)))
