@@ -10,19 +10,21 @@ network, so the pathway can learn faster without touching the backbone's step.
 
 Gradient accumulation is not an optax wrapper here: `train.py` splits the batch into micro-batches
 inside one jitted step (`lax.scan`) and hands the averaged gradient to this optimiser, so one
-optimiser update = one global batch whatever `train.grad_accum` is.
+optimiser update = one global batch whatever `train.grad_accum` is. A distillation target frozen
+per round (`frozen_target`, docs/method.md §13.2) lives in the optimiser state of the runs using it.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from typing import Callable, Mapping
+from typing import Callable, Mapping, NamedTuple
 
 import jax
 import jax.numpy as jnp
 import optax
 
+from hmdlm_jax.config import multimdm as config_multimdm
 from hmdlm_jax.models import hierarchy
 
 DECAYS = ('constant', 'cosine')
@@ -112,8 +114,59 @@ def scale_by_group(factors: Mapping[str, float],
   return optax.GradientTransformation(lambda params: optax.EmptyState(), update)
 
 
-def make_optimizer(optim_cfg: Any, num_steps: int) -> optax.GradientTransformation:
-  """clip -> AdamW(lr schedule, b1, b2, eps, weight_decay) (-> scale_by_group).
+class FrozenTargetState(NamedTuple):
+  """The frozen-round target: `params` = the parameters at the start of round `round`.
+
+  count: int32 [] updates applied so far; round: int32 [] (-1 before the first update).
+  """
+  count: jax.Array
+  round: jax.Array
+  params: Any
+
+
+def _round_of(state: FrozenTargetState, params: Any, steps_per_round: int
+              ) -> tuple[jax.Array, Any]:
+  """(round of the next update, its target): `params` at a round's first update, else held."""
+  r = jnp.floor_divide(state.count, steps_per_round).astype(jnp.int32)
+  fresh = r != state.round
+  return r, jax.tree.map(lambda p, t: jnp.where(fresh, p, t), params, state.params)
+
+
+def frozen_target(steps_per_round: int) -> optax.GradientTransformation:
+  """Identity on the updates; its state holds the target of the round (`FrozenTargetState`).
+
+  At update n (0-based) of round r = n // steps_per_round, the target is the parameters the
+  update receives (before it) when n is the round's first update, else the stored copy.
+  """
+  if steps_per_round < 1:
+    raise ValueError(f'steps_per_round={steps_per_round} must be >= 1.')
+
+  def init(params: Any) -> FrozenTargetState:
+    return FrozenTargetState(jnp.zeros((), jnp.int32), jnp.full((), -1, jnp.int32),
+                             jax.tree.map(jnp.copy, params))
+
+  def update(updates: Any, state: FrozenTargetState, params: Any = None
+             ) -> tuple[Any, FrozenTargetState]:
+    r, target = _round_of(state, params, steps_per_round)
+    return updates, FrozenTargetState(state.count + 1, r, target)
+
+  return optax.GradientTransformation(init, update)
+
+
+def round_target(opt_state: Any, params: Any, steps_per_round: int) -> Any:
+  """The target the next update's loss reads (the same tree `frozen_target` then stores)."""
+  found = [s for s in jax.tree.leaves(opt_state, is_leaf=lambda s: isinstance(
+      s, FrozenTargetState)) if isinstance(s, FrozenTargetState)]
+  if len(found) != 1:
+    raise ValueError('the optimiser state holds no frozen target; build it with '
+                     'make_optimizer(..., target_every=steps_per_round).')
+  return _round_of(found[0], params, steps_per_round)[1]
+
+
+def make_optimizer(optim_cfg: Any, num_steps: int, target_every: int = 0
+                   ) -> optax.GradientTransformation:
+  """clip -> AdamW(lr schedule, b1, b2, eps, weight_decay) (-> scale_by_group)
+  (-> frozen_target(target_every) when target_every > 0).
 
   clip: clip_by_global_norm(grad_clip) over all parameters, or, with optim.hier_grad_clip > 0,
   `clip_by_group_global_norm` with grad_clip for the backbone group and hier_grad_clip for the
@@ -142,7 +195,16 @@ def make_optimizer(optim_cfg: Any, num_steps: int) -> optax.GradientTransformati
   hier_lr_scale = float(optim_cfg.hier_lr_scale)
   if hier_lr_scale != 1.0:
     parts.append(scale_by_group({'hier': hier_lr_scale}))
+  if target_every > 0:
+    parts.append(frozen_target(int(target_every)))
   return optax.chain(*parts)
+
+
+def for_run(config: Any) -> optax.GradientTransformation:
+  """The run's optimiser: `make_optimizer` with the frozen target of a MultiMDM distillation
+  with process.multimdm.target='frozen_rounds' (docs/method.md §13.2)."""
+  return make_optimizer(config.optim, int(config.train.num_steps),
+                        config_multimdm.steps_per_round(config))
 
 
 def current_lr(opt_state: Any) -> jax.Array:

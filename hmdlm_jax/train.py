@@ -114,7 +114,7 @@ def state_shardings(config: config_lib.Config, model: nn.Module, mesh: jax.shard
   Parameters (and EMA, Adam moments) follow the models' logical axis names mapped by
   sharding.LOGICAL_RULES; counters and keys are replicated.
   """
-  optimizer = optimizer or optim.make_optimizer(config.optim, config.train.num_steps)
+  optimizer = optimizer or optim.for_run(config)
   seq_len = int(config.model.seq_len)
   abstract = jax.eval_shape(lambda: _init_state(config, model, optimizer))
   abs_params = models.abstract_params(model, seq_len)
@@ -137,7 +137,7 @@ def create_train_state(config: config_lib.Config, mesh: jax.sharding.Mesh,
   Returns:
     (state, sharding tree).
   """
-  optimizer = optim.make_optimizer(config.optim, config.train.num_steps)
+  optimizer = optim.for_run(config)
   _, sh = state_shardings(config, model, mesh, optimizer)
   with shd.mesh_context(mesh):
     state = jax.jit(lambda: _init_state(config, model, optimizer), out_shardings=sh)()
@@ -192,7 +192,7 @@ def make_train_step(config: config_lib.Config, model: nn.Module,
   (0-based) steps whose loss is multiplied by NaN; it is passed to the step as a fixed-size
   array, so it never changes the compiled program.
   """
-  optimizer = optim.make_optimizer(config.optim, config.train.num_steps)
+  optimizer = optim.for_run(config)
   process = process.for_devices(mesh.size)  # e.g. loss.token_rows='auto' -> this mesh's choice
   if shardings is None:
     _, shardings = state_shardings(config, model, mesh, optimizer)
@@ -200,16 +200,16 @@ def make_train_step(config: config_lib.Config, model: nn.Module,
   nan_steps = tuple(int(s) for s in config.train.debug_nan_steps)
   fault_steps = np.full((MAX_FAULT_STEPS,), -1, np.int32)
   fault_steps[:len(nan_steps)] = nan_steps
-  optim_cfg = config.optim
+  optim_cfg, target_every = config.optim, config_lib.multimdm.steps_per_round(config)  # 0: EMA
 
   def loss_fn(params: PyTree, batch: Mapping[str, jax.Array], key: jax.Array,
-              poison: jax.Array, step: jax.Array, ema_params: PyTree
+              poison: jax.Array, step: jax.Array, target_params: PyTree
               ) -> tuple[jax.Array, dict[str, jax.Array]]:
     loss_key, dropout_key = jax.random.split(key)
     apply_fn = models.make_apply_fn(model, params, train=True, rng=dropout_key)
-    target = None
-    if process.uses_target:  # e.g. consistency distillation: the EMA network, no gradient
-      target = models.make_apply_fn(model, jax.lax.stop_gradient(ema_params), train=False)
+    # Consistency distillation reads θ̄ (EMA or frozen round), without gradient.
+    target = (models.make_apply_fn(model, jax.lax.stop_gradient(target_params), train=False)
+              if process.uses_target else None)
     loss, aux = process.loss(apply_fn, batch, loss_key, step=step, target_apply_fn=target)
     # poison is 1.0, or NaN at a train.debug_nan_steps step: loss and gradients become NaN.
     return loss * poison, aux
@@ -225,14 +225,14 @@ def make_train_step(config: config_lib.Config, model: nn.Module,
     key = jax.random.fold_in(state.rng, state.step)
     # Fault injection for tests of the guard (train.debug_nan_steps; faults = -1 when unused).
     poison = jnp.where(jnp.any(faults == state.step), jnp.float32(jnp.nan), jnp.float32(1.0))
+    target = (optim.round_target(state.opt_state, state.params, target_every) if target_every
+              else state.ema_params)  # θ̄ of docs/method.md §13.2
     loss, aux, grads = accumulate.value_and_grad(grad_fn, state.params, batch, key, accum,
-                                                 poison, state.step, state.ema_params)
+                                                 poison, state.step, target)
     grad_norm = optax.global_norm(grads)
-    # A finite gradient norm bounds every g², so Adam's moments and the update stay finite: the
-    # test reads no reduction over the update, and the skip is one lax.cond around the update.
-    # The applied branch then runs AdamW + EMA as their own fused loops, with no where(ok, new,
-    # old) pass over params, EMA and Adam state (benchmarks/README.md, "the NaN guard as one
-    # `lax.cond`").
+    # A finite gradient norm bounds every g², so Adam's moments and the update stay finite; the
+    # skip is one lax.cond, so AdamW + EMA run as their own fused loops with no where(ok, new, old)
+    # pass (benchmarks/README.md, "the NaN guard as one `lax.cond`").
     ok = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
     decay = optim.ema_decay_at(optim_cfg, state.step - state.skipped_steps)  # n applied before
 
@@ -373,7 +373,7 @@ def train_and_evaluate(config: config_lib.Config, workdir: str, *, model: nn.Mod
                      f'{tc.grad_accum} = {micro} rows per micro-batch must be divisible by '
                      f'mesh.data * mesh.fsdp = {shd.num_batch_shards(mesh)}.')
   process = processes.build(config)
-  optimizer = optim.make_optimizer(config.optim, num_steps)
+  optimizer = optim.for_run(config)
   abstract, shardings = state_shardings(config, model, mesh, optimizer)
   logging.info('Mesh %s; model:\n%s', dict(mesh.shape),
                models.param_count_report(config.model, model.features))

@@ -82,6 +82,13 @@ class Model:
       raise ValueError(f'seed={seed!r} must be an int in [0, 2**32)')
     return seed
 
+  def with_sampling(self, **fields: Any) -> Model:
+    """This model drawing with other `sample.*` fields (e.g. num_steps=8, temperature=0.9,
+    top_p=0.95); the weights are shared, nothing is read again (hmdlm_jax/front.py's sweep)."""
+    config = self.config.replace(**{f'sample.{k}': v for k, v in fields.items()})
+    SampleConfig.from_config(config)  # a bad value is refused here, naming the field
+    return Model(config, self._task, dataclasses.replace(self._ctx, config=config))
+
   def _text(self, what: str) -> text_task.TextTask:
     if not isinstance(self._task, text_task.TextTask):
       raise ValueError(f'{what}: this run is data.kind={self.config.data.kind!r}, not a text '

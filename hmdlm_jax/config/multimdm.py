@@ -16,6 +16,9 @@ from hmdlm_jax.config.checks import check_number as _check_number
 from hmdlm_jax.config.checks import is_int as _is_int
 
 DISTILL_KL = ('reverse', 'forward')
+# The distillation target θ̄ (docs/method.md §13.2): a per-step EMA of the student (Algorithm 3
+# read literally) or the student copied at the start of each of R rounds and held (DUO's rounds).
+TARGETS = ('ema', 'frozen_rounds')
 # The data kinds whose tokenizer defines the words (the masks go after them: data.mask_token).
 TEXT_DATA_KINDS = ('text', 'lm1b', 'wikihow', 'corpus')
 
@@ -42,6 +45,10 @@ class MultiMDMSection:
   delta_init: float = 2.0 ** -9
   delta_double_every: int = 10_000
   delta_max: float = 2.0 ** -5
+  # θ̄: 'ema' (optim.ema_decay per step) | 'frozen_rounds' (the student at each round's start,
+  # held for train.num_steps / rounds steps).
+  target: str = 'ema'
+  rounds: int = 5  # R with target='frozen_rounds' (App. C.2: R = 5); must divide train.num_steps
 
 
 @dataclasses.dataclass(frozen=True)
@@ -56,6 +63,8 @@ class MultiMDMConfig:
     distill: consistency distillation (Algorithm 3) instead of the pretraining loss (3.6).
     distill_kl: 'reverse' (App. C.2) | 'forward' ((3.11)).
     delta_init, delta_double_every, delta_max: the step-size schedule δ_k.
+    target, rounds: θ̄ = 'ema' | 'frozen_rounds' (R rounds); steps_per_round: num_steps / R
+      (0 unless a distillation with target='frozen_rounds').
     t_min, antithetic: t ~ U(t_min, 1), stratified (loss.t_min, loss.antithetic).
   """
   num_masks: int
@@ -72,6 +81,9 @@ class MultiMDMConfig:
   delta_init: float = MultiMDMSection.delta_init
   delta_double_every: int = MultiMDMSection.delta_double_every
   delta_max: float = MultiMDMSection.delta_max
+  target: str = MultiMDMSection.target
+  rounds: int = MultiMDMSection.rounds
+  steps_per_round: int = 0
   t_min: float = 1e-3
   antithetic: bool = True
 
@@ -94,19 +106,48 @@ class MultiMDMConfig:
     _check_number(f + 'delta_max', self.delta_max, lo=self.delta_init, hi=1.0, hi_open=False)
     _check_int(f + 'delta_double_every', self.delta_double_every, minimum=1)
     _check_number('loss.t_min', self.t_min, lo=0.0, hi=1.0)
+    if self.target not in TARGETS:
+      raise ValueError(f'{f}target={self.target!r} is not one of {TARGETS}.')
+    _check_int(f + 'rounds', self.rounds, minimum=1)
+    _check_int(f + 'steps_per_round', self.steps_per_round, minimum=0)
 
   @classmethod
   def _view(cls, config: ml_collections.ConfigDict) -> MultiMDMConfig:
     mm = config.process.multimdm
     num_masks = mm.num_masks
     _check_int('process.multimdm.num_masks', num_masks, minimum=1)
-    return cls(num_masks=num_masks, num_words=int(config.model.vocab_size) - num_masks,
+    return cls(target=mm.target, rounds=mm.rounds, steps_per_round=steps_per_round(config),
+               num_masks=num_masks, num_words=int(config.model.vocab_size) - num_masks,
                designated=mm.designated, alpha=mm.alpha, alpha_power=mm.alpha_power,
                beta=mm.beta, beta_power=mm.beta_power, curriculum_start=mm.curriculum_start,
                curriculum_steps=mm.curriculum_steps, distill=mm.distill,
                distill_kl=mm.distill_kl, delta_init=mm.delta_init,
                delta_double_every=mm.delta_double_every, delta_max=mm.delta_max,
                t_min=float(config.loss.t_min), antithetic=bool(config.loss.antithetic))
+
+
+def steps_per_round(config: ml_collections.ConfigDict) -> int:
+  """Optimiser steps per frozen-target round: train.num_steps / process.multimdm.rounds for a
+  distillation with target='frozen_rounds', else 0 (the EMA target; docs/method.md §13.2)."""
+  mm = config.process.multimdm
+  if config.process.kind != 'multimdm' or mm.target != 'frozen_rounds':
+    return 0
+  f = 'process.multimdm.'
+  if mm.distill is not True:
+    raise ValueError(f"{f}target='frozen_rounds' is the target of a distillation: set "
+                     f"{f}distill=True, or leave {f}target='ema'.")
+  _check_int(f + 'rounds', mm.rounds, minimum=1)
+  num_steps = int(config.train.num_steps)
+  if num_steps % mm.rounds:
+    raise ValueError(f'{f}rounds={mm.rounds} must divide train.num_steps={num_steps}: every '
+                     f'round holds its target for the same number of steps (e.g. rounds='
+                     f'{_divisor_near(num_steps, mm.rounds)}).')
+  return num_steps // mm.rounds
+
+
+def _divisor_near(n: int, r: int) -> int:
+  """The divisor of n closest to r (the suggestion in the rounds error)."""
+  return min((d for d in range(1, n + 1) if n % d == 0), key=lambda d: (abs(d - r), d))
 
 
 def noise_ids(config: ml_collections.ConfigDict) -> tuple[int, ...]:

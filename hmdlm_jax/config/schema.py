@@ -296,6 +296,7 @@ class SampleSection:
   """`sample`: Sampling (docs/method.md §7)."""
   num_steps: int = 128
   temperature: float = 1.0
+  top_p: float = 1.0  # nucleus mass of the token draws (docs/method.md §8.5); 1 = the full law
   greedy: bool = False
   ordering: str = 'ancestral'  # 'ancestral' (Algorithm 2) | 'confidence' | 'remask' (MGDM, §13.3)
   # 'remask' only: Gumbel noise of scale remask_noise·rate on the confidences unless greedy, and

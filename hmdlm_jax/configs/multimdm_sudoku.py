@@ -8,6 +8,8 @@ Recipes (config string after the file name; the MDLM stage is configs/sudoku_mdl
   :cont          400 MultiMDM steps from MDLM's EMA weights (--config.init.workdir=DIR_MDLM)
   :distill       consistency distillation (Algorithm 3) of a MultiMDM run (init.workdir=DIR_MM)
   :mdlm_distill  MDLM with shared-Gumbel paths (--config.init.workdir=DIR_MDLM)
+  :mdlm_more     the control: MDLM trained on for the distillation's steps with its optimiser
+                 (--config.init.workdir=DIR_MDLM; docs/method.md §13.2)
   :rand          MultiMDM from scratch at sudoku_base's budget (the default)
 `python -m scripts.few_step --task=sudoku` runs all of them. Choices (M, α = β = 1 - t, the
 curriculum, the distillation schedule): docs/results/multimdm.md, docs/method.md §13.2.
@@ -21,13 +23,17 @@ from hmdlm_jax.configs import sudoku_mdlm
 
 NUM_MASKS = 3
 WORDS = 9  # digits 1..9 -> tokens 0..8
-OPTIONS = ('', 'rand', 'cont', 'distill', 'mdlm_distill')
+OPTIONS = ('', 'rand', 'cont', 'distill', 'mdlm_distill', 'mdlm_more')
 
 
 def get_config(arg: str = '') -> ml_collections.ConfigDict:
   if arg not in OPTIONS:
     raise ValueError(f'configs/multimdm_sudoku.py:{arg}: the option must be one of {OPTIONS}.')
   c = sudoku_mdlm.get_config()
+  if arg == 'mdlm_more':
+    _distillation_optimiser(c)
+    c.train.ckpt_every = 100
+    return c
   c.process.kind = 'multimdm'
   mm = c.process.multimdm
   mm.num_masks = 1 if arg == 'mdlm_distill' else NUM_MASKS
@@ -49,11 +55,16 @@ def get_config(arg: str = '') -> ml_collections.ConfigDict:
     mm.delta_init = 2.0 ** -6
     mm.delta_double_every = 100
     mm.delta_max = 2.0 ** -4
-    c.train.num_steps = 300
-    c.optim.lr = 1e-4
-    c.optim.warmup_steps = 0
-    c.optim.decay = 'constant'
-    c.optim.ema_decay = 0.99
-    c.optim.ema_warmup = False
+    _distillation_optimiser(c)
   c.train.ckpt_every = 100
   return c
+
+
+def _distillation_optimiser(c: ml_collections.ConfigDict) -> None:
+  """The distillation's steps and optimiser, shared by `:mdlm_more` (the same extra steps)."""
+  c.train.num_steps = 300
+  c.optim.lr = 1e-4
+  c.optim.warmup_steps = 0
+  c.optim.decay = 'constant'
+  c.optim.ema_decay = 0.99
+  c.optim.ema_warmup = False

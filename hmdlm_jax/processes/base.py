@@ -178,15 +178,35 @@ def categorical_icdf(key: jax.Array, log_p: jax.Array) -> jax.Array:
   return jnp.where(idx >= num, last_pos, idx).astype(jnp.int32)
 
 
+def nucleus_logits(logits: jax.Array, top_p: float) -> jax.Array:
+  """Nucleus (top-p) truncation of logits [..., V]: -inf outside the nucleus, else unchanged.
+
+  The nucleus of p = softmax(logits) is every v whose more probable tokens (p_u > p_v) hold
+  less than top_p of the mass: the smallest most-probable set reaching top_p, with its boundary
+  ties kept whole, so the result does not depend on how a sort orders ties (docs/method.md §8.5).
+  """
+  if top_p >= 1.0:
+    return logits
+  logits = logits.astype(jnp.float32)  # the cut in float32 whatever the compute dtype
+  desc = -jnp.sort(-logits, axis=-1)  # [..., V] descending
+  cum = jnp.cumsum(jax.nn.softmax(desc, axis=-1), axis=-1)
+  # The first sorted position whose cumulative mass reaches top_p (the last if round-off keeps
+  # the total below it); its logit is the smallest kept.
+  k = jnp.minimum(jnp.sum(cum < top_p, axis=-1, keepdims=True), logits.shape[-1] - 1)
+  floor = jnp.take_along_axis(desc, k, axis=-1)
+  return jnp.where(logits >= floor, logits, -jnp.inf)
+
+
 def draw_tokens(key: jax.Array, token_logp: jax.Array, cfg: SampleConfig) -> jax.Array:
-  """Tokens [B, L] from log f [B, L, V]: argmax (greedy) or a draw at temperature τ.
+  """Tokens [B, L] from log f [B, L, V]: argmax (greedy) or a draw at temperature τ, then from
+  the top-p nucleus of the tempered law when cfg.top_p < 1 (`nucleus_logits`).
 
   Small vocabularies (V <= 64: toys, grids) use the inverse CDF (one uniform per position); large
   ones use Gumbel-max, whose float32 accuracy does not degrade with V as a long cumsum would.
   """
   if cfg.greedy:
     return jnp.argmax(token_logp, axis=-1).astype(jnp.int32)
-  logits = token_logp / cfg.temperature
+  logits = nucleus_logits(token_logp / cfg.temperature, cfg.top_p)
   if logits.shape[-1] <= _ICDF_MAX_CLASSES:
     return categorical_icdf(key, logits - jnp.max(logits, axis=-1, keepdims=True))
   return jax.random.categorical(key, logits, axis=-1).astype(jnp.int32)

@@ -1,0 +1,174 @@
+r"""GenPPL–entropy fronts of trained text runs: one generative harness for every process (§8.5).
+
+  python -m hmdlm_jax.front --workdirs=A,B --steps=8,16,32 --temperatures=1.0,0.9 \
+      --top_p=1.0,0.95 --seeds=0,1,2 --num_samples=64 --out=FILE [--judge_cache=DIR]
+
+Each run is read by `hmdlm_jax.load` (its recorded config, EMA weights) and sampled through its
+process's own sampler (`Process` interface: MDLM, HMDLM, HDLM, MultiMDM, distilled or not) at
+every step count K x temperature τ x nucleus mass p, --num_samples rows per seed. Scores per seed:
+the unigram entropy of the generated content (cut at [SEP], prompt excluded) and the generative
+perplexity under the offline AR judge (hmdlm_jax/ar_judge.py: trained on the FIRST run's train
+split, cached in --judge_cache; every run must share its tokenizer) and under GPT-2 Large where
+it loads (None with the reason otherwise). FILE (JSON): per-seed values, mean ± s.e. over seeds,
+per run and K the front (evaluation/front.py) and its GenPPL at each --entropies value
+(`equal_entropy`: the models compared at equal entropy); the samples go to FILE.samples.jsonl.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from typing import Any, Callable, Sequence
+
+from hmdlm_jax import ar_judge
+from hmdlm_jax import trained
+from hmdlm_jax.config.multimdm import TEXT_DATA_KINDS
+from hmdlm_jax.data import text as text_data
+from hmdlm_jax.evaluation import front as front_lib
+from hmdlm_jax.evaluation import generative
+from hmdlm_jax.tasks import text as text_task
+
+METRICS = ('gen_ppl_judge', 'gen_ppl_gpt2')  # the GenPPLs a front is drawn on
+
+
+def score(samples: trained.Samples, tok: Any, judge: Any, gpt2: Any, gpt2_reason: str | None
+          ) -> dict[str, Any]:
+  """Entropy (nats, generated content) and the GenPPLs of one seed's samples."""
+  _, text = text_task.content_mask(samples.tokens, tok.bos_id, tok.eos_id)
+  out = {'entropy': generative.entropy_report(samples.tokens, text & ~samples.given)['entropy'],
+         'mean_length': float((text & ~samples.given).sum(-1).mean())}
+  texts = list(samples.texts)
+  if judge is not None:
+    out['gen_ppl_judge'] = generative.gen_ppl_report(texts, scorer=judge)['gen_ppl']
+  rep = generative.gen_ppl_report(texts, scorer=gpt2, unavailable_reason=gpt2_reason)
+  out['gen_ppl_gpt2'] = rep['gen_ppl']
+  return out
+
+
+def sweep(model: trained.Model, *, steps: Sequence[int], temperatures: Sequence[float],
+          top_ps: Sequence[float], seeds: Sequence[int], num_samples: int, judge: Any,
+          gpt2: Any, gpt2_reason: str | None, write: Callable[[dict[str, Any]], None],
+          log: Callable[[str], None] = lambda s: None) -> list[dict[str, Any]]:
+  """The points (K, τ, p) of one run: per-seed scores, mean and s.e.; `write` gets each sample."""
+  tok = text_data.checked_tokenizer(model.config)
+  points = []
+  for k in steps:
+    for tau in temperatures:
+      for p in top_ps:
+        m = model.with_sampling(num_steps=int(k), temperature=float(tau), top_p=float(p))
+        per_seed = {}
+        for seed in seeds:
+          samples = m.sample(num_samples, seed=int(seed))
+          per_seed[str(seed)] = score(samples, tok, judge, gpt2, gpt2_reason)
+          for r in samples.records:
+            write({'steps': int(k), 'temperature': float(tau), 'top_p': float(p),
+                   'seed': int(seed), 'index': r['index'], 'text': r['text'],
+                   'tokens': r['tokens'], 'given': r['given']})
+        mean, se = front_lib.summarise(per_seed)
+        points.append({'steps': int(k), 'temperature': float(tau), 'top_p': float(p),
+                       'per_seed': per_seed, 'mean': mean, 'se': se})
+        log(f'  K={k} τ={tau:g} p={p:g}: entropy {mean["entropy"]}, judge GenPPL '
+            f'{mean.get("gen_ppl_judge")}, GPT-2 {mean.get("gen_ppl_gpt2")}')
+  return points
+
+
+def run(workdirs: Sequence[str], out: str, *, names: Sequence[str] = (),
+        steps: Sequence[int], temperatures: Sequence[float], top_ps: Sequence[float],
+        seeds: Sequence[int], num_samples: int, judge_cache: str = '',
+        judge_cfg: ar_judge.JudgeConfig = ar_judge.JudgeConfig(),
+        gpt2_model: str = generative.DEFAULT_SCORER, params: str = 'ema',
+        entropies: Sequence[float] = (), log: Callable[[str], None] = lambda s: None
+        ) -> dict[str, Any]:
+  """The sweep of every run, written to `out` (JSON) and `out`.samples.jsonl; returns the JSON."""
+  names = list(names) or [os.path.basename(os.path.normpath(w)) for w in workdirs]
+  if len(names) != len(workdirs) or len(set(names)) != len(names):
+    raise ValueError(f'--names={names} must give one distinct name per --workdirs entry.')
+  models = [trained.load(w, params=params) for w in workdirs]
+  for w, m in zip(workdirs, models):
+    if m.config.data.kind not in TEXT_DATA_KINDS:
+      raise ValueError(f'--workdirs: {w} is a data.kind={m.config.data.kind!r} run; the sweep '
+                       f'scores text ({TEXT_DATA_KINDS}).')
+  vocab = sorted({str(m.config.data.tokenizer) for m in models})
+  if len(vocab) != 1:
+    raise ValueError(f'--workdirs: the runs use the tokenizers {vocab}; one judge scores them '
+                     'all, so they must share data.tokenizer.')
+  judge, judge_info = None, None
+  if judge_cache:
+    judge = ar_judge.load_or_train(models[0].config, judge_cfg, cache_dir=judge_cache)
+    judge_info = {'name': judge.name, **ar_judge.test_split_perplexity(judge, models[0].config)}
+  gpt2, gpt2_reason = (generative.load_or_reason(generative.TransformersGPT2Scorer, gpt2_model)
+                       if gpt2_model else (None, '--gpt2_model is empty'))
+  result: dict[str, Any] = {
+      'settings': {'steps': list(steps), 'temperatures': list(temperatures),
+                   'top_p': list(top_ps), 'seeds': list(seeds), 'num_samples': num_samples,
+                   'params': params, 'entropies': list(entropies)},
+      'judge': judge_info, 'gpt2': {'model': gpt2_model, 'unavailable_reason': gpt2_reason},
+      'runs': {}}
+  os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
+  with open(out + '.samples.jsonl', 'w', encoding='utf-8') as f:
+    for name, workdir, model in zip(names, workdirs, models):
+      log(f'{name}: {workdir} (process {model.config.process.kind}, step {model.step})')
+      write = lambda r, name=name: f.write(json.dumps({'run': name, **r}) + '\n')
+      points = sweep(model, steps=steps, temperatures=temperatures, top_ps=top_ps, seeds=seeds,
+                     num_samples=num_samples, judge=judge, gpt2=gpt2, gpt2_reason=gpt2_reason,
+                     write=write, log=log)
+      result['runs'][name] = {
+          'workdir': workdir, 'process': model.config.process.kind, 'step': model.step,
+          'points': points, 'front': {m: front_lib.fronts(points, m) for m in METRICS}}
+  result['equal_entropy'] = equal_entropy(result['runs'], entropies)
+  with open(out, 'w', encoding='utf-8') as f:
+    json.dump(result, f, indent=1)
+  return result
+
+
+def equal_entropy(runs: dict[str, Any], entropies: Sequence[float]
+                  ) -> dict[str, dict[str, dict[str, list[float | None]]]]:
+  """{metric: {K: {run: [GenPPL on its front at each of `entropies`]}}} (None outside it)."""
+  out: dict[str, Any] = {}
+  for metric in METRICS:
+    for name, r in runs.items():
+      for k, idx in r['front'][metric].items():
+        out.setdefault(metric, {}).setdefault(k, {})[name] = [
+            front_lib.at_entropy(r['points'], idx, metric, e) for e in entropies]
+  return out
+
+
+def _ints(s: str) -> list[int]:
+  return [int(x) for x in s.split(',') if x]
+
+
+def _floats(s: str) -> list[float]:
+  return [float(x) for x in s.split(',') if x]
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+  ap = argparse.ArgumentParser(description=__doc__.split('\n')[0])
+  ap.add_argument('--workdirs', required=True, help='comma-separated trained text runs')
+  ap.add_argument('--names', default='', help='their names in FILE (default: directory names)')
+  ap.add_argument('--steps', type=_ints, default=[8, 16, 32], help='step counts K')
+  ap.add_argument('--temperatures', type=_floats, default=[1.0])
+  ap.add_argument('--top_p', type=_floats, default=[1.0], help='nucleus masses in (0, 1]')
+  ap.add_argument('--seeds', type=_ints, default=[0, 1, 2])
+  ap.add_argument('--num_samples', type=int, default=64, help='rows per seed and point')
+  ap.add_argument('--out', required=True, help='the JSON file written')
+  ap.add_argument('--judge_cache', default='', help="the judges' cache ('' = no judge)")
+  ap.add_argument('--judge_steps', type=int, default=ar_judge.JudgeConfig.steps)
+  ap.add_argument('--gpt2_model', default=generative.DEFAULT_SCORER, help="'' = not tried")
+  ap.add_argument('--params', default='ema', choices=trained.PARAMS)
+  ap.add_argument('--entropies', type=_floats, default=[],
+                  help='entropies (nats) at which each front is read (equal_entropy in FILE)')
+  a = ap.parse_args(argv)
+  try:
+    run(a.workdirs.split(','), a.out, names=[n for n in a.names.split(',') if n],
+        steps=a.steps, temperatures=a.temperatures, top_ps=a.top_p, seeds=a.seeds,
+        num_samples=a.num_samples, judge_cache=a.judge_cache,
+        judge_cfg=ar_judge.JudgeConfig(steps=a.judge_steps), gpt2_model=a.gpt2_model,
+        params=a.params, entropies=a.entropies, log=print)
+  except ValueError as e:
+    sys.exit(f'hmdlm_jax: error: {e}')
+
+
+if __name__ == '__main__':
+  main()
