@@ -206,7 +206,7 @@ def _crop_rows(stored, tok, seed: int, order: np.ndarray, share: int) -> list[np
 
 def test_random_crop_windows(prepared, tok):
   """data.crop='random': exact windows over 1.5 epochs, the same for a second pipeline of the
-  seed, others for another seed; documents that fit keep their 'start' row."""
+  seed and after a resume, others for another seed; documents that fit keep their 'start' row."""
   out, _, _ = prepared
   stored = corpus.Documents(*corpus.read_manifest(out, 'train'))
   share = np.arange(len(stored))[0::2]
@@ -233,6 +233,17 @@ def test_random_crop_windows(prepared, tok):
     first_epoch[seed] = {int(i): tuple(r) for i, r, f in zip(order[e0], got[e0], fits[e0]) if not f}
   same = [first_epoch[7][i] == first_epoch[8][i] for i in first_epoch[7] if i in first_epoch[8]]
   assert len(same) >= 10 and sum(same) < 0.5 * len(same), (len(same), sum(same))
+  # A resumed iterator (its state as a checkpoint stores it) reads the same windows onwards.
+  make = lambda: iter(corpus.make_corpus_dataset(config, 'train', seed=8, process_index=0,
+                                                 process_count=2))
+  it = make()
+  _take(it, n // 2)
+  state = json.loads(json.dumps(it.get_state()))
+  expected = _take(it, n)  # past the end of epoch 0
+  it2 = make()
+  it2.set_state(state)
+  np.testing.assert_array_equal(np.concatenate([b['tokens'] for b in _take(it2, n)]),
+                                np.concatenate([b['tokens'] for b in expected]))
   for changes, match in ((dict(crop='middle'), r"data.crop='middle'; allowed: \['start', "),
                          (dict(crop='random'), r"data.crop='random' crops .*got 'wrap', "),
                          (dict(crop='random', packing='truncate', overlong='drop'),
