@@ -4,20 +4,21 @@ MultiMDM's Section 3.2 keeps the backbone and the clean-token head and copies th
 embedding into every mask row, so all masks start identical and (3.5) teaches the model to tell
 them apart; Algorithm 3 starts distillation (online AND EMA network) from a model pretrained by
 Algorithm 1. This module is the one place that initialises parameters from elsewhere
-(train.create_train_state and preflight call `apply` / `check` whenever `init.workdir` or
-`init.mdlm_checkpoint` is set):
+(train.create_train_state and preflight call `apply` / `check` whenever an `init` source is set):
 * `init.workdir = DIR`: DIR's latest checkpoint (EMA parameters with `init.use_ema`), its process
   and vocabulary layout read from DIR/config.json; no TrainState of that run is rebuilt;
 * `init.mdlm_checkpoint = FILE`: a converted MDLM checkpoint, its rows remapped for MultiMDM /
   HDLM (`init.mdlm_mask_id` names its MASK row; HDLM's cluster rows: the mean of their words'),
   or merged by `convert_mdlm.init_from_mdlm` for one noise row (MDLM, HMDLM, HDLM n = 1). The
-  mapping (`adapt`), EMA and optimiser state: docs/method.md §13.2 ("Continual adaptation").
+  mapping (`adapt`), EMA and optimiser state: docs/method.md §13.2 ("Continual adaptation");
+* `init.embedding = FILE.npz`: the input token table only (`embedding_params`, docs/method.md §13.1).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
+import zipfile
 from typing import Any, Mapping
 
 import flax.linen as nn
@@ -55,8 +56,10 @@ def layout_of(config: config_lib.Config) -> Layout:
 
 
 def requested(config: config_lib.Config) -> bool:
-  """Whether the config initialises from elsewhere (`init.workdir` or `init.mdlm_checkpoint`)."""
-  return bool(config.init.workdir) or bool(config.init.mdlm_checkpoint)
+  """Whether the config initialises from elsewhere (`init.workdir`, `init.mdlm_checkpoint` or
+  `init.embedding`)."""
+  ini = config.init
+  return bool(ini.workdir) or bool(ini.mdlm_checkpoint) or bool(ini.embedding)
 
 
 def maps_rows(config: config_lib.Config) -> bool:
@@ -151,6 +154,74 @@ def read_mdlm_file(path: str, mask_id: int) -> tuple[PyTree, Layout]:
   if not 0 <= row < vocab:
     raise ValueError(f'init.mdlm_mask_id={mask_id} is outside the checkpoint\'s {vocab} rows.')
   return params, Layout(vocab, (row,))
+
+
+# ------------------------------------------------------------------------ the embedding only
+
+# The table's name in a converted MDLM checkpoint (convert_mdlm) and data/clusters.py's default.
+EMBEDDING_KEY = 'vocab_embed/embedding'
+
+
+def read_embedding(path: str) -> np.ndarray:
+  """The table [N, D] of an `init.embedding` .npz: its EMBEDDING_KEY array, else its only one."""
+  try:
+    with storage.open_file(path, 'rb') as f, np.load(f, allow_pickle=False) as z:
+      names = list(z.files)
+      key = EMBEDDING_KEY if EMBEDDING_KEY in names else names[0] if len(names) == 1 else ''
+      table = np.asarray(z[key]) if key else None
+  except (OSError, ValueError, KeyError, zipfile.BadZipFile, EOFError) as e:
+    raise ValueError(f'init.embedding={path!r} is not a readable .npz ({type(e).__name__}: '
+                     f'{e}).') from e
+  if table is None:
+    raise ValueError(f'init.embedding={path!r} holds no {EMBEDDING_KEY!r} array but '
+                     f'{len(names)} others ({sorted(names)[:6]}); save the table alone or under '
+                     'that name.')
+  if table.ndim != 2 or not np.issubdtype(table.dtype, np.floating):
+    raise ValueError(f'init.embedding={path!r}: array {key!r} is {table.dtype} {table.shape}, '
+                     'not a float table [rows, model.hidden_size].')
+  return table
+
+
+def embedding_words(config: config_lib.Config, table: tuple[int, ...],
+                    token_table: tuple[int, ...]) -> np.ndarray:
+  """The word ids [W] (every row but the noise rows) of the model's token table [V, H], after
+  checking that an `init.embedding` table of shape [N, D] fits it: D = H, N >= the largest word
+  id + 1 (rows beyond are ignored). No projection: another width is an error."""
+  path = config.init.embedding
+  words = np.setdiff1d(np.arange(token_table[0]), layout_of(config).mask_rows)
+  if table[1] != token_table[1]:
+    raise ValueError(f'init.embedding={path!r}: the table has dimension {table[1]} but '
+                     f'model.hidden_size={token_table[1]}; use a table of the model\'s width (it '
+                     'is not projected) or set model.hidden_size to it.')
+  if table[0] < int(words.max()) + 1:
+    raise ValueError(f'init.embedding={path!r}: the table has {table[0]} rows but the word '
+                     f'ids go up to {int(words.max())} (model.vocab_size={token_table[0]}); a '
+                     'table of another tokenizer?')
+  return words
+
+
+def embedding_params(config: config_lib.Config, fresh: PyTree, model: nn.Module
+                     ) -> tuple[PyTree, str]:
+  """`fresh` (numpy) with its input token table (`model.token_embed_name`; with tied embeddings
+  also the output head) replaced: word rows from `init.embedding`, noise rows (MASK, MultiMDM's
+  masks) zero, HDLM's cluster rows the mean of their member words' table rows (the k-means
+  centroids when the clusters were computed on this table). Every other leaf is `fresh`'s."""
+  table = read_embedding(config.init.embedding)
+  key = f'{type(model).token_embed_name}/embedding'
+  flat = _flat(fresh)
+  emb = np.array(flat[key])
+  words = embedding_words(config, table.shape, emb.shape)
+  emb[list(layout_of(config).mask_rows)] = 0.0
+  emb[words] = table[words]
+  flat[key] = emb
+  params = convert_mdlm.unflatten(flat)
+  what = f'{config.init.embedding} (input embedding: {len(words)} word rows'
+  if config.process.kind == 'hdlm' and config_lib.hdlm_cluster_rows(
+      int(config.process.hdlm.num_clusters)):
+    source = convert_mdlm.unflatten({key: table[:emb.shape[0]]})
+    params = cluster_rows_from_members(config, params, source, {key: 0})
+    what += ', cluster rows at their words\' mean'
+  return params, what + ')'
 
 
 # ---------------------------------------------------------------------------------- mapping
@@ -255,6 +326,10 @@ def check(config: config_lib.Config, model: nn.Module) -> None:
   ini = config.init
   seq_len = int(config.model.seq_len)
   fresh = _shapes(models.abstract_params(model, seq_len))
+  if ini.embedding:
+    embedding_words(config, read_embedding(ini.embedding).shape,
+                    fresh[f'{type(model).token_embed_name}/embedding'])
+    return
   if not maps_rows(config):  # MDLM's own layout
     try:
       convert_mdlm.check_shapes(fresh, convert_mdlm.pretrained_shapes(ini.mdlm_checkpoint))
@@ -288,6 +363,8 @@ def load(config: config_lib.Config, fresh: PyTree, model: nn.Module
   description of the source."""
   dst = layout_of(config)
   ini = config.init
+  if ini.embedding:
+    return embedding_params(config, fresh, model)
   if not maps_rows(config):  # MDLM's own layout: backbone and token head, hierarchy kept fresh
     try:
       return convert_mdlm.init_from_mdlm(fresh, ini.mdlm_checkpoint), ini.mdlm_checkpoint

@@ -168,7 +168,8 @@ def test_wrap_train_rows_reproduce_the_stream(prepared, tok):
 @pytest.mark.parametrize('overlong', ['truncate', 'drop'])
 def test_truncate_train_rows_are_one_document_each(prepared, tok, overlong):
   out, _, _ = prepared
-  config = _config(out, **{'data.packing': 'truncate', 'data.overlong': overlong})
+  config = _config(out, **{'data.packing': 'truncate', 'data.overlong': overlong,
+                           'data.crop': 'start'})  # the default: rows as before data.crop
   root, manifest = corpus.read_manifest(out, 'train')
   stored = corpus.Documents(root, manifest)
   (seed,) = pipeline.derive_seeds(7, 'train', 1)
@@ -187,6 +188,68 @@ def test_truncate_train_rows_are_one_document_each(prepared, tok, overlong):
   for b in batches:
     np.testing.assert_array_equal(b['loss_mask'], b['tokens'] != tok.pad_id)
   assert (overlong == 'drop') == (len(want) < len(order))
+
+
+def _crop_rows(stored, tok, seed: int, order: np.ndarray, share: int) -> list[np.ndarray]:
+  """data.crop='random' rows, re-derived: stream item k (epoch, j = divmod(k, share)) keeps the
+  L - 2 tokens from offset U{0..n-(L-2)} of numpy's generator seeded (crop seed, epoch, j)."""
+  _, crop_seed = pipeline.derive_seeds(seed, 'train', 2)
+  rows, room = [], L - 2
+  for k, i in enumerate(order):
+    doc = stored[i]
+    if len(doc) > room:
+      start = np.random.default_rng([crop_seed, *divmod(k, share)]).integers(len(doc) - room + 1)
+      doc = doc[start:start + room]
+    rows.append(text_lib.build_row(tok, [(doc, text_lib.SEG_BODY)], L, overlong='truncate')[0])
+  return rows
+
+
+def test_random_crop_windows(prepared, tok):
+  """data.crop='random': exact windows over 1.5 epochs, the same for a second pipeline of the
+  seed and after a resume, others for another seed; documents that fit keep their 'start' row."""
+  out, _, _ = prepared
+  stored = corpus.Documents(*corpus.read_manifest(out, 'train'))
+  share = np.arange(len(stored))[0::2]
+  config = _config(out, **{'data.packing': 'truncate', 'data.crop': 'random'})
+  n = len(share) * 3 // 4  # batches of 2 rows (4 over 2 processes): 1.5 epochs
+  first_epoch = {}
+  for seed in (7, 8):
+    (shuffle_seed,) = pipeline.derive_seeds(seed, 'train', 1)
+    order = np.concatenate([share[corpus.epoch_permutation(len(share), shuffle_seed, e)]
+                            for e in range(2)])[:2 * n]
+    want = np.stack(_crop_rows(stored, tok, seed, order, len(share)))
+    start = np.stack([text_lib.build_row(tok, [(stored[i], text_lib.SEG_BODY)], L,
+                                         overlong='truncate')[0] for i in order])
+    for _ in range(2):
+      ds = corpus.make_corpus_dataset(config, 'train', seed=seed, process_index=0,
+                                      process_count=2)
+      got = np.concatenate([b['tokens'] for b in _take(iter(ds), n)])
+      np.testing.assert_array_equal(got, want)
+    fits = np.array([len(stored[i]) <= L - 2 for i in order])
+    np.testing.assert_array_equal(got[fits], start[fits])
+    moved = (got != start).any(-1)
+    assert fits.sum() >= 10 and moved.sum() >= 0.5 * (~fits).sum() >= 10, (fits.sum(), moved.sum())
+    e0 = slice(0, len(share))  # epoch 0: each document of the share once
+    first_epoch[seed] = {int(i): tuple(r) for i, r, f in zip(order[e0], got[e0], fits[e0]) if not f}
+  same = [first_epoch[7][i] == first_epoch[8][i] for i in first_epoch[7] if i in first_epoch[8]]
+  assert len(same) >= 10 and sum(same) < 0.5 * len(same), (len(same), sum(same))
+  # A resumed iterator (its state as a checkpoint stores it) reads the same windows onwards.
+  make = lambda: iter(corpus.make_corpus_dataset(config, 'train', seed=8, process_index=0,
+                                                 process_count=2))
+  it = make()
+  _take(it, n // 2)
+  state = json.loads(json.dumps(it.get_state()))
+  expected = _take(it, n)  # past the end of epoch 0
+  it2 = make()
+  it2.set_state(state)
+  np.testing.assert_array_equal(np.concatenate([b['tokens'] for b in _take(it2, n)]),
+                                np.concatenate([b['tokens'] for b in expected]))
+  for changes, match in ((dict(crop='middle'), r"data.crop='middle'; allowed: \['start', "),
+                         (dict(crop='random'), r"data.crop='random' crops .*got 'wrap', "),
+                         (dict(crop='random', packing='truncate', overlong='drop'),
+                          r"needs data.packing='truncate' and data.overlong='truncate'")):
+    with pytest.raises(ValueError, match=match):
+      corpus.check_corpus_config(_config(out, **{f'data.{k}': v for k, v in changes.items()}))
 
 
 def test_wrap_test_split_shares_and_padding(prepared, tok):

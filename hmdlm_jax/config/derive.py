@@ -105,6 +105,15 @@ def _check_init(config: ml_collections.ConfigDict) -> None:
   _check_bool('init.use_ema', ini.use_ema)
   if not _is_int(ini.mdlm_mask_id) or ini.mdlm_mask_id < -1:
     raise ValueError(f'init.mdlm_mask_id={ini.mdlm_mask_id!r} must be -1 (the last row) or a row.')
+  if ini.embedding:  # the embedding alone, or the whole network: one source (warm_start.py)
+    for field, other in (('init.mdlm_checkpoint', ini.mdlm_checkpoint),
+                         ('init.workdir', ini.workdir)):
+      if other:
+        raise ValueError(f'init.embedding and {field} are both set; keep one (init.embedding '
+                         'starts the input embedding only, the other the whole network).')
+    if not str(ini.embedding).endswith('.npz') or not storage.isfile(ini.embedding):
+      raise ValueError(f'init.embedding={ini.embedding!r} must be an existing .npz holding the '
+                       "embedding table ('vocab_embed/embedding', or its only array), or ''.")
   if ini.workdir:
     if ini.mdlm_checkpoint:
       raise ValueError('init.workdir and init.mdlm_checkpoint are both set; keep one.')

@@ -231,6 +231,9 @@ class DataSection:
   # 'corpus': a folder written by `python -m hmdlm_jax.data.prepare` (train/ and test/ inside).
   corpus_dir: str = ''
   packing: str = 'wrap'  # 'corpus': 'wrap' (documents packed into rows) | 'truncate' (one per row)
+  # 'corpus', 'truncate', training: a document longer than a row keeps its 'start' or a window at
+  # a 'random' offset drawn from (seed, epoch, position) (docs/method.md §6).
+  crop: str = 'start'
 
 
 @dataclasses.dataclass(frozen=True)
@@ -316,6 +319,9 @@ class InitSection:
   """`init`: Initialisation from a converted MDLM checkpoint (hmdlm_jax/convert_mdlm.py); '' =
   random init."""
   mdlm_checkpoint: str = ''
+  # Input embedding only (hmdlm_jax/warm_start.py, docs/method.md §13.1): an .npz table whose rows
+  # become the word rows, HDLM's cluster rows the mean of their words' rows, noise rows zero.
+  embedding: str = ''
   # The MASK row of that checkpoint when a MultiMDM starts from it (-1 = its last row; LM1B: 103).
   mdlm_mask_id: int = -1
   # Warm start from a run directory of this project (hmdlm_jax/warm_start.py): its latest

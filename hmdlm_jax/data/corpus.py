@@ -5,7 +5,8 @@ and manifest.json. Each process reads its share of the documents (`[process_inde
 of the shards' global index). `data.packing='wrap'` (MDLM's OpenWebText rows; docs/method.md §6,
 "Prepared corpora and packed rows"): each document followed by EOS, concatenated, cut into chunks
 of L - 2 tokens, each row `BOS chunk EOS` (grain's ConcatThenSplitIterDataset in training);
-`'truncate'`: one row per document, as the 'text' kind (`data.overlong`). Levels: the
+`'truncate'`: one row per document, as the 'text' kind (`data.overlong`), a long training document
+cut at its start or, with `data.crop='random'`, at a random offset (`RandomCrop`). Levels: the
 `data.hierarchy` rule of data/text.py on each packed row. Batches: the contract of
 data/pipeline.py; the iterator state is checkpointable. `data.corpus_dir` is a path (on a pod a
 gcsfuse mount of the bucket), not a gs:// URL.
@@ -33,6 +34,7 @@ SHARD_SUFFIX = prepare.SHARD_SUFFIX
 LENGTHS_SUFFIX = prepare.LENGTHS_SUFFIX
 tokenizer_hash = prepare.tokenizer_hash
 PACKINGS = ('wrap', 'truncate')
+CROPS = ('start', 'random')
 PREPARE_HINT = ('prepare it once with `python -m hmdlm_jax.data.prepare --input=FILES '
                 '--output=DIR --tokenizer=TOKENIZER --split=SPLIT --workers=N`')
 
@@ -57,6 +59,12 @@ def check_corpus_config(config: Any) -> tokenizers_lib.TextTokenizer:
   d = config.data
   if d.packing not in PACKINGS:
     raise ValueError(f'config.data.packing={d.packing!r}; allowed: {list(PACKINGS)}.')
+  if d.crop not in CROPS:
+    raise ValueError(f'config.data.crop={d.crop!r}; allowed: {list(CROPS)}.')
+  if d.crop == 'random' and (d.packing, d.overlong) != ('truncate', 'truncate'):
+    raise ValueError(f"config.data.crop='random' crops documents longer than a row, which needs "
+                     f"data.packing='truncate' and data.overlong='truncate' (got "
+                     f'{d.packing!r}, {d.overlong!r}); set them, or data.crop=\'start\'.')
   if not d.corpus_dir:
     raise ValueError(f'config.data.corpus_dir is empty: data.kind=\'corpus\' reads a prepared '
                      f'corpus; {PREPARE_HINT}, then set config.data.corpus_dir=DIR.')
@@ -122,6 +130,12 @@ class ShuffledEpochs(Sequence):
 
   def __len__(self) -> int:
     return len(self._indices) * self._epochs
+
+  @property
+  def epoch_size(self) -> int:
+    """Documents per epoch (the share's size): item i is position i % epoch_size of epoch
+    i // epoch_size."""
+    return len(self._indices)
 
   def __getitem__(self, i: int) -> np.ndarray:  # type: ignore[override]
     epoch, j = divmod(int(i), len(self._indices))
@@ -237,6 +251,28 @@ class TruncateRow(grain.transforms.Map):
     return {'tokens': tokens, 'segments': segments}
 
 
+def crop_offset(n: int, room: int, seed: int, epoch: int, position: int) -> int:
+  """Start of the `room`-token window of an n-token document: 0 if it fits, else uniform in
+  [0, n - room], drawn from (seed, epoch, position in the epoch) alone (docs/method.md §6)."""
+  if n <= room:
+    return 0
+  return int(np.random.default_rng([seed, epoch, position]).integers(0, n - room + 1))
+
+
+class RandomCrop(grain.transforms.MapWithIndex):
+  """Grain map on `ShuffledEpochs` items: document ids [n] at item i -> ids [min(n, room)], the
+  window at `crop_offset` (epoch, position = divmod(i, epoch_size)). A function of the item index:
+  a resumed iterator (the index in its state) draws the same windows."""
+
+  def __init__(self, room: int, seed: int, epoch_size: int):
+    self._room, self._seed, self._epoch_size = room, seed, epoch_size
+
+  def map_with_index(self, index: int, ids: np.ndarray) -> np.ndarray:
+    epoch, position = divmod(int(index), self._epoch_size)
+    start = crop_offset(len(ids), self._room, self._seed, epoch, position)
+    return ids[start:start + self._room]
+
+
 def wrap_stream(docs: Sequence[np.ndarray], eos_id: int) -> np.ndarray:
   """The wrap stream of documents in order: doc_0 EOS doc_1 EOS ... (int32 [sum(n_i + 1)])."""
   parts = [np.append(np.asarray(d, np.int32), np.int32(eos_id)) for d in docs]
@@ -311,7 +347,7 @@ def make_corpus_dataset(config: Any, split: str, *, seed: int, process_index: in
   batch = pipeline.local_batch_size(d.batch_size if train else d.eval_batch_size, process_count,
                                     field)
   if train:
-    (shuffle_seed,) = pipeline.derive_seeds(seed, split, 1)
+    shuffle_seed, crop_seed = pipeline.derive_seeds(seed, split, 2)  # the first is n-independent
     workers, threads, buffer = pipeline.loader_options(config)
     share = ShuffledEpochs(docs, np.arange(len(docs))[process_index::process_count], shuffle_seed)
     ds = grain.MapDataset.source(share)
@@ -320,6 +356,8 @@ def make_corpus_dataset(config: Any, split: str, *, seed: int, process_index: in
       if d.overlong == 'drop' and min(probe) > seq_len - 2:  # the stream would never yield
         raise ValueError(f'None of the first {len(probe)} train documents fits data.seq_len='
                          f'{seq_len} (data.overlong=\'drop\'); raise data.seq_len.')
+      if d.crop == 'random':  # training only: test rows keep the start (docs/method.md §6)
+        ds = ds.map_with_index(RandomCrop(seq_len - 2, crop_seed, share.epoch_size))
       ds = ds.map(TruncateRow(tok, seq_len, d.overlong)).filter(text_lib.is_row)
     else:
       ds = ds.map(AppendEos(tok.eos_id))
