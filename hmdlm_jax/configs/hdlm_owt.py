@@ -71,6 +71,7 @@ def get_config(arg: str = '') -> ml_collections.ConfigDict:
   d.kind = 'corpus'
   d.corpus_dir = ''  # set on the command line: the folder `prepare` wrote
   d.packing = 'truncate'  # the authors: one document per row, padded (no packing)
+  d.crop = 'random'  # the authors: a long document's window at a random offset (docs/method.md §6)
   d.batch_size = 512
   d.eval_batch_size = 256
   d.tokenizer = 'gpt2'
