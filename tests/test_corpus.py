@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import collections
 import json
+import logging as std_logging
 import os
 import pathlib
 import sys
@@ -333,7 +334,11 @@ def test_worker_process_iterator_resumes_exactly(prepared):
     got = _take(it2, 30)
   finally:
     if not was_parsed:
+      # unparse_flags resets --verbosity, whose setter puts the 'absl' logger at WARNING:
+      # restore its level so later tests in this process still see INFO records.
+      level = std_logging.getLogger('absl').level
       flags.FLAGS.unparse_flags()
+      std_logging.getLogger('absl').setLevel(level)
   for a, b in zip(got, expected):
     for k in a:
       np.testing.assert_array_equal(a[k], b[k])

@@ -69,7 +69,7 @@ def test_the_training_evaluation_logs_one_short_line(tmp_path, caplog) -> None:
   scalars = {f'greedy/per_seed/{s}/cell_accuracy_level_{k}': 0.5 for s in range(4)
              for k in range(40)}
   writer = metrics.MetricsWriter(str(tmp_path), tensorboard=False)
-  with caplog.at_level('INFO'):
+  with caplog.at_level('INFO', logger='absl'):
     train.run_evaluation(None, None, 7, str(tmp_path), writer, lambda *_: scalars)
   writer.close()
   assert len(read_jsonl(str(tmp_path / 'metrics.jsonl'))[0]) == 3 + len(scalars) + 1
@@ -89,7 +89,7 @@ def test_library_noise_is_filtered(outputs: dict[str, str]) -> None:
 def test_time_budget_shows_the_time_left(caplog: pytest.LogCaptureFixture) -> None:
   from hmdlm_jax import progress  # pylint: disable=g-import-not-at-top
   assert not progress.interactive()  # pytest captures stderr
-  with caplog.at_level('INFO'):
+  with caplog.at_level('INFO', logger='absl'):
     bar = progress.TrainBar(10_000_000, 0, budget_s=3600.0, enabled=True)
     bar.update()
     bar.postfix(1, loss=2.5, tok_s=1000.0)
