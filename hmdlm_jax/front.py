@@ -1,17 +1,17 @@
 r"""GenPPL–entropy fronts of trained text runs: one generative harness for every process (§8.5).
 
   python -m hmdlm_jax.front --workdirs=A,B --steps=8,16,32 --temperatures=1.0,0.9 \
-      --top_p=1.0,0.95 --seeds=0,1,2 --num_samples=64 --out=FILE [--judge_cache=DIR]
+      --top_p=1.0,0.95 --seeds=0,1,2 --num_samples=64 --out=FILE [--judge_cache=DIR] [--groups=..]
 
-Each run is read by `hmdlm_jax.load` (its recorded config, EMA weights) and sampled through its
-process's own sampler (`Process` interface: MDLM, HMDLM, HDLM, MultiMDM, distilled or not) at
-every step count K x temperature τ x nucleus mass p, --num_samples rows per seed. Scores per seed:
-the unigram entropy of the generated content (cut at [SEP], prompt excluded) and the generative
-perplexity under the offline AR judge (hmdlm_jax/ar_judge.py: trained on the FIRST run's train
-split, cached in --judge_cache; every run must share its tokenizer) and under GPT-2 Large where
-it loads (None with the reason otherwise). FILE (JSON): per-seed values, mean ± s.e. over seeds,
-per run and K the front (evaluation/front.py) and its GenPPL at each --entropies value
-(`equal_entropy`: the models compared at equal entropy); the samples go to FILE.samples.jsonl.
+Each run is read by `hmdlm_jax.load` (recorded config, EMA weights) and sampled by its process's
+own sampler (MDLM, HMDLM, HDLM, MultiMDM, distilled or not) at every step count K x temperature τ
+x nucleus mass p, --num_samples rows per sampling seed. Per seed: the unigram entropy of the
+generated content (cut at [SEP], prompt excluded), the GenPPL under the offline AR judge (ar_judge:
+trained on the FIRST run's train split, cached in --judge_cache; runs share its tokenizer) and
+under GPT-2 Large where it loads (else None and why). FILE (JSON): per-seed values, mean ± s.e.
+over seeds, per run and K the front (evaluation/front.py) and its GenPPL at each --entropies value
+(`equal_entropy`); samples in FILE.samples.jsonl. --groups (one per workdir, e.g. a model's training
+seeds; names default to GROUP/dirname): `groups` gets mean ± s.e. over each group's runs of those.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import argparse
 import json
 import os
 import sys
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 from hmdlm_jax import ar_judge
 from hmdlm_jax import trained
@@ -28,6 +28,7 @@ from hmdlm_jax.config.multimdm import TEXT_DATA_KINDS
 from hmdlm_jax.data import text as text_data
 from hmdlm_jax.evaluation import front as front_lib
 from hmdlm_jax.evaluation import generative
+from hmdlm_jax.evaluation import reports
 from hmdlm_jax.tasks import text as text_task
 
 METRICS = ('gen_ppl_judge', 'gen_ppl_gpt2')  # the GenPPLs a front is drawn on
@@ -79,10 +80,15 @@ def run(workdirs: Sequence[str], out: str, *, names: Sequence[str] = (),
         seeds: Sequence[int], num_samples: int, judge_cache: str = '',
         judge_cfg: ar_judge.JudgeConfig = ar_judge.JudgeConfig(),
         gpt2_model: str = generative.DEFAULT_SCORER, params: str = 'ema',
-        entropies: Sequence[float] = (), log: Callable[[str], None] = lambda s: None
-        ) -> dict[str, Any]:
+        entropies: Sequence[float] = (), groups: Sequence[str] = (),
+        log: Callable[[str], None] = lambda s: None) -> dict[str, Any]:
   """The sweep of every run, written to `out` (JSON) and `out`.samples.jsonl; returns the JSON."""
-  names = list(names) or [os.path.basename(os.path.normpath(w)) for w in workdirs]
+  if groups and (len(groups) != len(workdirs) or not all(groups)):
+    raise ValueError(f'--groups={list(groups)} must give one non-empty group name per '
+                     f'--workdirs entry ({len(workdirs)} here), or be left out.')
+  base = [os.path.basename(os.path.normpath(w)) for w in workdirs]
+  # Training seeds' workdirs often share a basename (.../mdlm/seed_0, .../adlm/seed_0).
+  names = list(names) or ([f'{g}/{b}' for g, b in zip(groups, base)] if groups else base)
   if len(names) != len(workdirs) or len(set(names)) != len(names):
     raise ValueError(f'--names={names} must give one distinct name per --workdirs entry.')
   models = [trained.load(w, params=params) for w in workdirs]
@@ -118,8 +124,14 @@ def run(workdirs: Sequence[str], out: str, *, names: Sequence[str] = (),
           'workdir': workdir, 'process': model.config.process.kind, 'step': model.step,
           'points': points, 'front': {m: front_lib.fronts(points, m) for m in METRICS}}
   result['equal_entropy'] = equal_entropy(result['runs'], entropies)
+  members: dict[str, list[str]] = {}
+  for g, name in zip(groups, names):
+    members.setdefault(g, []).append(name)
+  result['groups'] = group_equal_entropy(result['runs'], members, entropies)
   with open(out, 'w', encoding='utf-8') as f:
     json.dump(result, f, indent=1)
+  for line in group_table(result['groups'], entropies):
+    log(line)
   return result
 
 
@@ -133,6 +145,41 @@ def equal_entropy(runs: dict[str, Any], entropies: Sequence[float]
         out.setdefault(metric, {}).setdefault(k, {})[name] = [
             front_lib.at_entropy(r['points'], idx, metric, e) for e in entropies]
   return out
+
+
+def group_equal_entropy(runs: dict[str, Any], members: Mapping[str, Sequence[str]],
+                        entropies: Sequence[float]) -> dict[str, Any]:
+  """{group: {'runs', 'equal_entropy': {metric: {K: {'per_run', 'mean', 'se', 'n'}}}}}.
+
+  per_run[r][j] is run r's front GenPPL at entropies[j]; mean and se (ddof = 1) over the group's
+  runs at each j are None unless every run's front reaches it; n counts the runs that do.
+  """
+  eq = equal_entropy(runs, entropies)
+  out: dict[str, Any] = {}
+  for group, names in members.items():
+    table: dict[str, Any] = {}
+    for metric, by_k in eq.items():
+      for k, by_run in by_k.items():
+        per_run = [by_run[n] for n in names]
+        stats = [front_lib.mean_se(list(col)) for col in zip(*per_run)]
+        table.setdefault(metric, {})[k] = {
+            'per_run': per_run, 'mean': [m for m, _ in stats], 'se': [e for _, e in stats],
+            'n': [sum(v is not None for v in col) for col in zip(*per_run)]}
+    out[group] = {'runs': list(names), 'equal_entropy': table}
+  return out
+
+
+def group_table(groups: Mapping[str, Any], entropies: Sequence[float],
+                metric: str = 'gen_ppl_judge') -> list[str]:
+  """One line per group x K x entropy: the mean ± s.e. of `metric` over the group's runs."""
+  lines = []
+  for group, g in groups.items():
+    for k, cell in g['equal_entropy'].get(metric, {}).items():
+      for j, e in enumerate(entropies):
+        pm = reports.mean_pm(cell['mean'][j], cell['se'][j], digits=2, count=cell['n'][j])
+        lines.append(f'{group[:120]} K={k} entropy {e:g}: {metric} {pm} '
+                     f'({cell["n"][j]}/{len(g["runs"])} runs reach it)')
+  return lines
 
 
 def _ints(s: str) -> list[int]:
@@ -159,13 +206,17 @@ def main(argv: Sequence[str] | None = None) -> None:
   ap.add_argument('--params', default='ema', choices=trained.PARAMS)
   ap.add_argument('--entropies', type=_floats, default=[],
                   help='entropies (nats) at which each front is read (equal_entropy in FILE)')
+  ap.add_argument('--groups', default='',
+                  help='one group name per --workdirs entry (e.g. a model\'s training seeds): '
+                       'mean ± s.e. over each group\'s runs (groups in FILE)')
   a = ap.parse_args(argv)
   try:
     run(a.workdirs.split(','), a.out, names=[n for n in a.names.split(',') if n],
         steps=a.steps, temperatures=a.temperatures, top_ps=a.top_p, seeds=a.seeds,
         num_samples=a.num_samples, judge_cache=a.judge_cache,
         judge_cfg=ar_judge.JudgeConfig(steps=a.judge_steps), gpt2_model=a.gpt2_model,
-        params=a.params, entropies=a.entropies, log=print)
+        params=a.params, entropies=a.entropies,
+        groups=a.groups.split(',') if a.groups else [], log=print)
   except ValueError as e:
     sys.exit(f'hmdlm_jax: error: {e}')
 

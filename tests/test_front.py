@@ -1,6 +1,7 @@
 """The generative sweep (hmdlm_jax/front.py) and its summaries (evaluation/front.py).
 
-The front is checked on a hand-made table, the s.e. against numpy; the harness runs on a tiny
+The front is checked on a hand-made table, the s.e. against numpy, the grouping over training
+runs on synthetic runs with numpy's mean and s.e.; the harness runs on a tiny
 trained text run (tests/test_trained.py's recipe) with a tiny judge, and its JSON is checked for
 structure and re-derived from the samples it wrote (entropy recomputed in numpy from the tokens).
 """
@@ -55,6 +56,45 @@ def test_mean_se_matches_numpy():
   assert mean == {'a': 1.5, 'b': None} and se['a'] == pytest.approx(0.5)
 
 
+def _synthetic_run(table: dict[int, list[tuple[float, float]]]) -> dict:
+  """A `runs` entry from {K: [(mean entropy, mean judge GenPPL)]}; GPT-2 unavailable (None)."""
+  points = [{'steps': k, 'mean': {'entropy': e, 'gen_ppl_judge': g, 'gen_ppl_gpt2': None}}
+            for k, rows in table.items() for e, g in rows]
+  return {'points': points, 'front': {m: front_lib.fronts(points, m) for m in front.METRICS}}
+
+
+def test_groups_average_equal_entropy_genppl_over_training_runs():
+  # Per run, K=8 reads 4.0 exactly and 4.5 log-linearly between 4.0 and 5.0; only c's front
+  # reaches 5.5. K=16 has one front point per run at 4.5 (the dominated point drops out).
+  vals = {'a': (100., 140.), 'b': (90., 170.), 'c': (120., 130.), 'd': (80., 95.)}
+  runs = {n: _synthetic_run({8: [(4.0, lo), (5.0, hi)] + ([(6.0, 400.)] if n == 'c' else []),
+                             16: [(4.5, lo / 2), (4.4, lo)]}) for n, (lo, hi) in vals.items()}
+  entropies = [4.0, 4.5, 5.5]
+  res = front.group_equal_entropy(runs, {'m': ['a', 'b', 'c'], 'solo': ['d']}, entropies)
+  assert set(res) == {'m', 'solo'} and res['m']['runs'] == ['a', 'b', 'c']
+  m8 = res['m']['equal_entropy']['gen_ppl_judge']['8']
+  want = np.array([[lo, math.sqrt(lo * hi)] for lo, hi in (vals[n] for n in 'abc')])  # [run, e]
+  assert np.allclose(np.array(m8['per_run'])[:, :2].astype(float), want, rtol=1e-12)
+  assert [r[2] is None for r in m8['per_run']] == [True, True, False]
+  assert m8['mean'][:2] == pytest.approx(want.mean(0), rel=1e-12)
+  assert m8['se'][:2] == pytest.approx(want.std(0, ddof=1) / np.sqrt(3), rel=1e-12)
+  assert (m8['mean'][2], m8['se'][2], m8['n']) == (None, None, [3, 3, 1])
+  m16 = res['m']['equal_entropy']['gen_ppl_judge']['16']
+  half = np.array([vals[n][0] / 2 for n in 'abc'])
+  assert m16['mean'] == [None, pytest.approx(half.mean(), rel=1e-12), None]
+  assert m16['se'][1] == pytest.approx(half.std(ddof=1) / np.sqrt(3), rel=1e-12)
+  solo = res['solo']['equal_entropy']['gen_ppl_judge']['8']
+  assert solo['mean'][:2] == pytest.approx([80., math.sqrt(80. * 95.)]) and solo['se'][:2] == [
+      None, None] and solo['n'] == [1, 1, 0]
+  gpt2 = res['m']['equal_entropy']['gen_ppl_gpt2']['8']
+  assert gpt2['mean'] == [None] * 3 and gpt2['n'] == [0, 0, 0]
+  lines = front.group_table(res, entropies)
+  assert len(lines) == 2 * 2 * 3 and all(len(l) <= 300 for l in lines)
+  assert lines[1] == (f'm K=8 entropy 4.5: gen_ppl_judge {want[:, 1].mean():.2f} ± '
+                      f'{want[:, 1].std(ddof=1) / np.sqrt(3):.2f} (3/3 runs reach it)')
+  assert lines[2] == 'm K=8 entropy 5.5: gen_ppl_judge n/a (1/3 runs reach it)'
+
+
 @pytest.fixture(scope='module')
 def text_run(tmp_path_factory: pytest.TempPathFactory, jax_cache: str) -> str:
   root = tmp_path_factory.mktemp('front_run')
@@ -94,7 +134,7 @@ def test_sweep_json_is_rederived_from_its_samples(text_run, tmp_path):
   res = front.run([text_run], out, names=['tiny'], steps=[2, 4], temperatures=[1.0],
                   top_ps=[1.0, 1e-4], seeds=[0, 1], num_samples=3,
                   judge_cache=str(tmp_path / 'judges'), judge_cfg=judge_cfg, gpt2_model='',
-                  entropies=[0.5])
+                  entropies=[0.5], groups=['g'])
   with open(out, encoding='utf-8') as f:
     assert json.load(f) == json.loads(json.dumps(res))
   run = res['runs']['tiny']
@@ -135,8 +175,17 @@ def test_sweep_json_is_rederived_from_its_samples(text_run, tmp_path):
   for k, idx in run['front']['gen_ppl_judge'].items():
     assert eq['gen_ppl_judge'][k]['tiny'] == [front_lib.at_entropy(run['points'], idx,
                                                                    'gen_ppl_judge', 0.5)]
+    # One run in the group: its mean is that run's value, with no s.e.
+    cell = res['groups']['g']['equal_entropy']['gen_ppl_judge'][k]
+    got = eq['gen_ppl_judge'][k]['tiny'][0]
+    assert cell == {'per_run': [[got]], 'mean': [got], 'se': [None], 'n': [int(got is not None)]}
+  assert res['groups']['g']['runs'] == ['tiny']
 
 
 def test_cli_refuses_mismatched_names(tmp_path):
   with pytest.raises(SystemExit, match=r'hmdlm_jax: error: --names=\[.a.\] must give one'):
     front.main(['--workdirs=A,B', '--names=a', f'--out={tmp_path / "x.json"}'])
+  for groups in ('g', 'g,h,i', 'g,'):
+    with pytest.raises(SystemExit, match=r'^hmdlm_jax: error: --groups=\[.*\] must give one '
+                                         r'non-empty group name per --workdirs entry \(2 here\)'):
+      front.main(['--workdirs=A,B', f'--groups={groups}', f'--out={tmp_path / "x.json"}'])
