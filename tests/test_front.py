@@ -1,9 +1,8 @@
 """The generative sweep (hmdlm_jax/front.py) and its summaries (evaluation/front.py).
 
-The front is checked on a hand-made table, the s.e. against numpy, the grouping over training
-runs on synthetic runs with numpy's mean and s.e.; the harness runs on a tiny
-trained text run (tests/test_trained.py's recipe) with a tiny judge, and its JSON is checked for
-structure and re-derived from the samples it wrote (entropy recomputed in numpy from the tokens).
+The front is checked on a hand-made table, the s.e. and the grouping over (training) runs
+against numpy; the harness runs on a tiny trained text run (tests/test_trained.py's recipe) with a
+tiny judge, and its JSON (groups included) is checked for structure and re-derived from the samples it wrote (entropy recomputed in numpy from the tokens).
 """
 
 from __future__ import annotations
