@@ -2,7 +2,8 @@
 
 The front is checked on a hand-made table, the s.e. and the grouping over (training) runs
 against numpy; the harness runs on a tiny trained text run (tests/test_trained.py's recipe) with a
-tiny judge, and its JSON (groups included) is checked for structure and re-derived from the samples it wrote (entropy recomputed in numpy from the tokens).
+tiny judge, and its JSON (groups included) is checked for structure and re-derived from the
+samples it wrote (entropy recomputed in numpy from the tokens).
 """
 
 from __future__ import annotations
