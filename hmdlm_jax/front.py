@@ -127,9 +127,8 @@ def run(workdirs: Sequence[str], out: str, *, names: Sequence[str] = (),
   members: dict[str, list[str]] = {}
   for g, name in zip(groups, names):
     members.setdefault(g, []).append(name)
-  result['groups'] = group_equal_entropy(result['runs'], members, entropies)
-  with open(out, 'w', encoding='utf-8') as f:
-    json.dump(result, f, indent=1)
+  result['groups'] = group_equal_entropy(result['equal_entropy'], members)
+  reports.write_json(out, result)
   for line in group_table(result['groups'], entropies):
     log(line)
   return result
@@ -147,14 +146,14 @@ def equal_entropy(runs: dict[str, Any], entropies: Sequence[float]
   return out
 
 
-def group_equal_entropy(runs: dict[str, Any], members: Mapping[str, Sequence[str]],
-                        entropies: Sequence[float]) -> dict[str, Any]:
-  """{group: {'runs', 'equal_entropy': {metric: {K: {'per_run', 'mean', 'se', 'n'}}}}}.
+def group_equal_entropy(eq: Mapping[str, Any], members: Mapping[str, Sequence[str]]
+                        ) -> dict[str, Any]:
+  """{group: {'runs', 'equal_entropy': {metric: {K: {'per_run', 'mean', 'se', 'n'}}}}} from
+  `eq` = equal_entropy(runs, entropies).
 
   per_run[r][j] is run r's front GenPPL at entropies[j]; mean and se (ddof = 1) over the group's
   runs at each j are None unless every run's front reaches it; n counts the runs that do.
   """
-  eq = equal_entropy(runs, entropies)
   out: dict[str, Any] = {}
   for group, names in members.items():
     table: dict[str, Any] = {}

@@ -70,7 +70,8 @@ def test_groups_average_equal_entropy_genppl_over_training_runs():
   runs = {n: _synthetic_run({8: [(4.0, lo), (5.0, hi)] + ([(6.0, 400.)] if n == 'c' else []),
                              16: [(4.5, lo / 2), (4.4, lo)]}) for n, (lo, hi) in vals.items()}
   entropies = [4.0, 4.5, 5.5]
-  res = front.group_equal_entropy(runs, {'m': ['a', 'b', 'c'], 'solo': ['d']}, entropies)
+  res = front.group_equal_entropy(front.equal_entropy(runs, entropies),
+                                {'m': ['a', 'b', 'c'], 'solo': ['d']})
   assert set(res) == {'m', 'solo'} and res['m']['runs'] == ['a', 'b', 'c']
   m8 = res['m']['equal_entropy']['gen_ppl_judge']['8']
   want = np.array([[lo, math.sqrt(lo * hi)] for lo, hi in (vals[n] for n in 'abc')])  # [run, e]
