@@ -5,6 +5,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 from tests.conftest import subprocess_env
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -12,6 +14,7 @@ TRAIN_FIELDS = ('batch_size', 'grad_accum', 'median_step_s', 'tokens_per_s',
                 'model_flops_per_step', 'achieved_tflops', 'mfu', 'loss_finite', 'dtype')
 
 
+@pytest.mark.slow  # nightly: each item compiles and runs a real step
 def test_device_check_dry_writes_every_item(tmp_path, jax_cache):
   # The test sessions' subprocess settings (tests/conftest.py): CPU, XLA backend optimisation
   # level 0 (the dry run is compile-bound: two steps per item) and the shared compile cache.

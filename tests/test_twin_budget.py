@@ -119,9 +119,7 @@ def test_the_learned_hierarchy_config_and_its_twin_budget():
 def test_pathway_heads_keep_the_flops_and_equal_wall_budget():
   """`model.pathway.num_heads` changes no matmul FLOPs (same projections, the attention's scores and
   values split over fewer heads), so the FLOPs budget cannot see it: the wall budget's arithmetic
-  (scripts/step_cost.py --wall_rounds) is the median per-round ratio, rounded down; the timer
-  runs each config's real step in every round, each in a child process of its own; a child's
-  failure stops it with the child's own error line."""
+  (scripts/step_cost.py --wall_rounds) is the median per-round ratio, rounded down."""
   path = 'configs/sudoku_learned_hierarchy.py'
   cfg = lambda over: load(path, over)
   tiny = ['--config.model.num_layers=1', '--config.model.hidden_size=32',
@@ -134,6 +132,16 @@ def test_pathway_heads_keep_the_flops_and_equal_wall_budget():
   assert steps == 5000
   with pytest.raises(ValueError):
     twin_budget.step_cost.equal_wall_steps(2000, [0.6], [0.3, 0.3])
+
+
+@pytest.mark.slow
+def test_the_step_timer_runs_each_config_in_a_child():
+  """The wall budget's timer (scripts/step_cost.py --wall_rounds) runs each config's real step in
+  a child process of its own; a child's failure stops it with the child's own error line."""
+  path = 'configs/sudoku_learned_hierarchy.py'
+  tiny = ['--config.model.num_layers=1', '--config.model.hidden_size=32',
+          '--config.model.num_heads=2', '--config.model.mlp_dim=32', '--config.data.batch_size=2',
+          '--config.model.pathway.width=16']
   secs = twin_budget.step_cost.step_seconds(path, {'a': tiny, 'b': tiny + [twin_budget.TWIN]},
                                             rounds=1, steps=1)
   assert list(secs) == ['a', 'b'] and all(len(v) == 1 and all(0 < x < 5 for x in v)
@@ -145,13 +153,18 @@ def test_pathway_heads_keep_the_flops_and_equal_wall_budget():
 
 def test_the_loop_timer_reads_seconds_per_step_after_compilation():
   """scripts/step_cost.py --loop: seconds per step between the first and the last logged training
-  step (the first log comes after compilation; eval rows are ignored); it refuses a step count
-  that logs fewer than two training steps; one round of a tiny config runs the real loop."""
+  step (the first log comes after compilation; eval rows are ignored)."""
   rows = [{'step': 25, 'split': 'train', 'time': 100.0},
           {'step': 50, 'split': 'train', 'time': 106.0},
           {'step': 50, 'split': 'eval', 'time': 200.0},
           {'step': 100, 'split': 'train', 'time': 121.0}]
   assert twin_budget.step_cost.logged_seconds_per_step(rows) == pytest.approx(21.0 / 75)
+
+
+@pytest.mark.slow
+def test_the_loop_timer_runs_the_real_loop():
+  """One round of a tiny config runs the real training loop; too few logged steps and a failing
+  run are refused."""
   tiny = ['--config.model.num_layers=1', '--config.model.hidden_size=32',
           '--config.model.num_heads=2', '--config.model.mlp_dim=32', '--config.data.batch_size=2',
           '--config.train.log_every=2', '--config.data.num_test_puzzles=4']
