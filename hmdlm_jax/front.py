@@ -80,9 +80,17 @@ def run(workdirs: Sequence[str], out: str, *, names: Sequence[str] = (),
         seeds: Sequence[int], num_samples: int, judge_cache: str = '',
         judge_cfg: ar_judge.JudgeConfig = ar_judge.JudgeConfig(),
         gpt2_model: str = generative.DEFAULT_SCORER, params: str = 'ema',
-        entropies: Sequence[float] = (), groups: Sequence[str] = (),
+        entropies: Sequence[float] = (), groups: Sequence[str] = (), overwrite: bool = False,
         log: Callable[[str], None] = lambda s: None) -> dict[str, Any]:
-  """The sweep of every run, written to `out` (JSON) and `out`.samples.jsonl; returns the JSON."""
+  """The sweep of every run, written to `out` (JSON) and `out`.samples.jsonl; returns the JSON.
+
+  An existing `out` or samples file is refused unless `overwrite`; both files appear only when
+  the sweep is complete (the samples are written to a temporary file, renamed at the end).
+  """
+  for path in (out, out + '.samples.jsonl'):
+    if os.path.exists(path) and not overwrite:
+      raise ValueError(f'--out: {path} exists; choose another --out or pass --overwrite to '
+                       'replace it.')
   if groups and (len(groups) != len(workdirs) or not all(groups)):
     raise ValueError(f'--groups={list(groups)} must give one non-empty group name per '
                      f'--workdirs entry ({len(workdirs)} here), or be left out.')
@@ -113,7 +121,8 @@ def run(workdirs: Sequence[str], out: str, *, names: Sequence[str] = (),
       'judge': judge_info, 'gpt2': {'model': gpt2_model, 'unavailable_reason': gpt2_reason},
       'runs': {}}
   os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
-  with open(out + '.samples.jsonl', 'w', encoding='utf-8') as f:
+  partial = out + '.samples.jsonl.partial'
+  with open(partial, 'w', encoding='utf-8') as f:
     for name, workdir, model in zip(names, workdirs, models):
       log(f'{name}: {workdir} (process {model.config.process.kind}, step {model.step})')
       write = lambda r, name=name: f.write(json.dumps({'run': name, **r}) + '\n')
@@ -128,6 +137,7 @@ def run(workdirs: Sequence[str], out: str, *, names: Sequence[str] = (),
   for g, name in zip(groups, names):
     members.setdefault(g, []).append(name)
   result['groups'] = group_equal_entropy(result['equal_entropy'], members)
+  os.replace(partial, out + '.samples.jsonl')
   reports.write_json(out, result)
   for line in group_table(result['groups'], entropies):
     log(line)
@@ -160,7 +170,7 @@ def group_equal_entropy(eq: Mapping[str, Any], members: Mapping[str, Sequence[st
     for metric, by_k in eq.items():
       for k, by_run in by_k.items():
         per_run = [by_run[n] for n in names]
-        stats = [front_lib.mean_se(list(col)) for col in zip(*per_run)]
+        stats = [reports.mean_se(list(col)) for col in zip(*per_run)]
         table.setdefault(metric, {})[k] = {
             'per_run': per_run, 'mean': [m for m, _ in stats], 'se': [e for _, e in stats],
             'n': [sum(v is not None for v in col) for col in zip(*per_run)]}
@@ -199,6 +209,7 @@ def main(argv: Sequence[str] | None = None) -> None:
   ap.add_argument('--seeds', type=_ints, default=[0, 1, 2])
   ap.add_argument('--num_samples', type=int, default=64, help='rows per seed and point')
   ap.add_argument('--out', required=True, help='the JSON file written')
+  ap.add_argument('--overwrite', action='store_true', help='replace an existing --out')
   ap.add_argument('--judge_cache', default='', help="the judges' cache ('' = no judge)")
   ap.add_argument('--judge_steps', type=int, default=ar_judge.JudgeConfig.steps)
   ap.add_argument('--gpt2_model', default=generative.DEFAULT_SCORER, help="'' = not tried")
@@ -215,7 +226,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         num_samples=a.num_samples, judge_cache=a.judge_cache,
         judge_cfg=ar_judge.JudgeConfig(steps=a.judge_steps), gpt2_model=a.gpt2_model,
         params=a.params, entropies=a.entropies,
-        groups=a.groups.split(',') if a.groups else [], log=print)
+        groups=a.groups.split(',') if a.groups else [], overwrite=a.overwrite, log=print)
   except ValueError as e:
     sys.exit(f'hmdlm_jax: error: {e}')
 

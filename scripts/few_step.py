@@ -66,7 +66,6 @@ from hmdlm_jax.data import tokenizers
 from hmdlm_jax.processes import base
 from hmdlm_jax.processes import multimdm
 from scripts import shakespeare_data
-from scripts import stats
 
 _REPO = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), '..'))
 
@@ -376,7 +375,7 @@ def _fmt(vals: Sequence[float], nd: int = 1, pct: bool = False) -> str:
   if not vals:
     return '–'
   scale = 100.0 if pct else 1.0
-  m, se = stats.mean_se([v * scale for v in vals])
+  m, se = reports.mean_se([v * scale for v in vals])
   return reports.mean_pm(m, se, digits=nd, count=len(vals))
 
 

@@ -36,7 +36,6 @@ import os
 from hmdlm_jax import config as config_lib
 from hmdlm_jax.evaluation import reports
 from hmdlm_jax.evaluation import run as eval_run
-from scripts import stats
 
 _REPO = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), '..'))
 TEXT_CONFIG = os.path.join(_REPO, 'configs', 'text.py')
@@ -94,7 +93,7 @@ def main() -> None:
         out_dir = os.path.join(eval_dir, key.replace('@', '_'), str(i))
         rows[key].append(_eval(d, _config(args.data_dir, k, 0), step, out_dir))
         print(key, d, json.dumps(rows[key][-1]), flush=True)
-  summary = {name: {key: stats.mean_se([r[key] for r in rs]) for key in rs[0]}
+  summary = {name: {key: reports.mean_se([r[key] for r in rs]) for key in rs[0]}
              for name, rs in rows.items()}
   print('\n| model@step | bound nats (PPL) | L_LM true level | L_LM level hidden | gain | '
         'L_hier + L_cons | Appendix E nats (PPL, estimate) |')

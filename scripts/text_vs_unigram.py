@@ -74,7 +74,6 @@ import ml_collections
 
 from hmdlm_jax.config import loading as config_loading
 from scripts import shakespeare_data as shk
-from scripts import stats
 
 _REPO = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), '..'))
 
@@ -209,7 +208,7 @@ def aggregate(per_seed: dict[str, dict[str, Any]]) -> dict[str, Any]:
   for key in AGGREGATED + tuple(k for k in runs[0] if k.endswith('_nats_per_token')):
     vals = [r[key] for r in runs if r.get(key) is not None]
     if len(vals) == len(runs) and key not in out:
-      out[key], out[key + '_se'] = stats.mean_se(vals)
+      out[key], out[key + '_se'] = reports.mean_se(vals)
   out['bound_ppl'] = math.exp(out['bound_nats_per_token'])
   if 'appendix_e_nats_ESTIMATE_not_a_bound' in out:
     out['appendix_e_ppl_ESTIMATE_not_a_bound'] = math.exp(

@@ -42,7 +42,6 @@ from typing import Any
 from benchmarks import common
 from hmdlm_jax import config as config_lib
 from hmdlm_jax.evaluation import reports
-from scripts import stats
 from scripts import step_cost
 
 _REPO = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), '..'))
@@ -123,10 +122,10 @@ def table(runs: dict[str, dict[int, dict[str, Any]]], seeds: list[int]) -> str:
     rows = [runs[m][s] for s in done]
     if rows:
       lines.append(f'| {m} | {rows[0]["steps"]} | '
-                   + ' | '.join(pct(stats.mean_se([r[k] for r in rows])) for k in keys)
-                   + f' | {stats.mean_se([r["train_wall_s"] for r in rows])[0]:.0f} |')
+                   + ' | '.join(pct(reports.mean_se([r[k] for r in rows])) for k in keys)
+                   + f' | {reports.mean_se([r["train_wall_s"] for r in rows])[0]:.0f} |')
   for other in (models[1:] if done else []):
-    diff = {k: stats.mean_se([runs['hmdlm'][s][k] - runs[other][s][k] for s in done])
+    diff = {k: reports.mean_se([runs['hmdlm'][s][k] - runs[other][s][k] for s in done])
             for k in keys}
     lines.append(f'| HMDLM − {other} (paired) | | ' + ' | '.join(pct(diff[k]) for k in keys)
                  + ' | |')

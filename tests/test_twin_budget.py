@@ -1,5 +1,5 @@
 """scripts/twin_budget.py (issue 11): reading runs, the seed table, the commands, the twin of a
-pathway setting; scripts/stats.py."""
+pathway setting."""
 
 import json
 import math
@@ -9,19 +9,9 @@ import numpy as np
 import pytest
 
 from hmdlm_jax import config as config_lib
-from scripts import stats
 from scripts import twin_budget
 
 load = config_lib.load  # the one loader: configs/*.py plus --config.a.b=value overrides
-
-
-def test_mean_se_matches_numpy_and_is_nan_for_one_value():
-  v = [0.61, 0.58, 0.66, 0.60]
-  m, se = stats.mean_se(v)
-  assert math.isclose(m, np.mean(v))
-  assert math.isclose(se, np.std(v, ddof=1) / 2.0)
-  m1, se1 = stats.mean_se([0.5])
-  assert m1 == 0.5 and math.isnan(se1)
 
 
 def _write_run(wd, step, greedy, stochastic, wall):

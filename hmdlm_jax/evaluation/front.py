@@ -13,18 +13,7 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-
-def mean_se(values: Sequence[float | None]) -> tuple[float | None, float | None]:
-  """(mean, standard error of the mean = s.d. with ddof = 1 / √n) of the values.
-
-  None when a value is None or not finite (a metric unavailable for a seed); the s.e. is None
-  below two values.
-  """
-  if not values or any(v is None or not math.isfinite(float(v)) for v in values):
-    return None, None
-  a = np.asarray(values, np.float64)
-  se = float(a.std(ddof=1) / math.sqrt(a.size)) if a.size > 1 else None
-  return float(a.mean()), se
+from hmdlm_jax.evaluation import reports
 
 
 def summarise(per_seed: Mapping[str, Mapping[str, Any]]) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -36,7 +25,7 @@ def summarise(per_seed: Mapping[str, Mapping[str, Any]]) -> tuple[dict[str, Any]
   for key, first in rows[0].items():
     if isinstance(first, bool) or not (first is None or isinstance(first, (int, float))):
       continue
-    mean[key], se[key] = mean_se([r.get(key) for r in rows])
+    mean[key], se[key] = reports.mean_se([r.get(key) for r in rows])
   return mean, se
 
 

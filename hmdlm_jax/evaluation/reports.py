@@ -68,6 +68,19 @@ def mean_std(per_seed: Sequence[Mapping[str, Any]]) -> tuple[dict[str, Any], dic
   return mean, std
 
 
+def mean_se(values: Sequence[float | None]) -> tuple[float | None, float | None]:
+  """(mean, standard error of the mean = s.d. with ddof = 1 / √n) of the values.
+
+  None when a value is None or not finite (a metric unavailable for a seed); the s.e. is None
+  below two values.
+  """
+  if not values or any(v is None or not math.isfinite(float(v)) for v in values):
+    return None, None
+  a = np.asarray(values, np.float64)
+  se = float(a.std(ddof=1) / math.sqrt(a.size)) if a.size > 1 else None
+  return float(a.mean()), se
+
+
 def mean_pm(mean: float | None, spread: float | None, *, digits: int, count: int,
             scale: float = 1.0, suffix: str = '') -> str:
   """'m<suffix> ± s' of a mean over `count` values (seeds), 'm<suffix>' alone when there is no
