@@ -8,7 +8,8 @@ own sampler (MDLM, HMDLM, HDLM, MultiMDM, distilled or not) at every step count 
 x nucleus mass p, --num_samples rows per sampling seed. Per seed: the unigram entropy of the
 generated content (cut at [SEP], prompt excluded), the GenPPL under the offline AR judge (ar_judge:
 trained on the FIRST run's train split, cached in --judge_cache; runs share its tokenizer) and
-under GPT-2 Large where it loads (else None and why). FILE (JSON): per-seed values, mean ± s.e.
+under GPT-2 Large where it loads (else None and why), and the network calls the sampler made (nfe,
+measured; K is the configured count). FILE (JSON): per-seed values, mean ± s.e.
 over seeds, per run and K the front (evaluation/front.py) and its GenPPL at each --entropies value
 (`equal_entropy`); samples in FILE.samples.jsonl. --groups (one per workdir, e.g. a model's training
 seeds; names default to GROUP/dirname): `groups` gets mean ± s.e. over each group's runs of those.
@@ -21,6 +22,8 @@ import json
 import os
 import sys
 from typing import Any, Callable, Mapping, Sequence
+
+import numpy as np
 
 from hmdlm_jax import ar_judge
 from hmdlm_jax import trained
@@ -36,10 +39,12 @@ METRICS = ('gen_ppl_judge', 'gen_ppl_gpt2')  # the GenPPLs a front is drawn on
 
 def score(samples: trained.Samples, tok: Any, judge: Any, gpt2: Any, gpt2_reason: str | None
           ) -> dict[str, Any]:
-  """Entropy (nats, generated content) and the GenPPLs of one seed's samples."""
+  """Entropy (nats, generated content), the measured network calls per row (nfe) and the GenPPLs
+  of one seed's samples."""
   _, text = text_task.content_mask(samples.tokens, tok.bos_id, tok.eos_id)
   out = {'entropy': generative.entropy_report(samples.tokens, text & ~samples.given)['entropy'],
-         'mean_length': float((text & ~samples.given).sum(-1).mean())}
+         'mean_length': float((text & ~samples.given).sum(-1).mean()),
+         'nfe': float(np.mean([r['nfe'] for r in samples.records]))}
   texts = list(samples.texts)
   if judge is not None:
     out['gen_ppl_judge'] = generative.gen_ppl_report(texts, scorer=judge)['gen_ppl']
@@ -66,7 +71,7 @@ def sweep(model: trained.Model, *, steps: Sequence[int], temperatures: Sequence[
           for r in samples.records:
             write({'steps': int(k), 'temperature': float(tau), 'top_p': float(p),
                    'seed': int(seed), 'index': r['index'], 'text': r['text'],
-                   'tokens': r['tokens'], 'given': r['given']})
+                   'tokens': r['tokens'], 'given': r['given'], 'nfe': r['nfe']})
         mean, se = front_lib.summarise(per_seed)
         points.append({'steps': int(k), 'temperature': float(tau), 'top_p': float(p),
                        'per_seed': per_seed, 'mean': mean, 'se': se})

@@ -160,6 +160,10 @@ def test_sweep_json_is_rederived_from_its_samples(text_run, tmp_path):
       want = _entropy(np.array([r['tokens'] for r in rows]), np.array([r['given'] for r in rows]),
                       tok.bos_id, tok.eos_id)
       assert scores['entropy'] == pytest.approx(want, rel=1e-12)
+      assert scores['nfe'] == pytest.approx(np.mean([r['nfe'] for r in rows]), rel=1e-12)
+      # Measured: HMDLM's two passes (level, then token) are two calls per step; a cached step
+      # makes none.
+      assert 1 <= scores['nfe'] <= 2 * p['steps']
       assert scores['gen_ppl_judge'] > 1.0
       texts[(p['steps'], p['top_p'], seed)] = [r['text'] for r in rows]
     for key in ('entropy', 'gen_ppl_judge'):

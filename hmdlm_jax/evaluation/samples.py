@@ -85,13 +85,14 @@ def given_inputs(batch: batches_lib.Batch, process: process_base.Process, cfg: S
 
 @dataclasses.dataclass
 class SampledRows:
-  """Generated rows on the host: tokens/levels/reveal_step int [N, L], given bool [N, L]; nfe of
-  every sampler call."""
+  """Generated rows on the host: tokens/levels/reveal_step int [N, L], given bool [N, L]; nfe
+  int [N], the network calls the sampler made for each row's batch (measured, not configured:
+  a cached call with nothing revealed is not made, docs/method.md §7)."""
   tokens: np.ndarray
   levels: np.ndarray
   reveal_step: np.ndarray
   given: np.ndarray
-  nfe: list[int]
+  nfe: np.ndarray
 
 
 def sample_rows(apply_fn: compiled.ApplyFn, key: jax.Array, process: process_base.Process,
@@ -109,8 +110,9 @@ def sample_rows(apply_fn: compiled.ApplyFn, key: jax.Array, process: process_bas
                      f'{batch_size}')
   run = sampler(apply_fn, process, cfg, batch_size=batch_size, seq_len=seq_len)
   prompt_iter = None if prompts is None else batches_lib.rebatch(prompts, batch_size)
-  parts: dict[str, list[np.ndarray]] = {'tokens': [], 'levels': [], 'reveal_step': [], 'given': []}
-  nfe, done, j = [], 0, 0
+  parts: dict[str, list[np.ndarray]] = {'tokens': [], 'levels': [], 'reveal_step': [], 'given': [],
+                                       'nfe': []}
+  done, j = 0, 0
   bar = progress_lib.bar(desc='sampling', unit='batch', enabled=progress, leave=False,
                          total=-(-num_samples // batch_size))
   while done < num_samples:
@@ -132,9 +134,9 @@ def sample_rows(apply_fn: compiled.ApplyFn, key: jax.Array, process: process_bas
     for name, arr in (('tokens', out.tokens), ('levels', out.levels),
                       ('reveal_step', out.reveal_step), ('given', given)):
       parts[name].append(np.asarray(arr)[:take])
-    nfe.append(int(out.nfe))
+    parts['nfe'].append(np.full(take, int(out.nfe), np.int64))
     done += take
     j += 1
     bar.update()
   bar.close()
-  return SampledRows(**{n: np.concatenate(v) for n, v in parts.items()}, nfe=nfe)
+  return SampledRows(**{n: np.concatenate(v) for n, v in parts.items()})

@@ -111,7 +111,8 @@ def text_sample_metrics(samples: samples_lib.SampledRows, tokenizer: Any, *,
 def _records(rows: samples_lib.SampledRows, texts: Sequence[str]) -> base.Records:
   return [{'index': n, 'text': texts[n], 'tokens': rows.tokens[n].tolist(),
            'levels': rows.levels[n].tolist(), 'reveal_step': rows.reveal_step[n].tolist(),
-           'given': rows.given[n].astype(int).tolist()} for n in range(len(texts))]
+           'given': rows.given[n].astype(int).tolist(), 'nfe': int(rows.nfe[n])}
+          for n in range(len(texts))]
 
 
 @dataclasses.dataclass(frozen=True)
