@@ -5,14 +5,13 @@ r"""GenPPL–entropy fronts of trained text runs: one generative harness for eve
 
 Each run is read by `hmdlm_jax.load` (recorded config, EMA weights) and sampled by its process's
 own sampler (MDLM, HMDLM, HDLM, MultiMDM, distilled or not) at every step count K x temperature τ
-x nucleus mass p, --num_samples rows per sampling seed. Per seed: the unigram entropy of the
-generated content (cut at [SEP], prompt excluded), the GenPPL under the offline AR judge (ar_judge:
-trained on the FIRST run's train split, cached in --judge_cache; runs share its tokenizer) and
-under GPT-2 Large where it loads (else None and why), and the network calls the sampler made (nfe,
-measured; K is the configured count). FILE (JSON): per-seed values, mean ± s.e.
-over seeds, per run and K the front (evaluation/front.py) and its GenPPL at each --entropies value
-(`equal_entropy`); samples in FILE.samples.jsonl. --groups (one per workdir, e.g. a model's training
-seeds; names default to GROUP/dirname): `groups` gets mean ± s.e. over each group's runs of those.
+x nucleus mass p, --num_samples rows per sampling seed. Per seed: the measured network calls (nfe),
+the unigram entropy of the generated content (cut at [SEP], prompt excluded), the GenPPL under the
+offline AR judge (ar_judge: trained on the FIRST run's train split, cached in --judge_cache; runs
+share its tokenizer) and under GPT-2 Large where it loads (else None and why). FILE (JSON): per-seed
+values, mean ± s.e. over seeds, per run and K the front (evaluation/front.py) and its GenPPL at
+each --entropies value (`equal_entropy`); samples in FILE.samples.jsonl. --groups (one per workdir,
+e.g. a model's training seeds): `groups` gets mean ± s.e. over each group's runs of those.
 """
 
 from __future__ import annotations
