@@ -206,7 +206,8 @@ def _floats(s: str) -> list[float]:
 def main(argv: Sequence[str] | None = None) -> None:
   ap = argparse.ArgumentParser(description=__doc__.split('\n')[0])
   ap.add_argument('--workdirs', required=True, help='comma-separated trained text runs')
-  ap.add_argument('--names', default='', help='their names in FILE (default: directory names; GROUP/dirname with --groups)')
+  ap.add_argument('--names', default='',
+                  help='their names in FILE (default: directory names; GROUP/dirname with --groups)')
   ap.add_argument('--steps', type=_ints, default=[8, 16, 32], help='step counts K')
   ap.add_argument('--temperatures', type=_floats, default=[1.0])
   ap.add_argument('--top_p', type=_floats, default=[1.0], help='nucleus masses in (0, 1]')
