@@ -6,7 +6,7 @@
 * η = 0 draws MDLM's (and ADLM's) locked-in samples exactly: same key, same tokens, reveal steps
   and call count, with and without the cache, tempered and nucleus-truncated.
 * The T-step law of an L = 2 toy with an imperfect, time-dependent denoiser is enumerated in numpy
-  float64 and 20k draws match it (χ², p > 1e-3) for 'cap', 'rescale' and 'loop'.
+  float64 and 20k draws match it (χ², p > 1e-3) for 'cap', 'rescale' and 'loop' (with the cache).
 * The loop's middle phase holds the expected decoded fraction at α_on: exactly for the step
   probabilities, and for the sampler within 5 standard errors at every step (20 steps).
 * Mutations (σ in place of 1 - σ in the fill probability, the 1/(1 - α_t) renormalisation
@@ -246,15 +246,18 @@ def draw(proc, apply_fn, cfg, seed: int = 0) -> np.ndarray:
   return tokens[:, 0] * V + tokens[:, 1]
 
 
-KSTEP_CASES = {'cap-T4': ('cap', 4), 'rescale-T4': ('rescale', 4), 'loop-T5': ('loop', 5)}
+KSTEP_CASES = {'cap-T4': ('cap', 4, False), 'rescale-T4': ('rescale', 4, False),
+               'loop-T5': ('loop', 5, False), 'loop-T5-cache': ('loop', 5, True)}
 
 
 @pytest.mark.parametrize('case', list(KSTEP_CASES))
 def test_kstep_law_matches_the_enumeration(case):
-  name, steps = KSTEP_CASES[case]
+  """The cached case too: a call skipped when nothing is filled never serves a changed state."""
+  name, steps, cache = KSTEP_CASES[case]
   apply_fn, reference = sh.table_model(1, V + 1, seq_len=2, num_levels=1)
   law = np_kstep_law(reference, steps, SCHEDULES[name])
-  pval, tv = sh.chi2_pvalue(draw(_mdlm(), apply_fn, _cfg(steps, **SCHEDULES[name])), law)
+  cfg = _cfg(steps, use_cache=cache, **SCHEDULES[name])
+  pval, tv = sh.chi2_pvalue(draw(_mdlm(), apply_fn, cfg), law)
   assert pval > P_MIN, f'{case}: χ² p = {pval:.3g}, TV = {tv:.4f}'
   # The check has power: the locked-in law of the same denoiser is another law.
   locked = np_kstep_law(reference, steps, dict(SCHEDULES[name], remdm_eta=0.0))
