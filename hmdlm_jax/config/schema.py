@@ -301,11 +301,20 @@ class SampleSection:
   temperature: float = 1.0
   top_p: float = 1.0  # nucleus mass of the token draws (docs/method.md §8.5); 1 = the full law
   greedy: bool = False
-  ordering: str = 'ancestral'  # 'ancestral' (Algorithm 2) | 'confidence' | 'remask' (MGDM, §13.3)
+  # 'ancestral' (Algorithm 2) | 'confidence' | 'remask' (MGDM, §13.3) | 'remdm' (ReMDM, §13.5)
+  ordering: str = 'ancestral'
   # 'remask' only: Gumbel noise of scale remask_noise·rate on the confidences unless greedy, and
   # the masked share after step n, rate = (n-1)/T ('linear') or cos(π(T-n+1)/(2T)) ('cosine').
   remask_noise: float = 0.5
   remask_schedule: str = 'linear'
+  # 'remdm' only (K = 1: MDLM, ADLM; docs/method.md §13.5): the remasking probability σ_t is
+  # min(eta, σ_max) ('cap'), eta·σ_max ('rescale') or, for 'loop' (ADLM's runs), 0 outside
+  # (t_off, t_on] and eta inside, where α is held at alpha_on; σ_max = min(1, (1 - α_s)/α_t).
+  remdm_schedule: str = 'loop'
+  remdm_eta: float = 0.02
+  remdm_t_on: float = 0.55
+  remdm_t_off: float = 0.05
+  remdm_alpha_on: float = 0.9
   use_cache: bool = True
   level_context: str = 'candidates'  # 'candidates' | 'none': levels pass 2 sees (confidence ordering)
   hierarchy_weight: float = 1.0  # confidence score = w · log π + log max f (1: the ancestral move)

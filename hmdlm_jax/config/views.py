@@ -12,10 +12,11 @@ import dataclasses
 from hmdlm_jax.config import schema
 from hmdlm_jax.config.checks import check_int as _check_int
 from hmdlm_jax.config.checks import check_number as _check_number
+from hmdlm_jax.config.checks import check_remdm as _check_remdm
 from hmdlm_jax.config.hdlm import HDLMConfig
 
 VARIANTS = schema.VARIANTS
-ORDERINGS = ('ancestral', 'confidence', 'remask')
+ORDERINGS = ('ancestral', 'confidence', 'remask', 'remdm')
 REMASK_SCHEDULES = ('linear', 'cosine')
 LEVEL_CONTEXTS = ('candidates', 'none')
 HIER_OBJECTIVES = ('bound', 'cross_entropy')
@@ -114,9 +115,12 @@ class SampleConfig:
     top_p: nucleus mass in (0, 1] of the tempered token law (1 = no truncation; §8.5).
     greedy: argmax tokens instead of draws.
     ordering: 'ancestral' (Algorithm 2) | 'confidence' (top-k by score) | 'remask' (MGDM's top-k
-      mask-predict, docs/method.md §13.3; MGDM only).
+      mask-predict, docs/method.md §13.3; MGDM only) | 'remdm' (ReMDM's remasking sampler,
+      §13.5; K = 1: MDLM, ADLM).
     remask_noise, remask_schedule: 'remask' only: the Gumbel scale on the confidences (greedy:
       none) and the schedule of the masked share.
+    remdm_schedule, remdm_eta, remdm_t_on, remdm_t_off, remdm_alpha_on: 'remdm' only: the σ_t
+      schedule ('loop' | 'cap' | 'rescale'), η, and the loop's phase times and held α (§13.5).
     use_cache: skip unneeded calls and reuse unchanged pass-1 outputs.
     prior_corrected: apply the prior correction to the hierarchy head; False for an exact oracle.
     variant: 'two_pass' (paper) | 'single_pass'; ignored for K == 1.
@@ -142,6 +146,11 @@ class SampleConfig:
   given_state: bool = _MODEL.given_state
   remask_noise: float = _SAMPLE.remask_noise
   remask_schedule: str = _SAMPLE.remask_schedule
+  remdm_schedule: str = _SAMPLE.remdm_schedule
+  remdm_eta: float = _SAMPLE.remdm_eta
+  remdm_t_on: float = _SAMPLE.remdm_t_on
+  remdm_t_off: float = _SAMPLE.remdm_t_off
+  remdm_alpha_on: float = _SAMPLE.remdm_alpha_on
 
   def __post_init__(self) -> None:
     _check_int('sample.num_steps', self.num_steps, minimum=1)
@@ -165,6 +174,8 @@ class SampleConfig:
     if self.remask_schedule not in REMASK_SCHEDULES:
       raise ValueError(f'sample.remask_schedule must be one of {REMASK_SCHEDULES}, got '
                        f'{self.remask_schedule!r}.')
+    _check_remdm(self.remdm_schedule, self.remdm_eta, self.remdm_t_on, self.remdm_t_off,
+                 self.remdm_alpha_on)
     if self.variant not in VARIANTS:
       raise ValueError(f'model.variant must be one of {VARIANTS}, got {self.variant!r}.')
 
@@ -181,7 +192,9 @@ class SampleConfig:
                time_conditioning=m.time_conditioning or m.pathway.time_conditioning,
                level_context=sm.level_context, hierarchy_weight=float(sm.hierarchy_weight),
                given_state=m.given_state, remask_noise=float(sm.remask_noise),
-               remask_schedule=sm.remask_schedule)
+               remask_schedule=sm.remask_schedule, remdm_schedule=sm.remdm_schedule,
+               remdm_eta=float(sm.remdm_eta), remdm_t_on=float(sm.remdm_t_on),
+               remdm_t_off=float(sm.remdm_t_off), remdm_alpha_on=float(sm.remdm_alpha_on))
 
 
 def hdlm_config(config: schema.Config) -> HDLMConfig:

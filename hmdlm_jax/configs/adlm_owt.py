@@ -11,6 +11,8 @@ L = 1024 (`<|endoftext|>` between them), batch 512, AdamW lr 3e-4 (β 0.9, 0.999
 weight decay), 2,500 warm-up steps then constant, clip 1.0, EMA 0.9999, bfloat16, t ∈ [1e-3, 1];
 γ = 3e-3 with the ramp min(γ, k / num_steps), τ = 5. Data: a corpus prepared once
 (`python -m hmdlm_jax.data.prepare --tokenizer=gpt2 --output=DIR`), `--config.data.corpus_dir=DIR`.
+`:remdm` samples as the paper's remasking rows (Tables 2, 3, 7, 8; not measured here): ReMDM's
+'loop' sampler (§13.5: η 0.02, t_on 0.55, t_off 0.05, α_on 0.9), top-p 0.9, T = 4096.
 """
 
 from __future__ import annotations
@@ -21,7 +23,12 @@ from hmdlm_jax.configs.adlm_text import to_adlm
 from hmdlm_jax.configs.base import get_base_config
 
 
-def get_config() -> ml_collections.ConfigDict:
+OPTIONS = ('', 'remdm')
+
+
+def get_config(arg: str = '') -> ml_collections.ConfigDict:
+  if arg not in OPTIONS:
+    raise ValueError(f'configs/adlm_owt.py:{arg}: the option must be one of {OPTIONS}.')
   c = get_base_config()
   m = c.model
   m.backbone = 'dit'
@@ -82,4 +89,8 @@ def get_config() -> ml_collections.ConfigDict:
   c.eval.num_examples = 1_000_000
   c.eval.num_samples = 256
   c.eval.gen_ppl_model = 'gpt2-large'
+  if arg == 'remdm':
+    c.sample.ordering = 'remdm'  # sample.remdm_* keep their defaults: the paper's loop
+    c.sample.top_p = 0.9
+    c.sample.num_steps = 4096
   return to_adlm(c, tau=5)

@@ -201,7 +201,8 @@ class ADLM(base.Process):
 
   def reverse_step(self, apply_fn: ApplyFn, cfg: SampleConfig, key: jax.Array,
                    state: base.SamplerState, n: jax.Array) -> base.SamplerState:
-    """MDLM's locked-in step with x_ψ(y_φ(z_t)) (the anchored step with σ_t = 0)."""
+    """MDLM's step with x_ψ(y_φ(z_t)): locked-in (the anchored step with σ_t = 0), or ReMDM's
+    remasking step with σ_t > 0 for `sample.ordering='remdm'` (docs/method.md §13.5)."""
     return self.mdlm.reverse_step(apply_fn, cfg, key, state, n)
 
 

@@ -34,6 +34,7 @@ from hmdlm_jax.processes import hmdlm_sampler
 from hmdlm_jax.processes import hmdlm_terms
 from hmdlm_jax.processes import level_objectives
 from hmdlm_jax.processes import parameterization
+from hmdlm_jax.processes import remdm_sampler
 from hmdlm_jax.processes import schedules
 from hmdlm_jax.processes.schedules import Schedule
 
@@ -300,7 +301,8 @@ class HMDLM(base.Process):
   check_ordering: str = 'error'
 
   name: ClassVar[str] = 'hmdlm'
-  orderings: ClassVar[tuple[str, ...]] = ('ancestral', 'confidence')  # sample.ordering values
+  # sample.ordering values; 'remdm' (ReMDM's remasking, docs/method.md §13.5) for K = 1 only.
+  orderings: ClassVar[tuple[str, ...]] = ('ancestral', 'confidence', 'remdm')
 
   def __post_init__(self) -> None:
     _check(self.schedule, self.cfg)
@@ -411,6 +413,8 @@ class HMDLM(base.Process):
     base.check_ordering(cfg, self.orderings, self.name)
     schedules.check_ordering(self.schedule, cfg.num_steps, self.check_ordering)
     hmdlm_sampler.check_config(self.schedule, cfg)
+    if cfg.ordering == 'remdm':
+      remdm_sampler.check_config(self.schedule, cfg)
 
   def sampler_init(self, apply_fn: ApplyFn, cfg: SampleConfig, *, batch_size: int,
                    seq_len: int, given_tokens: jax.Array | None = None,
@@ -422,4 +426,6 @@ class HMDLM(base.Process):
 
   def reverse_step(self, apply_fn: ApplyFn, cfg: SampleConfig, key: jax.Array,
                    state: base.SamplerState, n: jax.Array) -> base.SamplerState:
+    if cfg.ordering == 'remdm':
+      return remdm_sampler.reverse_step(apply_fn, self.schedule, cfg, key, state, n)
     return hmdlm_sampler.reverse_step(apply_fn, self.schedule, cfg, key, state, n)
