@@ -6,7 +6,7 @@ V -> H input map `vocab_embed.0` with bias, then MDLM's sigma_map, blocks and ou
 map onto models/anchor.py's 'denoiser_*' parameters (`convert_state_dict` lists the keys). Every
 source key is converted or named in IGNORED; anything else, and any setting our network cannot
 reproduce, is an error. Output: a `.npz` as convert_mdlm writes it, read by `init.adlm_checkpoint`
-(`init_from_adlm`), which also accepts the `.ckpt` itself (converted on the fly).
+(`init_from_adlm`; the `.ckpt` itself is not: it needs --allow_pickle and the choice of --use_ema).
 
 CLI: python -m hmdlm_jax.convert_adlm --src=adlm-medium.ckpt --dst=adlm_owt.npz [--use_ema]
      [--allow_pickle] [--num_heads=12]    (the release pickles its config: --allow_pickle)
@@ -21,7 +21,6 @@ from typing import Any
 import numpy as np
 
 from hmdlm_jax import convert_mdlm
-from hmdlm_jax import storage
 
 ANCHOR = 'backbone.'
 # The authors' load_state_dict renames an older file's 'replica.' to 'denoiser.'.
@@ -88,8 +87,7 @@ def read_ckpt(path: str | pathlib.Path, *, use_ema: bool = False, allow_pickle: 
   if not path.is_file():
     raise ValueError(f'ADLM checkpoint {path} does not exist.')
   if path.suffix not in ('.ckpt', '.pt', '.pth'):
-    raise ValueError(f'{path}: expected the authors\' Lightning .ckpt (or a converted .npz for '
-                     'init.adlm_checkpoint), got {path.suffix!r}.')
+    raise ValueError(f'{path}: expected the authors\' Lightning .ckpt, got {path.suffix!r}.')
   ckpt = convert_mdlm.torch_load(path, allow_pickle=allow_pickle)
   notes = check_hparams(ckpt, path)
   prefix = denoiser_prefix(ckpt['state_dict'])
@@ -136,29 +134,11 @@ def convert_state_dict(state: Mapping[str, np.ndarray], *, num_heads: int | None
   return {**anchor, **convert_mdlm.as_float32(den)}, dims
 
 
-def load_pretrained(path: str, *, use_ema: bool = False, allow_pickle: bool = False
-                    ) -> dict[str, Any]:
-  """A converted `.npz` (local path or URL), or an ADLM `.ckpt` converted on the fly (the raw
-  weights; pass --use_ema to the converter for the EMA's)."""
-  if path.endswith('.npz'):
-    if not storage.isfile(path):
-      raise ValueError(f'init.adlm_checkpoint={path!r} does not exist.')
-    return convert_mdlm.load_params(path)
-  state, _ = read_ckpt(path, use_ema=use_ema, allow_pickle=allow_pickle)
-  return convert_state_dict(state)[0]
-
-
-def pretrained_shapes(path: str) -> dict[str, tuple[int, ...]]:
-  """'/'-joined path -> shape of `load_pretrained(path)` (a `.npz`: its headers only)."""
-  if path.endswith('.npz'):
-    return convert_mdlm.pretrained_shapes(path)
-  return {k: tuple(x.shape) for k, x in convert_mdlm.flatten(load_pretrained(path)).items()}
-
-
 def init_from_adlm(params: Mapping[str, Any], path: str) -> dict[str, Any]:
-  """Fresh model params -> every leaf from `path` (config `init.adlm_checkpoint`): the file must
-  fill the model's tree exactly, anchor network and denoiser (no leaf stays fresh)."""
-  return convert_mdlm.merge_pretrained(params, load_pretrained(path), fresh=())
+  """Fresh model params -> every leaf from the converted `.npz` at `path` (config
+  `init.adlm_checkpoint`): it must fill the model's tree exactly, anchor network and denoiser (no
+  leaf stays fresh)."""
+  return convert_mdlm.merge_pretrained(params, convert_mdlm.load_params(path), fresh=())
 
 
 def convert(src: str, dst: str, *, use_ema: bool = False, num_heads: int | None = None,

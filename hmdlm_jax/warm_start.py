@@ -334,7 +334,7 @@ def check(config: config_lib.Config, model: nn.Module) -> None:
     return
   if ini.adlm_checkpoint:  # the whole ADLM network, no leaf fresh
     try:
-      convert_mdlm.check_shapes(fresh, convert_adlm.pretrained_shapes(ini.adlm_checkpoint), ())
+      convert_mdlm.check_shapes(fresh, convert_mdlm.pretrained_shapes(ini.adlm_checkpoint), ())
     except ValueError as e:
       raise ValueError(f'init.adlm_checkpoint={ini.adlm_checkpoint!r}: {e}') from None
     return

@@ -193,8 +193,8 @@ def test_bad_input_is_refused(reference, tmp_path, capsys):
   _expect(lambda: conv({k: v for k, v in state.items() if not k.startswith('denoiser.')}),
           'not an ADLM checkpoint.*convert_mdlm')
   _expect(lambda: convert_mdlm.convert_state_dict(state), 'ADLM checkpoint.*convert_adlm')
-  _expect(lambda: conv({k: v for k, v in state.items() if k != 'denoiser.output_layer.linear.bias'}),
-          'lacks denoiser.output_layer.linear.bias')
+  no_bias = {k: v for k, v in state.items() if k != 'denoiser.output_layer.linear.bias'}
+  _expect(lambda: conv(no_bias), 'lacks denoiser.output_layer.linear.bias')
   _expect(lambda: conv(dict(state, **{'denoiser.vocab_embed.0.weight': np.zeros((H, V + 1))})),
           r"input map \[H, V\] is \(32, 38\)")
   _expect(lambda: conv(dict(state, **{'denoiser.blocks.0.norm1.bias': np.zeros(H)})),
@@ -225,6 +225,22 @@ def test_bad_input_is_refused(reference, tmp_path, capsys):
   assert not (tmp_path / 'o.npz').exists()
 
 
+def test_hparams_give_the_mask_id_and_refuse_what_we_cannot_run():
+  """check_hparams reads their pickled config and tokenizer (OmegaConf / a tokenizer object in the
+  release; plain stand-ins here)."""
+  def tok(mask):
+    return type('Tok', (), {'mask_token_id': mask})()
+  assert convert_adlm.check_hparams({'hyper_parameters': dict(HPARAMS, tokenizer=tok(None))},
+                                    'f') == {'mask_id': -1}  # GPT-2: MASK appended, the last row
+  assert convert_adlm.check_hparams({'hyper_parameters': {'tokenizer': tok(103)}}, 'f') == {
+      'mask_id': 103}  # bert-base-uncased (LM1B): its own [MASK]
+  assert convert_adlm.check_hparams({}, 'f') == {}
+  for field, value in (('parameterization', 'sedd'), ('backbone', 'dimamba')):
+    hp = {'config': dict(HPARAMS['config'], **{field: value})}
+    _expect(lambda h=hp: convert_adlm.check_hparams({'hyper_parameters': h}, 'f'),
+            f'trained with {field}={value!r}')
+
+
 def test_init_field_is_checked(ckpt_file, tmp_path):
   npz = str(tmp_path / 'a.npz')
   convert_adlm.main(['--src', str(ckpt_file), '--dst', npz])
@@ -232,7 +248,8 @@ def test_init_field_is_checked(ckpt_file, tmp_path):
       ({'process.kind': 'mdlm', 'process.adlm.gamma': 3e-3}, "set process.kind='adlm'"),
       ({'init.mdlm_checkpoint': npz}, 'has no ADLM denoiser'),
       ({'init.workdir': str(tmp_path)}, 'init.adlm_checkpoint and init.workdir are both set'),
-      ({'init.adlm_checkpoint': str(tmp_path / 'none.npz')}, 'must be an existing .npz')):
+      ({'init.adlm_checkpoint': str(tmp_path / 'none.npz')}, 'must be an existing .npz'),
+      ({'init.adlm_checkpoint': str(ckpt_file)}, 'must be an existing .npz: convert')):
     changes = {'init.adlm_checkpoint': npz, **changes}
     _expect(lambda c=changes: tiny_config(**c), pattern)
   from hmdlm_jax import preflight  # pylint: disable=g-import-not-at-top
@@ -241,40 +258,55 @@ def test_init_field_is_checked(ckpt_file, tmp_path):
           r"init.adlm_checkpoint=.*not in the model.*denoiser_blocks_1")
 
 
-def test_adlm_config_from_the_converted_file_evaluates_and_trains(reference, ckpt_file,
-                                                                  tmp_path):
-  """configs/adlm_owt.py (tiny) with init.adlm_checkpoint: the initial state is the authors'
-  network; its bound at a fixed z_t is the authors' NELBO term; one training step is finite."""
-  npz = tmp_path / 'adlm.npz'
+@pytest.fixture(scope='module')
+def started(ckpt_file, tmp_path_factory):
+  """configs/adlm_owt.py (tiny) with init.adlm_checkpoint: (config, model, mesh, initial state
+  (the training test donates it), its shardings, the initial params and EMA on the host)."""
+  npz = tmp_path_factory.mktemp('init') / 'adlm.npz'
   convert_adlm.main(['--src', str(ckpt_file), '--dst', str(npz)])
   config = tiny_config(**{'init.adlm_checkpoint': str(npz)})
   model = tasks.build_model(config)
   mesh = sharding.make_mesh(config.mesh)
   state, sh = train.create_train_state(config, mesh, model)
-  params = jax.device_get(state.params)
+  return config, model, mesh, state, sh, jax.device_get((state.params, state.ema_params))
+
+
+def test_adlm_config_from_the_converted_file_evaluates(reference, started):
+  """The initial state is the authors' network (EMA too); its reported bound at a fixed z_t is
+  the authors' NELBO term."""
+  config, model, _, _, _, (params, ema) = started
   xt, t = inputs(5)
   token, _, logp = theirs(reference, xt)
   np.testing.assert_allclose(ours(params, xt, t)['token'], token,
                              atol=2e-5 * np.abs(token).max(), rtol=0)
-  for a, b in zip(jax.tree.leaves(jax.device_get(state.ema_params)), jax.tree.leaves(params)):
+  for a, b in zip(jax.tree.leaves(ema), jax.tree.leaves(params)):
     np.testing.assert_array_equal(a, b)
-  # Evaluate: the reported bound at this z_t is MDLM's term of the authors' network,
+  # The reported bound at this z_t is MDLM's term of the authors' network,
   # Σ_masked w(t) · -log p(x^l) / L with w(t) = 1/t (log-linear schedule).
   proc = processes.build(config)
   rng = np.random.default_rng(6)
   x0 = np.where(xt == MASK, rng.integers(0, V - 1, xt.shape), xt).astype(np.int32)
   batch = proc.prepare_batch(dict(tokens=x0, levels=np.zeros_like(x0),
-                                  given=np.zeros(x0.shape, bool), loss_mask=np.ones(x0.shape, bool)))
+                                  given=np.zeros(x0.shape, bool),
+                                  loss_mask=np.ones(x0.shape, bool)))
   noisy = base.NoisyState(tokens=jnp.asarray(xt), levels=jnp.asarray(xt == MASK, jnp.int32))
-  fn = models.make_apply_fn(model, params, train=False)
-  got = proc.bound_from_state(fn, batch, noisy, jnp.asarray(t), jax.random.key(0))['lm']
+  bound = jax.jit(lambda p, b: proc.bound_from_state(models.make_apply_fn(model, p, train=False),
+                                                     b, noisy, jnp.asarray(t),
+                                                     jax.random.key(0))['lm'])
+  got = bound(params, batch)
   nll = -np.take_along_axis(logp, x0[..., None], -1)[..., 0] * (xt == MASK)
   hazard = np.asarray(proc.mdlm.schedule.hazard(jnp.asarray(t)))[:, 0]
   np.testing.assert_allclose(hazard, 1.0 / t, rtol=2e-3)  # 1/t up to the schedule's ε
   np.testing.assert_allclose(np.asarray(got), hazard * nll.sum(-1) / L, rtol=1e-4)
-  # Train from it. Step 1 has lr 0 (warm-up): the weights stay the authors' (the evaluation
-  # recipe of docs/usage.md: train.num_steps=1, then --mode=eval); step 2 moves them.
+
+
+def test_adlm_config_from_the_converted_file_trains(started):
+  """Step 1 has lr 0 (warm-up): the weights stay the authors' (the evaluation recipe of
+  docs/usage.md: train.num_steps=1, then its final evaluation); step 2 moves them."""
+  config, model, mesh, state, sh, (params, _) = started
+  proc = processes.build(config)
   step = train.make_train_step(config, model, proc, mesh, sh)
+  rng = np.random.default_rng(7)
   for n in (1, 2):
     tokens = rng.integers(0, V - 1, (B + 1, L)).astype(np.int32)
     raw = proc.prepare_batch(dict(tokens=tokens, levels=np.zeros_like(tokens),

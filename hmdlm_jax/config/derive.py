@@ -144,14 +144,15 @@ def _check_adlm_init(config: ml_collections.ConfigDict) -> None:
     return
   if config.process.kind != 'adlm':
     raise ValueError(f"init.adlm_checkpoint is an ADLM network (anchor + denoiser): set "
-                     f"process.kind='adlm' (got {config.process.kind!r}) or init.adlm_checkpoint=''.")
+                     f"process.kind='adlm' (got {config.process.kind!r}) or "
+                     "init.adlm_checkpoint=''.")
   for field, other in (('init.workdir', ini.workdir), ('init.embedding', ini.embedding)):
     if other:
       raise ValueError(f'init.adlm_checkpoint and {field} are both set; keep one.')
-  if not storage.isfile(path) or not path.endswith(('.npz', '.ckpt', '.pt', '.pth')):
-    raise ValueError(f'init.adlm_checkpoint={path!r} must be an existing .npz converted by '
-                     "python -m hmdlm_jax.convert_adlm (or the authors' .ckpt), or '' (random "
-                     'init).')
+  if not path.endswith('.npz') or not storage.isfile(path):
+    raise ValueError(f'init.adlm_checkpoint={path!r} must be an existing .npz: convert the '
+                     "authors' checkpoint with python -m hmdlm_jax.convert_adlm --src=FILE.ckpt "
+                     "--dst=FILE.npz --use_ema --allow_pickle, or set it to '' (random init).")
 
 
 def _derive_round_tokens(config: ml_collections.ConfigDict) -> None:
