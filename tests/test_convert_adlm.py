@@ -20,6 +20,7 @@ import torch
 from hmdlm_jax import convert_adlm
 from hmdlm_jax import convert_mdlm
 from hmdlm_jax import models
+from hmdlm_jax import preflight
 from hmdlm_jax import processes
 from hmdlm_jax import sharding
 from hmdlm_jax import tasks
@@ -252,7 +253,6 @@ def test_init_field_is_checked(ckpt_file, tmp_path):
       ({'init.adlm_checkpoint': str(ckpt_file)}, 'must be an existing .npz: convert')):
     changes = {'init.adlm_checkpoint': npz, **changes}
     _expect(lambda c=changes: tiny_config(**c), pattern)
-  from hmdlm_jax import preflight  # pylint: disable=g-import-not-at-top
   small = tiny_config(**{'init.adlm_checkpoint': npz, 'process.adlm.denoiser_layers': 1})
   _expect(lambda: preflight.check_init(small, tasks.build_model(small)),
           r"init.adlm_checkpoint=.*not in the model.*denoiser_blocks_1")
