@@ -34,6 +34,7 @@ from hmdlm_jax import storage
 
 ROTARY_BASE = 1e4
 _ANCHOR = 'vocab_embed.embedding'
+BUFFER = 'inv_freq'  # the only non-parameter tensor of a DiT state dict (rotary)
 HMDLM_ONLY = ('level_embed', 'hier_layer', 'token_level_embed')  # freshly initialised
 EVAL_INSTALL = 'pip install "hmdlm_jax[eval]"'  # torch: the `eval` extra (pyproject.toml)
 
@@ -67,9 +68,8 @@ def read_safetensors(path: str | pathlib.Path) -> dict[str, np.ndarray]:
       return {k: _to_numpy(f.get_tensor(k)) for k in f.keys()}
 
 
-def read_lightning_ckpt(path: str | pathlib.Path, *, use_ema: bool = False,
-                        allow_pickle: bool = False) -> dict[str, np.ndarray]:
-  """The backbone state dict of an MDLM Lightning checkpoint (EMA weights if `use_ema`)."""
+def torch_load(path: str | pathlib.Path, *, allow_pickle: bool = False) -> Mapping[str, Any]:
+  """A Lightning checkpoint as a dict (torch.load on the CPU; pickled objects only if allowed)."""
   try:
     import torch  # pylint: disable=g-import-not-at-top  (optional: only .ckpt files need it)
   except ImportError as e:
@@ -85,24 +85,40 @@ def read_lightning_ckpt(path: str | pathlib.Path, *, use_ema: bool = False,
         'checkpoints may pickle config objects; if you trust the file, pass --allow_pickle.') from e
   if not isinstance(ckpt, Mapping) or 'state_dict' not in ckpt:
     raise ValueError(f'{path}: not a Lightning checkpoint (no "state_dict" entry).')
-  state = {k: v for k, v in ckpt['state_dict'].items()}
+  return ckpt
+
+
+def lightning_state(ckpt: Mapping[str, Any], path: str | pathlib.Path, *, use_ema: bool,
+                    ema_modules: Sequence[str] = ()) -> dict[str, np.ndarray]:
+  """`ckpt['state_dict']` as float32 numpy, with the EMA weights if `use_ema`.
+
+  `ckpt['ema']['shadow_params']` lists the parameters of the modules the EMA was built on, in
+  that order (`ema_modules`: their state-dict prefixes; default the MDLM backbone's), each module's
+  in registration order = its state-dict order without buffers (rotary inv_freq).
+  """
+  state = dict(ckpt['state_dict'])
+  out = {k: _to_numpy(v) for k, v in state.items()}
   if not use_ema:
-    return {k: _to_numpy(v) for k, v in state.items()}
+    return out
   if 'ema' not in ckpt or 'shadow_params' not in ckpt['ema']:
     raise ValueError(f'{path}: --use_ema given but the checkpoint holds no ema.shadow_params.')
-  prefix = _prefix(state)
-  # Parameters in registration order = state-dict order without buffers (rotary inv_freq).
-  names = [k for k in state if k.startswith(prefix) and not k.endswith('inv_freq')]
+  names = [k for prefix in (ema_modules or (_prefix(state),)) for k in state
+           if k.startswith(prefix) and not k.endswith(BUFFER)]
   shadow = list(ckpt['ema']['shadow_params'])
   if len(shadow) != len(names):
-    raise ValueError(f'{path}: {len(shadow)} EMA tensors for {len(names)} backbone parameters.')
-  out = {k: _to_numpy(v) for k, v in state.items()}
+    raise ValueError(f'{path}: {len(shadow)} EMA tensors for {len(names)} network parameters.')
   for k, v in zip(names, shadow):
     if tuple(v.shape) != tuple(state[k].shape):
       raise ValueError(f'{path}: EMA tensor for {k} has shape {tuple(v.shape)}, parameter '
                        f'{tuple(state[k].shape)}.')
     out[k] = _to_numpy(v)
   return out
+
+
+def read_lightning_ckpt(path: str | pathlib.Path, *, use_ema: bool = False,
+                        allow_pickle: bool = False) -> dict[str, np.ndarray]:
+  """The backbone state dict of an MDLM Lightning checkpoint (EMA weights if `use_ema`)."""
+  return lightning_state(torch_load(path, allow_pickle=allow_pickle), path, use_ema=use_ema)
 
 
 def load_mdlm_state_dict(path: str | pathlib.Path, *, use_ema: bool = False,
@@ -139,6 +155,91 @@ def _prefix(state: Mapping[str, Any]) -> str:
   return hits[0][:-len(_ANCHOR)]
 
 
+class StateReader:
+  """The tensors of one torch module's state dict under `prefix`, taken by name with their shapes
+  checked; `unused()` lists what was never taken (the caller refuses or names them)."""
+
+  def __init__(self, state: Mapping[str, np.ndarray], prefix: str, what: str):
+    self.sd = {k[len(prefix):]: np.asarray(v, np.float32) for k, v in state.items()
+               if k.startswith(prefix)}
+    self.prefix, self.what = prefix, what
+    self.used: set[str] = set()
+
+  def take(self, name: str, shape: tuple[int, ...] | None = None) -> np.ndarray:
+    if name not in self.sd:
+      raise ValueError(f'{self.what} state dict lacks {self.prefix}{name}.')
+    if shape is not None and self.sd[name].shape != shape:
+      raise ValueError(f'{self.prefix}{name} has shape {self.sd[name].shape}, expected {shape}.')
+    self.used.add(name)
+    return self.sd[name]
+
+  def linear(self, name: str, n_in: int, n_out: int) -> dict[str, np.ndarray]:
+    """A torch nn.Linear with bias: weight [out, in] -> kernel [in, out], bias [out]."""
+    return {'kernel': self.take(f'{name}.weight', (n_out, n_in)).T,
+            'bias': self.take(f'{name}.bias', (n_out,))}
+
+  def block_indices(self) -> list[int]:
+    layers = sorted({int(m.group(1)) for k in self.sd if (m := re.match(r'blocks\.(\d+)\.', k))})
+    if layers != list(range(len(layers))) or not layers:
+      raise ValueError(f'{self.what} state dict has blocks {layers} under {self.prefix!r}; '
+                       'expected 0..N-1.')
+    return layers
+
+  def unused(self) -> list[str]:
+    return sorted(set(self.sd) - self.used)
+
+
+def rotary_heads(r: StateReader, h: int, num_heads: int | None) -> int:
+  """The head count: from rotary_emb.inv_freq [hd/2] (checked to be base 1e4, our rotary
+  embedding's) when present, else `num_heads`."""
+  if 'rotary_emb.inv_freq' in r.sd:
+    inv = r.take('rotary_emb.inv_freq')
+    hd = 2 * inv.shape[0]
+    want = 1.0 / ROTARY_BASE**(np.arange(0, hd, 2, dtype=np.float64) / hd)
+    if not np.allclose(inv, want, rtol=1e-5):
+      raise ValueError(f'{r.prefix}rotary_emb.inv_freq is not base {ROTARY_BASE:g}; our rotary '
+                       'embedding cannot reproduce it.')
+    heads_from_rotary = h // hd
+    if num_heads is not None and num_heads != heads_from_rotary:
+      raise ValueError(f'num_heads={num_heads} but {r.prefix}rotary_emb.inv_freq implies '
+                       f'{heads_from_rotary}.')
+    num_heads = heads_from_rotary
+  if num_heads is None:
+    raise ValueError('the state dict has no rotary_emb.inv_freq; pass --num_heads.')
+  if h % num_heads:
+    raise ValueError(f'hidden size {h} is not divisible by num_heads={num_heads}.')
+  return num_heads
+
+
+def dit_layers(r: StateReader, dims: Mapping[str, int], out: str = ''
+               ) -> dict[str, Any]:
+  """sigma_map, blocks.i and output_layer of an MDLM-style DiT -> {out}sigma_map,
+  {out}blocks_i, {out}output_layer (dims: vocab_size, hidden_size, cond_dim, mlp_dim, num_heads;
+  the key map: `convert_state_dict`)."""
+  v, h, c, mlp, nh = (dims[k] for k in ('vocab_size', 'hidden_size', 'cond_dim', 'mlp_dim',
+                                        'num_heads'))
+  hd = h // nh
+  params: dict[str, Any] = {f'{out}sigma_map': {'mlp_0': r.linear('sigma_map.mlp.0', 256, c),
+                                                'mlp_2': r.linear('sigma_map.mlp.2', c, c)}}
+  for i in r.block_indices():
+    p = f'blocks.{i}'
+    params[f'{out}blocks_{i}'] = {
+        'norm1': {'weight': r.take(f'{p}.norm1.weight', (h,))},
+        'attn_qkv': {'kernel': r.take(f'{p}.attn_qkv.weight', (3 * h, h)).T.reshape(h, 3, nh, hd)},
+        'attn_out': {'kernel': r.take(f'{p}.attn_out.weight', (h, h)).T.reshape(nh, hd, h)},
+        'norm2': {'weight': r.take(f'{p}.norm2.weight', (h,))},
+        'mlp_0': r.linear(f'{p}.mlp.0', h, mlp),
+        'mlp_2': r.linear(f'{p}.mlp.2', mlp, h),
+        'adaLN_modulation': r.linear(f'{p}.adaLN_modulation', c, 6 * h),
+    }
+  params[f'{out}output_layer'] = {
+      'norm_final': {'weight': r.take('output_layer.norm_final.weight', (h,))},
+      'adaLN_modulation': r.linear('output_layer.adaLN_modulation', c, 2 * h),
+      'linear': r.linear('output_layer.linear', h, v),
+  }
+  return params
+
+
 def convert_state_dict(state: Mapping[str, np.ndarray], *,
                        num_heads: int | None = None) -> tuple[dict[str, Any], dict[str, int]]:
   """MDLM DiT state dict -> (Flax params tree of the MDLM part, dims).
@@ -155,7 +256,7 @@ def convert_state_dict(state: Mapping[str, np.ndarray], *,
     blocks.i.adaLN_modulation.{weight,bias} -> blocks_i/adaLN_modulation/{kernel (ᵀ), bias}
     output_layer.{norm_final,linear,adaLN_modulation} -> output_layer/... (same rule)
     rotary_emb.inv_freq [hd/2]              -> not a parameter; gives nh and is checked to be
-                                               base 1e4 (our rotary embedding's base)
+                                               base 1e4 (our rotary embedding's)
 
   Args:
     state: torch-named tensors (numpy), with or without a common prefix such as 'backbone.'.
@@ -165,86 +266,27 @@ def convert_state_dict(state: Mapping[str, np.ndarray], *,
     (params, dims) with dims = {vocab_size, hidden_size, cond_dim, mlp_dim, num_layers, num_heads}.
     Raises ValueError on missing, unexpected or mis-shaped keys.
   """
-  prefix = _prefix(state)
-  sd = {k[len(prefix):]: np.asarray(v, np.float32) for k, v in state.items()
-        if k.startswith(prefix)}
-  used: set[str] = set()
-
-  def take(name: str, shape: tuple[int, ...] | None = None) -> np.ndarray:
-    if name not in sd:
-      raise ValueError(f'MDLM state dict lacks {prefix}{name}.')
-    if shape is not None and sd[name].shape != shape:
-      raise ValueError(f'{prefix}{name} has shape {sd[name].shape}, expected {shape}.')
-    used.add(name)
-    return sd[name]
-
-  emb = take('vocab_embed.embedding')
+  if any(k.endswith('vocab_embed.0.weight') for k in state):  # ADLM's denoiser input map
+    raise ValueError('this is an ADLM checkpoint (a denoiser beside the DiT); convert it with '
+                     'python -m hmdlm_jax.convert_adlm.')
+  r = StateReader(state, _prefix(state), 'MDLM')
+  emb = r.take('vocab_embed.embedding')
   v, h = emb.shape
-  c = take('sigma_map.mlp.0.weight').shape[0]
-  layers = sorted({int(m.group(1)) for k in sd if (m := re.match(r'blocks\.(\d+)\.', k))})
-  if layers != list(range(len(layers))) or not layers:
-    raise ValueError(f'MDLM state dict has blocks {layers}; expected 0..N-1.')
-  mlp = take('blocks.0.mlp.0.weight').shape[0]
-  if 'rotary_emb.inv_freq' in sd:
-    inv = take('rotary_emb.inv_freq')
-    hd = 2 * inv.shape[0]
-    want = 1.0 / ROTARY_BASE**(np.arange(0, hd, 2, dtype=np.float64) / hd)
-    if not np.allclose(inv, want, rtol=1e-5):
-      raise ValueError(f'{prefix}rotary_emb.inv_freq is not base {ROTARY_BASE:g}; our rotary '
-                       'embedding cannot reproduce it.')
-    heads_from_rotary = h // hd
-    if num_heads is not None and num_heads != heads_from_rotary:
-      raise ValueError(f'num_heads={num_heads} but rotary_emb.inv_freq implies '
-                       f'{heads_from_rotary}.')
-    num_heads = heads_from_rotary
-  if num_heads is None:
-    raise ValueError('the state dict has no rotary_emb.inv_freq; pass --num_heads.')
-  if h % num_heads:
-    raise ValueError(f'hidden size {h} is not divisible by num_heads={num_heads}.')
-  hd = h // num_heads
-
-  def linear(name: str, n_in: int, n_out: int, bias: bool = True) -> dict[str, np.ndarray]:
-    out = {'kernel': take(f'{name}.weight', (n_out, n_in)).T}
-    if bias:
-      out['bias'] = take(f'{name}.bias', (n_out,))
-    return out
-
-  params: dict[str, Any] = {
-      'vocab_embed': {'embedding': emb},
-      'sigma_map': {'mlp_0': linear('sigma_map.mlp.0', 256, c),
-                    'mlp_2': linear('sigma_map.mlp.2', c, c)},
-  }
-  for i in layers:
-    p = f'blocks.{i}'
-    qkv = take(f'{p}.attn_qkv.weight', (3 * h, h)).T.reshape(h, 3, num_heads, hd)
-    out = take(f'{p}.attn_out.weight', (h, h)).T.reshape(num_heads, hd, h)
-    params[f'blocks_{i}'] = {
-        'norm1': {'weight': take(f'{p}.norm1.weight', (h,))},
-        'attn_qkv': {'kernel': qkv},
-        'attn_out': {'kernel': out},
-        'norm2': {'weight': take(f'{p}.norm2.weight', (h,))},
-        'mlp_0': linear(f'{p}.mlp.0', h, mlp),
-        'mlp_2': linear(f'{p}.mlp.2', mlp, h),
-        'adaLN_modulation': linear(f'{p}.adaLN_modulation', c, 6 * h),
-    }
-  params['output_layer'] = {
-      'norm_final': {'weight': take('output_layer.norm_final.weight', (h,))},
-      'adaLN_modulation': linear('output_layer.adaLN_modulation', c, 2 * h),
-      'linear': linear('output_layer.linear', h, v),
-  }
-  unused = sorted(set(sd) - used)
-  if unused:
-    raise ValueError(f'MDLM state dict has keys the DiT conversion does not know: {unused[:8]}.')
-  params = _map_tree(lambda x: np.ascontiguousarray(x, np.float32), params)
-  dims = {'vocab_size': v, 'hidden_size': h, 'cond_dim': c, 'mlp_dim': mlp,
-          'num_layers': len(layers), 'num_heads': num_heads}
-  return params, dims
+  dims = {'vocab_size': v, 'hidden_size': h, 'cond_dim': r.take('sigma_map.mlp.0.weight').shape[0],
+          'mlp_dim': r.take('blocks.0.mlp.0.weight').shape[0],
+          'num_layers': len(r.block_indices()), 'num_heads': rotary_heads(r, h, num_heads)}
+  params = {'vocab_embed': {'embedding': emb}, **dit_layers(r, dims)}
+  if r.unused():
+    raise ValueError(f'MDLM state dict has keys the DiT conversion does not know: '
+                     f'{r.unused()[:8]}.')
+  return as_float32(params), dims
 
 
-def _map_tree(fn: Any, tree: Any) -> Any:
+def as_float32(tree: Any) -> Any:
+  """A nested dict of arrays as contiguous float32 numpy (what `save_params` writes)."""
   if isinstance(tree, Mapping):
-    return {k: _map_tree(fn, v) for k, v in tree.items()}
-  return fn(tree)
+    return {k: as_float32(v) for k, v in tree.items()}
+  return np.ascontiguousarray(tree, np.float32)
 
 
 # ----------------------------------------------------------------------------- files
@@ -380,7 +422,7 @@ def init_from_mdlm(params: Mapping[str, Any], path: str) -> dict[str, Any]:
   return merge_pretrained(params, load_pretrained(path))
 
 
-def _check_destination(dst: str) -> pathlib.Path:
+def check_destination(dst: str) -> pathlib.Path:
   """The output path, checked before any reading: its folder exists and is writable."""
   out = pathlib.Path(dst)
   if out.is_dir():
@@ -395,10 +437,23 @@ def _check_destination(dst: str) -> pathlib.Path:
   return out
 
 
+def write_params(out: pathlib.Path, params: Mapping[str, Any]) -> int:
+  """Writes `params` to `out` atomically (an existing file is replaced only by a complete one, a
+  failed write such as a full disk leaves nothing behind); returns the parameter count."""
+  tmp = out.with_name(out.name + '.tmp')
+  try:
+    save_params(tmp, params)
+    os.replace(tmp, out)
+  except BaseException:
+    tmp.unlink(missing_ok=True)
+    raise
+  return sum(x.size for x in flatten(params).values())
+
+
 def convert(src: str, dst: str, *, use_ema: bool = False, num_heads: int | None = None,
             allow_pickle: bool = False) -> str:
   """Converts `src` into `dst` (validated first, written atomically); returns a summary line."""
-  out = _check_destination(dst)
+  out = check_destination(dst)
   if hub.is_ref(src):
     try:
       src = hub.download(src)
@@ -409,22 +464,16 @@ def convert(src: str, dst: str, *, use_ema: bool = False, num_heads: int | None 
                      'kuleshov-group/mdlm-owt) or a Lightning .ckpt.')
   state = load_mdlm_state_dict(src, use_ema=use_ema, allow_pickle=allow_pickle)
   params, dims = convert_state_dict(state, num_heads=num_heads)
-  tmp = out.with_name(out.name + '.tmp')
-  try:
-    save_params(tmp, params)
-    os.replace(tmp, out)  # an existing dst is replaced only by a complete file
-  except BaseException:
-    tmp.unlink(missing_ok=True)  # e.g. a full disk: no half-written file is left behind
-    raise
-  n = sum(x.size for x in flatten(params).values())
+  n = write_params(out, params)
   return (f'{src} -> {dst}: {n:,} parameters; set config.model to {dims} '
           '(and config.model.time_conditioning as the checkpoint was trained).')
 
 
-def main(argv: Sequence[str] | None = None) -> None:
-  parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
-  parser.add_argument('--src', required=True,
-                      help='MDLM .safetensors or Lightning .ckpt, or hf://ORG/NAME[/FILE]')
+def cli(convert_fn: Any, doc: str, src_help: str, argv: Sequence[str] | None) -> None:
+  """The converters' command line: `convert_fn(src, dst, use_ema=, num_heads=, allow_pickle=)`'s
+  summary line, or one `hmdlm_jax: error:` line and exit status 1."""
+  parser = argparse.ArgumentParser(description=doc.split('\n')[0])
+  parser.add_argument('--src', required=True, help=src_help)
   parser.add_argument('--dst', required=True, help='output .npz')
   parser.add_argument('--use_ema', action='store_true', help='EMA weights of a Lightning .ckpt')
   parser.add_argument('--num_heads', type=int, default=None,
@@ -433,11 +482,15 @@ def main(argv: Sequence[str] | None = None) -> None:
                       help='torch.load with weights_only=False (trusted files only)')
   args = parser.parse_args(argv)
   try:
-    print(convert(args.src, args.dst, use_ema=args.use_ema, num_heads=args.num_heads,
-                  allow_pickle=args.allow_pickle))
+    print(convert_fn(args.src, args.dst, use_ema=args.use_ema, num_heads=args.num_heads,
+                     allow_pickle=args.allow_pickle))
   except (ValueError, OSError) as e:
     print(f'hmdlm_jax: error: {" ".join(str(e).split())}', file=sys.stderr, flush=True)
     sys.exit(1)
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+  cli(convert, __doc__, 'MDLM .safetensors or Lightning .ckpt, or hf://ORG/NAME[/FILE]', argv)
 
 
 if __name__ == '__main__':

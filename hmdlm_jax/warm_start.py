@@ -11,7 +11,7 @@ Algorithm 1. This module is the one place that initialises parameters from elsew
   HDLM (`init.mdlm_mask_id` names its MASK row; HDLM's cluster rows: the mean of their words'),
   or merged by `convert_mdlm.init_from_mdlm` for one noise row (MDLM, HMDLM, HDLM n = 1). The
   mapping (`adapt`), EMA and optimiser state: docs/method.md §13.2 ("Continual adaptation");
-* `init.embedding = FILE.npz`: the input token table only (`embedding_params`, docs/method.md §13.1).
+* `init.embedding`: the input table only (§13.1); `init.adlm_checkpoint`: all of ADLM's (§13.4).
 """
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ import orbax.checkpoint as ocp
 from absl import logging
 
 from hmdlm_jax import config as config_lib
+from hmdlm_jax import convert_adlm
 from hmdlm_jax import convert_mdlm
 from hmdlm_jax import models
 from hmdlm_jax import storage
@@ -56,10 +57,11 @@ def layout_of(config: config_lib.Config) -> Layout:
 
 
 def requested(config: config_lib.Config) -> bool:
-  """Whether the config initialises from elsewhere (`init.workdir`, `init.mdlm_checkpoint` or
-  `init.embedding`)."""
+  """Whether the config initialises from elsewhere (`init.workdir`, `init.mdlm_checkpoint`,
+  `init.adlm_checkpoint` or `init.embedding`)."""
   ini = config.init
-  return bool(ini.workdir) or bool(ini.mdlm_checkpoint) or bool(ini.embedding)
+  return any(bool(x) for x in (ini.workdir, ini.mdlm_checkpoint, ini.adlm_checkpoint,
+                               ini.embedding))
 
 
 def maps_rows(config: config_lib.Config) -> bool:
@@ -330,6 +332,12 @@ def check(config: config_lib.Config, model: nn.Module) -> None:
     embedding_words(config, read_embedding(ini.embedding).shape,
                     fresh[f'{type(model).token_embed_name}/embedding'])
     return
+  if ini.adlm_checkpoint:  # the whole ADLM network, no leaf fresh
+    try:
+      convert_mdlm.check_shapes(fresh, convert_mdlm.pretrained_shapes(ini.adlm_checkpoint), ())
+    except ValueError as e:
+      raise ValueError(f'init.adlm_checkpoint={ini.adlm_checkpoint!r}: {e}') from None
+    return
   if not maps_rows(config):  # MDLM's own layout
     try:
       convert_mdlm.check_shapes(fresh, convert_mdlm.pretrained_shapes(ini.mdlm_checkpoint))
@@ -365,6 +373,11 @@ def load(config: config_lib.Config, fresh: PyTree, model: nn.Module
   ini = config.init
   if ini.embedding:
     return embedding_params(config, fresh, model)
+  if ini.adlm_checkpoint:
+    try:
+      return convert_adlm.init_from_adlm(fresh, ini.adlm_checkpoint), ini.adlm_checkpoint
+    except ValueError as e:
+      raise ValueError(f'init.adlm_checkpoint={ini.adlm_checkpoint!r}: {e}') from None
   if not maps_rows(config):  # MDLM's own layout: backbone and token head, hierarchy kept fresh
     try:
       return convert_mdlm.init_from_mdlm(fresh, ini.mdlm_checkpoint), ini.mdlm_checkpoint

@@ -111,18 +111,26 @@ class _Final(torch.nn.Module):
 
 
 class RefDIT(torch.nn.Module):
-  """MDLM's DIT equations; forward(indices [B, L], sigma [B]) -> logits [B, L, V]."""
+  """MDLM's DIT equations; forward(indices [B, L], sigma [B]) -> logits [B, L, V].
 
-  def __init__(self):
+  With `logits_input` it is the ADLM authors' denoiser instead (models/denoiser.py there): the
+  input is logits [B, L, V] through `vocab_embed = Sequential(Linear(V, H))`, the rest the same.
+  """
+
+  def __init__(self, num_blocks: int = NB, logits_input: bool = False):
     super().__init__()
-    self.vocab_embed = _Embedding(V, H)
+    self.vocab_embed = (torch.nn.Sequential(torch.nn.Linear(V, H)) if logits_input
+                        else _Embedding(V, H))
     self.sigma_map = _TimeEmbed(C)
     self.rotary_emb = _Rotary(H // NH)
-    self.blocks = torch.nn.ModuleList([_Block() for _ in range(NB)])
+    self.blocks = torch.nn.ModuleList([_Block() for _ in range(num_blocks)])
     self.output_layer = _Final()
 
   def forward(self, indices: torch.Tensor, sigma: torch.Tensor) -> torch.Tensor:
-    x = self.vocab_embed.embedding[indices]
+    if isinstance(self.vocab_embed, _Embedding):
+      x = self.vocab_embed.embedding[indices]
+    else:
+      x = self.vocab_embed(indices)
     c = F.silu(self.sigma_map(sigma))
     pos = torch.arange(indices.shape[1], dtype=x.dtype)
     freqs = pos[:, None] * self.rotary_emb.inv_freq.to(x.dtype)[None]
@@ -133,16 +141,20 @@ class RefDIT(torch.nn.Module):
     return self.output_layer(x, c)
 
 
-def make_reference(seed: int = 0) -> RefDIT:
-  torch.manual_seed(seed)
-  ref = RefDIT()
-  with torch.no_grad():  # random everything (MDLM zero-inits adaLN / output), norms near 1
+def randomize(ref: torch.nn.Module) -> torch.nn.Module:
+  """Random everything (MDLM zero-inits adaLN / output), norms near 1; in float64."""
+  with torch.no_grad():
     for name, p in ref.named_parameters():
       if name.endswith('norm1.weight') or name.endswith('norm2.weight') or 'norm_final' in name:
         p.copy_(1 + 0.1 * torch.randn_like(p))
       elif 'adaLN_modulation' in name:
         p.copy_(0.3 * torch.randn_like(p))
   return ref.double()
+
+
+def make_reference(seed: int = 0) -> RefDIT:
+  torch.manual_seed(seed)
+  return randomize(RefDIT())
 
 
 def model_config(num_levels: int, time_conditioning: bool) -> ml_collections.ConfigDict:

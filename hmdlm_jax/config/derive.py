@@ -105,6 +105,7 @@ def _check_init(config: ml_collections.ConfigDict) -> None:
   _check_bool('init.use_ema', ini.use_ema)
   if not _is_int(ini.mdlm_mask_id) or ini.mdlm_mask_id < -1:
     raise ValueError(f'init.mdlm_mask_id={ini.mdlm_mask_id!r} must be -1 (the last row) or a row.')
+  _check_adlm_init(config)
   if ini.embedding:  # the embedding alone, or the whole network: one source (warm_start.py)
     for field, other in (('init.mdlm_checkpoint', ini.mdlm_checkpoint),
                          ('init.workdir', ini.workdir)):
@@ -129,6 +130,29 @@ def _check_init(config: ml_collections.ConfigDict) -> None:
   if not path.endswith(('.npz', '.safetensors', '.ckpt', '.pt', '.pth')):
     raise ValueError(f'init.mdlm_checkpoint={path!r} must be a converted .npz, an MDLM '
                      '.safetensors or a Lightning .ckpt.')
+
+
+def _check_adlm_init(config: ml_collections.ConfigDict) -> None:
+  """`init.adlm_checkpoint`: the ADLM authors' network, for process.kind='adlm' only, the one
+  `init` source (docs/method.md §13.4)."""
+  ini, path = config.init, config.init.adlm_checkpoint
+  if config.process.kind == 'adlm' and ini.mdlm_checkpoint:
+    raise ValueError(f"init.mdlm_checkpoint={ini.mdlm_checkpoint!r} has no ADLM denoiser; with "
+                     "process.kind='adlm' start from the authors' checkpoint with "
+                     "init.adlm_checkpoint (python -m hmdlm_jax.convert_adlm) or init.workdir.")
+  if not path:
+    return
+  if config.process.kind != 'adlm':
+    raise ValueError(f"init.adlm_checkpoint is an ADLM network (anchor + denoiser): set "
+                     f"process.kind='adlm' (got {config.process.kind!r}) or "
+                     "init.adlm_checkpoint=''.")
+  for field, other in (('init.workdir', ini.workdir), ('init.embedding', ini.embedding)):
+    if other:
+      raise ValueError(f'init.adlm_checkpoint and {field} are both set; keep one.')
+  if not path.endswith('.npz') or not storage.isfile(path):
+    raise ValueError(f'init.adlm_checkpoint={path!r} must be an existing .npz: convert the '
+                     "authors' checkpoint with python -m hmdlm_jax.convert_adlm --src=FILE.ckpt "
+                     "--dst=FILE.npz --use_ema --allow_pickle, or set it to '' (random init).")
 
 
 def _derive_round_tokens(config: ml_collections.ConfigDict) -> None:

@@ -328,6 +328,9 @@ class InitSection:
   """`init`: Initialisation from a converted MDLM checkpoint (hmdlm_jax/convert_mdlm.py); '' =
   random init."""
   mdlm_checkpoint: str = ''
+  # process.kind='adlm': the ADLM authors' checkpoint as converted by hmdlm_jax/convert_adlm.py
+  # (.npz); fills anchor network and denoiser (docs/method.md §13.4).
+  adlm_checkpoint: str = ''
   # Input embedding only (hmdlm_jax/warm_start.py, docs/method.md §13.1): an .npz table whose rows
   # become the word rows, HDLM's cluster rows the mean of their words' rows, noise rows zero.
   embedding: str = ''

@@ -8,9 +8,9 @@ rows (GPT-2, `BOS title\\n summary\\n body EOS`, title given, long articles drop
 optimiser, with `process.kind='adlm'`: anchors = tokens occurring at most once in their row (τ = 1,
 the HMDLM paper's rule for ADLM here), γ = 3e-3 with the ramp min(γ, k / num_steps), MDLM's
 log-linear schedule, one level, a 6-block denoiser. Steps: HMDLM-F's budget at the same L (the
-paper fine-tunes both "under an identical setting"). Start from an ADLM-OWT run of this project:
-`--config.init.workdir=DIR` (a configs/adlm_owt.py run directory; the authors' checkpoint is not
-converted).
+paper fine-tunes both "under an identical setting"). Start from the authors' ADLM-OWT checkpoint
+(`--config.init.adlm_checkpoint=adlm_owt.npz`, converted by `python -m hmdlm_jax.convert_adlm`) or
+from an ADLM-OWT run of this project (`--config.init.workdir=DIR`, a configs/adlm_owt.py run).
 """
 
 from __future__ import annotations
@@ -27,5 +27,5 @@ def get_config(config_string: str = '') -> ml_collections.ConfigDict:
   seq_len, _ = wikihow.parse(config_string)
   c = wikihow.get_config(f'{seq_len},frequency')
   c.init.mdlm_checkpoint = ''
-  c.init.workdir = ''  # set on the command line: an adlm_owt run directory
+  c.init.workdir = ''  # or init.adlm_checkpoint: set one on the command line
   return to_adlm(c, tau=1)
