@@ -9,12 +9,10 @@ conditioning) as the anchor network and a 6-block denoiser on its raw logits (29
 GPT-2 vocabulary with an appended MASK (id 50257, V = 50,258), documents packed into rows of
 L = 1024 (`<|endoftext|>` between them), batch 512, AdamW lr 3e-4 (β 0.9, 0.999, eps 1e-8, no
 weight decay), 2,500 warm-up steps then constant, clip 1.0, EMA 0.9999, bfloat16, t ∈ [1e-3, 1];
-γ = 3e-3 with the ramp min(γ, k / num_steps), τ = 5. Data: `python -m hmdlm_jax.data.prepare
---tokenizer=gpt2 --output=DIR`, `--config.data.corpus_dir=DIR`. The authors' checkpoints of this
-run (adlm-medium.ckpt: 262B tokens, adlm-large.ckpt: 524B) start it with
-`--config.init.adlm_checkpoint=adlm_owt.npz` (converted by hmdlm_jax.convert_adlm, docs/usage.md).
-`:remdm` samples as the paper's remasking rows (Tables 2, 3, 7, 8; not measured here): ReMDM's
-'loop' sampler (§13.5: η 0.02, t_on 0.55, t_off 0.05, α_on 0.9), top-p 0.9, T = 4096.
+γ = 3e-3 with the ramp min(γ, k / num_steps), τ = 5. Data: `--config.data.corpus_dir=DIR` (prepared
+by hmdlm_jax.data.prepare --tokenizer=gpt2). The authors' checkpoints (adlm-medium/large.ckpt) start
+it via `--config.init.adlm_checkpoint` (hmdlm_jax.convert_adlm, docs/usage.md). `:remdm`: the
+paper's remasking rows (Tables 2, 3, 7, 8): ReMDM 'loop' (§13.5), top-p 0.9, T = 4096.
 """
 
 from __future__ import annotations
