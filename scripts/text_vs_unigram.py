@@ -203,6 +203,7 @@ AGGREGATED = ('bound_nats_per_token', 'appendix_e_nats_ESTIMATE_not_a_bound', 't
 
 def aggregate(per_seed: dict[str, dict[str, Any]]) -> dict[str, Any]:
   """Mean ± standard error over seeds of the nats, PPL = exp(mean nats) and the wall times."""
+  from hmdlm_jax.evaluation import reports  # pylint: disable=g-import-not-at-top
   out: dict[str, Any] = {'seeds': sorted(int(k) for k in per_seed)}
   runs = list(per_seed.values())
   for key in AGGREGATED + tuple(k for k in runs[0] if k.endswith('_nats_per_token')):
