@@ -75,6 +75,7 @@ def test_bare_step_fused_nll_and_layouts_agree():
     assert v == pytest.approx(ref, rel=1e-5), spec
 
 
+@pytest.mark.slow  # nightly: compiles the benchmark's bare steps
 def test_bare_step_guards_agree():
   """The guard as where(ok, new, old) and as one lax.cond give the same state after good steps."""
   d = bare_step.Dims(num_layers=1, hidden=32, heads=2, mlp=64, cond=16, vocab=50, batch=2,

@@ -205,16 +205,19 @@ def _run(installed: dict[str, str], *args: str, timeout: float = 240
 
 def test_the_installed_package_is_the_wheel(installed):
   proc = _run(installed, '-c', 'import hmdlm_jax, hmdlm_jax.configs.text as t; '
-              'print(hmdlm_jax.__file__); print(t.FIXTURE)')
+              'import hmdlm_jax.configs.hdlm_text as h; '
+              'print(hmdlm_jax.__file__); print(t.FIXTURE); print(h.BERT_N64)')
   assert proc.returncode == 0, proc.stderr[-3000:]
-  package_file, fixture = proc.stdout.split()
+  package_file, *data = proc.stdout.split()
   assert package_file == os.path.join(installed['package'], '__init__.py')
-  assert fixture.startswith(installed['package'] + os.sep) and os.path.isfile(fixture)
+  for path in data:  # the text fixture and HDLM's committed clusters ship in the wheel
+    assert path.startswith(installed['package'] + os.sep) and os.path.isfile(path), path
 
 
 @pytest.mark.parametrize('config,steps,data_field', [
     ('configs/text.py', 2, ('data', 'train_path')),
-    ('configs/hdlm_text.py', 1, ('process', 'hdlm', 'clusters')),
+    pytest.param('configs/hdlm_text.py', 1, ('process', 'hdlm', 'clusters'),
+                 marks=pytest.mark.slow),  # CI: its cluster file ships (test above)
 ])
 def test_the_installed_package_trains_a_text_config_from_an_empty_directory(
     installed, tmp_path, config, steps, data_field):
