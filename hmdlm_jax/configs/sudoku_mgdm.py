@@ -2,8 +2,8 @@
 
   python -m hmdlm_jax.main --config=configs/sudoku_mgdm.py --workdir=/tmp/mgdm_sudoku
 
-Expected: about 54% solved greedy, 17% stochastic, as docs/results/baselines.md trains MGDM (the
-demo twin's network for 1,091 steps, 3 seeds); these 1,200 steps are not measured separately.
+Expected: about 54-59% solved greedy, 17-21% stochastic, as docs/results/baselines.md trains MGDM
+(the demo twin's network for 1,091 and 1,450 steps, 3 seeds); 1,200 steps are not run separately.
 
 MGDM (Ye et al., ICLR 2025; docs/method.md §13.3) is MDLM trained with a focal token weight
 v = 0.25 (1 - p)^1 and the linear time weight T - k on the grid t = (k + 1)/T, normalised by the
