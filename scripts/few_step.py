@@ -324,7 +324,7 @@ def run_text(args: argparse.Namespace, log: Callable[[str], None]) -> dict[str, 
   root = os.path.join(args.workdir, 'text')
   results = _load_results(root)
   info, vocab, words = text_base(args, root, log)
-  base_cfg = text_config('mdlm', info, vocab, words, 0)
+  base_cfg = config_lib.resolve(text_config('mdlm', info, vocab, words, 0))  # the judge's view
   judge = ar_judge.load_or_train(base_cfg, ar_judge.JudgeConfig(steps=args.judge_steps),
                                  cache_dir=os.path.join(args.workdir, 'judges'))
   tok = judge.tokenizer
