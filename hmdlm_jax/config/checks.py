@@ -36,25 +36,3 @@ def check_number(field: str, value: Any, *, lo: float, hi: float = math.inf,
     raise ValueError(f'{field}={value!r} must lie in {interval}.')
   return float(value)
 
-
-REMDM_SCHEDULES = ('loop', 'cap', 'rescale')
-
-
-def check_remdm(schedule: Any, eta: Any, t_on: Any, t_off: Any, alpha_on: Any) -> None:
-  """The `sample.remdm_*` fields of ReMDM's sampler (docs/method.md §13.5).
-
-  η ∈ [0, 1] (a probability); 'loop' needs 0 < t_off < t_on < 1, α_on ∈ (0, 1) and
-  η ≤ (1 - α_on)/α_on, else its held phase would fill a masked position with probability
-  η·α_on/(1 - α_on) > 1.
-  """
-  if schedule not in REMDM_SCHEDULES:
-    raise ValueError(f'sample.remdm_schedule must be one of {REMDM_SCHEDULES}, got {schedule!r}.')
-  eta = check_number('sample.remdm_eta', eta, lo=0.0, hi=1.0, hi_open=False)
-  if schedule != 'loop':
-    return
-  t_on = check_number('sample.remdm_t_on', t_on, lo=0.0, hi=1.0, lo_open=True)
-  check_number('sample.remdm_t_off', t_off, lo=0.0, hi=t_on, lo_open=True)
-  alpha_on = check_number('sample.remdm_alpha_on', alpha_on, lo=0.0, hi=1.0, lo_open=True)
-  if eta * alpha_on > 1.0 - alpha_on:
-    raise ValueError(f'sample.remdm_eta={eta!r} must be <= (1 - sample.remdm_alpha_on) / '
-                     f'remdm_alpha_on = {(1.0 - alpha_on) / alpha_on:.4g} for the loop schedule.')

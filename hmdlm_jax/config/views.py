@@ -12,12 +12,12 @@ import dataclasses
 from hmdlm_jax.config import schema
 from hmdlm_jax.config.checks import check_int as _check_int
 from hmdlm_jax.config.checks import check_number as _check_number
-from hmdlm_jax.config.checks import check_remdm as _check_remdm
 from hmdlm_jax.config.hdlm import HDLMConfig
 
 VARIANTS = schema.VARIANTS
 ORDERINGS = ('ancestral', 'confidence', 'remask', 'remdm')
 REMASK_SCHEDULES = ('linear', 'cosine')
+REMDM_SCHEDULES = ('loop', 'cap', 'rescale')
 LEVEL_CONTEXTS = ('candidates', 'none')
 HIER_OBJECTIVES = ('bound', 'cross_entropy')
 TOKEN_ROWS = ('auto', 'all', 'selected')
@@ -174,10 +174,30 @@ class SampleConfig:
     if self.remask_schedule not in REMASK_SCHEDULES:
       raise ValueError(f'sample.remask_schedule must be one of {REMASK_SCHEDULES}, got '
                        f'{self.remask_schedule!r}.')
-    _check_remdm(self.remdm_schedule, self.remdm_eta, self.remdm_t_on, self.remdm_t_off,
-                 self.remdm_alpha_on)
+    self._check_remdm()
     if self.variant not in VARIANTS:
       raise ValueError(f'model.variant must be one of {VARIANTS}, got {self.variant!r}.')
+
+  def _check_remdm(self) -> None:
+    """The `sample.remdm_*` fields of ReMDM's sampler (docs/method.md §13.5).
+
+    η ∈ [0, 1] (a probability); 'loop' needs 0 < t_off < t_on < 1, α_on ∈ (0, 1) and
+    η ≤ (1 - α_on)/α_on, else its held phase would fill a masked position with probability
+    η·α_on/(1 - α_on) > 1.
+    """
+    if self.remdm_schedule not in REMDM_SCHEDULES:
+      raise ValueError(f'sample.remdm_schedule must be one of {REMDM_SCHEDULES}, got '
+                       f'{self.remdm_schedule!r}.')
+    eta = _check_number('sample.remdm_eta', self.remdm_eta, lo=0.0, hi=1.0, hi_open=False)
+    if self.remdm_schedule != 'loop':
+      return
+    t_on = _check_number('sample.remdm_t_on', self.remdm_t_on, lo=0.0, hi=1.0, lo_open=True)
+    _check_number('sample.remdm_t_off', self.remdm_t_off, lo=0.0, hi=t_on, lo_open=True)
+    alpha_on = _check_number('sample.remdm_alpha_on', self.remdm_alpha_on, lo=0.0, hi=1.0,
+                             lo_open=True)
+    if eta * alpha_on > 1.0 - alpha_on:
+      raise ValueError(f'sample.remdm_eta={eta!r} must be <= (1 - sample.remdm_alpha_on) / '
+                       f'remdm_alpha_on = {(1.0 - alpha_on) / alpha_on:.4g} for the loop schedule.')
 
   @classmethod
   def from_config(cls, config: schema.Config) -> SampleConfig:
