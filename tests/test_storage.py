@@ -122,6 +122,9 @@ def test_gs_workdir_train_eval_sample(sandbox, gcs_env):
   assert step == 4 and params
 
 
+# Nightly: CI keeps the bucket workdir's train / eval / sample above and the local kill-resume
+# identity (test_checkpoint.py).
+@pytest.mark.slow
 def test_gs_sigkill_then_resume_is_bit_identical(sandbox, gcs, tmp_path):
   flags = ('--config.train.num_steps=12', '--config.train.ckpt_every=4')
   reference = str(tmp_path / 'reference')
