@@ -126,6 +126,10 @@ def train(config: ml_collections.ConfigDict, workdir: str, log: Callable[[str], 
   t0 = time.monotonic()
   config.train.final_eval = False
   main_lib.run('train', config, workdir)
+  done = finished_steps(workdir)
+  if done < want:  # stopped early (SIGTERM, a time budget): so does the driver; a rerun resumes
+    sys.exit(f'few_step: {workdir} stopped at step {done} of {want}; rerun the same command to '
+             'resume.')
   log(f'  {workdir}: trained to {want} steps in {time.monotonic() - t0:.0f} s')
 
 
