@@ -40,7 +40,8 @@ Text (the paper's Table 1 shape, read at equal entropy):
 
 Sudoku results: WORKDIR/sudoku/results.json (every seed's numbers) and a table of mean ± standard
 error over the seeds run so far (printed, and WORKDIR/sudoku/table.md). Run from the repository
-root; every experiment is read by `hmdlm_jax.config.load` with `--config.section.field=value` overrides.
+root; every experiment is read by `hmdlm_jax.config.load` with `--config.section.field=value`
+overrides.
 """
 from __future__ import annotations
 
