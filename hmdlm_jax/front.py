@@ -126,16 +126,20 @@ def run(workdirs: Sequence[str], out: str, *, names: Sequence[str] = (),
       'runs': {}}
   os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
   partial = out + '.samples.jsonl.partial'
-  with open(partial, 'w', encoding='utf-8') as f:
-    for name, workdir, model in zip(names, workdirs, models):
-      log(f'{name}: {workdir} (process {model.config.process.kind}, step {model.step})')
-      write = lambda r, name=name: f.write(json.dumps({'run': name, **r}) + '\n')
-      points = sweep(model, steps=steps, temperatures=temperatures, top_ps=top_ps, seeds=seeds,
-                     num_samples=num_samples, judge=judge, gpt2=gpt2, gpt2_reason=gpt2_reason,
-                     write=write, log=log)
-      result['runs'][name] = {
-          'workdir': workdir, 'process': model.config.process.kind, 'step': model.step,
-          'points': points, 'front': {m: front_lib.fronts(points, m) for m in METRICS}}
+  try:
+    with open(partial, 'w', encoding='utf-8') as f:
+      for name, workdir, model in zip(names, workdirs, models):
+        log(f'{name}: {workdir} (process {model.config.process.kind}, step {model.step})')
+        write = lambda r, name=name: f.write(json.dumps({'run': name, **r}) + '\n')
+        points = sweep(model, steps=steps, temperatures=temperatures, top_ps=top_ps, seeds=seeds,
+                       num_samples=num_samples, judge=judge, gpt2=gpt2, gpt2_reason=gpt2_reason,
+                       write=write, log=log)
+        result['runs'][name] = {
+            'workdir': workdir, 'process': model.config.process.kind, 'step': model.step,
+            'points': points, 'front': {m: front_lib.fronts(points, m) for m in METRICS}}
+  except BaseException:  # a failed or interrupted sweep leaves nothing behind
+    os.remove(partial)
+    raise
   result['equal_entropy'] = equal_entropy(result['runs'], entropies)
   members: dict[str, list[str]] = {}
   for g, name in zip(groups, names):

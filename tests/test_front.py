@@ -213,3 +213,13 @@ def test_cli_refuses_an_existing_out_before_reading_any_run(tmp_path, existing):
   with pytest.raises(SystemExit) as e:
     front.main(['--workdirs=A,B', f'--out={tmp_path / "x.json"}', '--overwrite'])
   assert 'exists' not in str(e.value)
+
+
+def test_a_failed_sweep_leaves_no_file(text_run, tmp_path, monkeypatch):
+  def broken(*args, **kwargs):
+    raise RuntimeError('sampler broke')
+  monkeypatch.setattr(front, 'sweep', broken)
+  with pytest.raises(RuntimeError, match='sampler broke'):
+    front.run([text_run], str(tmp_path / 'x.json'), steps=[2], temperatures=[1.0], top_ps=[1.0],
+              seeds=[0], num_samples=2, gpt2_model='')
+  assert not list(tmp_path.iterdir())
