@@ -29,9 +29,10 @@ Text (the paper's Table 1 shape, read at equal entropy):
               distillation's optimiser: the control for the three distillations)
     mdlm_cd   configs/multimdm_text.py:mdlm_distill from mdlm (500 steps, EMA target)
     mm_cd     configs/multimdm_text.py:distill from mm_cont (500 steps, EMA target)
-    mm_cdf    the same with target='frozen_rounds' (R = 5 rounds of 100 steps, as DUO)
+    mm_cdf    the same with target='frozen_rounds' (R = 5 rounds of 100 steps, δ doubling at
+              each round, as DUO)
     mm_rand   configs/multimdm_text.py (2,000 steps from scratch)
-    mm_cdf4   mm_cdf with 4x the budget (2,000 steps, R = 5; δ doubling 4x as far apart)
+    mm_cdf4   mm_cdf with 4x the budget (2,000 steps, R = 5 rounds of 400)
   then one sweep of every run (hmdlm_jax.front): --num_samples rows at each K in --steps and τ in
   --temperatures, unigram entropy and GenPPL under the offline judge (hmdlm_jax/ar_judge.py,
   trained once on the train split, cached in WORKDIR/judges), each run's GenPPL-entropy front
@@ -297,7 +298,9 @@ def text_runs(root: str, info: dict[str, Any], vocab: str, words: int, seed: int
   d = {r: os.path.join(root, f'{r}_s{seed}') for r in TEXT_RUNS}
   cfg = lambda option, *overrides: text_config(option, info, vocab, words, seed, *overrides)
   init = lambda run: f'--config.init.workdir={d[run]}'
-  frozen = ('--config.process.multimdm.target=frozen_rounds', '--config.process.multimdm.rounds=5')
+  # DUO's reading (docs/method.md §13.2): R = 5 frozen targets, δ doubling when one is refreshed.
+  frozen = ('--config.process.multimdm.target=frozen_rounds', '--config.process.multimdm.rounds=5',
+            '--config.process.multimdm.delta_double_every=100')
   need = set(runs)
   if need & {'mdlm_more', 'mdlm_cd', 'mm_cd', 'mm_cdf', 'mm_cdf4'}:
     need |= {'mdlm', 'mm_cont'}
@@ -312,9 +315,9 @@ def text_runs(root: str, info: dict[str, Any], vocab: str, words: int, seed: int
       'mm_cd': lambda: cfg('distill', init('mm_cont')),
       'mm_cdf': lambda: cfg('distill', init('mm_cont'), *frozen),
       'mm_rand': lambda: cfg(''),
-      # The distillation budget x4: 4x the steps per round, δ doubling 4x as far apart.
+      # The distillation budget x4: 4x the steps per round (the later override wins).
       'mm_cdf4': lambda: cfg('distill', init('mm_cont'), *frozen, '--config.train.num_steps=2000',
-                             '--config.process.multimdm.delta_double_every=600'),
+                             '--config.process.multimdm.delta_double_every=400'),
   }
   for run in TEXT_RUNS:
     if run in need:
