@@ -8,6 +8,8 @@ Sudoku (solve rate and cell accuracy against the number of network calls):
   resumes):
     mdlm     configs/sudoku_mdlm.py (the demo's MDLM twin, 1,200 steps)
     mm_cont  configs/multimdm_sudoku.py:cont from mdlm's EMA weights (+400 steps, M = 3)
+    mdlm_more configs/multimdm_sudoku.py:mdlm_more from mdlm (the distillation's steps and
+             optimiser with MDLM's loss: the equal-budget control)
     mdlm_cd  configs/multimdm_sudoku.py:mdlm_distill from mdlm (300 steps; M = 1: MDLM with
              shared-Gumbel paths)
     mm_cd    configs/multimdm_sudoku.py:distill from mm_cont (300 steps)
@@ -74,7 +76,7 @@ from scripts import shakespeare_data
 
 _REPO = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), '..'))
 
-SUDOKU_RUNS = ('mdlm', 'mdlm_cd', 'mm_cont', 'mm_cd')
+SUDOKU_RUNS = ('mdlm', 'mdlm_more', 'mdlm_cd', 'mm_cont', 'mm_cd')
 # Text, in training order (--runs picks a subset; each run's warm start is trained first).
 TEXT_RUNS = ('mdlm', 'mm_cont', 'mdlm_more', 'mdlm_cd', 'mm_cd', 'mm_cdf', 'mm_rand', 'mm_cdf4')
 LABELS = {'mdlm': 'MDLM', 'mdlm_more': 'MDLM + the same extra steps (control)',
@@ -180,6 +182,7 @@ def sudoku_runs(root: str, seed: int, log: Callable[[str], None]) -> dict[str, s
   init = lambda run: f'--config.init.workdir={d[run]}'
   train(experiment('sudoku_mdlm.py', s), d['mdlm'], log)
   train(experiment('multimdm_sudoku.py:cont', s, init('mdlm')), d['mm_cont'], log)
+  train(experiment('multimdm_sudoku.py:mdlm_more', s, init('mdlm')), d['mdlm_more'], log)
   train(experiment('multimdm_sudoku.py:mdlm_distill', s, init('mdlm')), d['mdlm_cd'], log)
   train(experiment('multimdm_sudoku.py:distill', s, init('mm_cont')), d['mm_cd'], log)
   return d
