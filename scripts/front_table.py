@@ -1,11 +1,13 @@
 r"""The results pages' tables from GenPPL–entropy sweeps (`python -m hmdlm_jax.front`, --groups).
 
   python -m scripts.front_table --fronts=A.json,B.json:t3_ --pairs=t3_hdlm-t3_mdlm,mm_cd-mdlm_more \
-      [--labels=mdlm=MDLM,...] [--out=merged.json]
+      [--entropies=3.3,3.5] [--labels=mdlm=MDLM,...] [--out=merged.json]
 
 Each FILE[:PREFIX] is one sweep's JSON (its groups renamed PREFIX + name, so that two sweeps may
-both have an 'mdlm'); all must share --entropies and K. Printed (markdown): per group and K the
-judge GenPPL at each entropy, mean ± s.e. over the group's runs (its training seeds), '–' where a
+both have an 'mdlm'; the same PREFIX + name in two sweeps pools the run's points, e.g. a second
+sweep at other temperatures); all must share K, seeds and rows per point. Every run's front is
+drawn again on its points and read at --entropies (default: the sweeps' own). Printed (markdown):
+per group and K the judge GenPPL at each entropy, mean ± s.e. over the group's runs (its training seeds), '–' where a
 run's front does not reach that entropy; then per --pairs A-B the paired differences A − B over
 runs of equal index (the same training seed when both groups list seeds in order). --out writes
 the merged runs (per-seed points, fronts) and groups: the raw JSON beside a results page.
@@ -18,19 +20,28 @@ import json
 import sys
 from typing import Any, Sequence
 
+from hmdlm_jax import front
+from hmdlm_jax.evaluation import front as front_lib
 from hmdlm_jax.evaluation import reports
 
 METRIC = 'gen_ppl_judge'
 
 
-def merge(specs: Sequence[str]) -> dict[str, Any]:
-  """{'settings', 'judge', 'runs', 'groups'} of the sweeps FILE[:PREFIX] in `specs`."""
+def merge(specs: Sequence[str], entropies: Sequence[float] = ()) -> dict[str, Any]:
+  """{'settings', 'judge', 'runs', 'groups'} of the sweeps FILE[:PREFIX] in `specs`.
+
+  A run in several sweeps (PREFIX + name; e.g. a second sweep at other temperatures) gets the
+  points of all; a group in several must list the same runs. Every run's front is drawn again on
+  its points and read at `entropies` (default: the sweeps' own, which must then agree).
+  """
   out: dict[str, Any] = {'settings': None, 'judge': None, 'runs': {}, 'groups': {}}
+  members: dict[str, list[str]] = {}
   for spec in specs:
     path, _, prefix = spec.partition(':')
     with open(path, encoding='utf-8') as f:
       sweep = json.load(f)
-    shared = {k: sweep['settings'][k] for k in ('steps', 'entropies', 'seeds', 'num_samples')}
+    shared = {k: sweep['settings'][k] for k in ('steps', 'seeds', 'num_samples')}
+    shared['entropies'] = list(entropies) or sweep['settings']['entropies']
     if out['settings'] not in (None, shared):
       raise ValueError(f'--fronts: {path} was swept with {shared}, the others with '
                        f'{out["settings"]}; sweep them alike.')
@@ -39,12 +50,17 @@ def merge(specs: Sequence[str]) -> dict[str, Any]:
       raise ValueError(f'--fronts: {path} was scored by another judge; score them with one.')
     out['settings'], out['judge'] = shared, sweep['judge']
     for name, run in sweep['runs'].items():
-      out['runs'][prefix + name] = run
+      have = out['runs'].setdefault(prefix + name, {**run, 'points': []})
+      have['points'] = have['points'] + run['points']
     for g, group in sweep['groups'].items():
-      if prefix + g in out['groups']:
-        raise ValueError(f'--fronts: two sweeps have the group {prefix + g!r}; give one a PREFIX.')
-      out['groups'][prefix + g] = {'runs': [prefix + r for r in group['runs']],
-                                   'equal_entropy': group['equal_entropy']}
+      runs = [prefix + r for r in group['runs']]
+      if members.setdefault(prefix + g, runs) != runs:
+        raise ValueError(f'--fronts: the group {prefix + g!r} lists other runs in {path}; give '
+                         'one sweep a PREFIX.')
+  for run in out['runs'].values():
+    run['front'] = {m: front_lib.fronts(run['points'], m) for m in front.METRICS}
+  out['groups'] = front.group_equal_entropy(
+      front.equal_entropy(out['runs'], out['settings']['entropies']), members)
   return out
 
 
@@ -101,10 +117,11 @@ def main(argv: Sequence[str] | None = None) -> None:
   ap.add_argument('--fronts', required=True, help='comma-separated FILE[:PREFIX]')
   ap.add_argument('--pairs', default='', help='comma-separated A-B group pairs')
   ap.add_argument('--labels', default='', help='comma-separated GROUP=label')
+  ap.add_argument('--entropies', default='', help='comma-separated entropies (nats) to read at')
   ap.add_argument('--out', default='', help='the merged JSON written')
   a = ap.parse_args(argv)
   try:
-    merged = merge(a.fronts.split(','))
+    merged = merge(a.fronts.split(','), [float(e) for e in a.entropies.split(',') if e])
     labels = dict(x.split('=', 1) for x in a.labels.split(',') if x)
     pairs = [tuple(p.split('-', 1)) for p in a.pairs.split(',') if p]
     for p in pairs:
