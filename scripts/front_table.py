@@ -7,10 +7,11 @@ Each FILE[:PREFIX] is one sweep's JSON (its groups renamed PREFIX + name, so tha
 both have an 'mdlm'; the same PREFIX + name in two sweeps pools the run's points, e.g. a second
 sweep at other temperatures); all must share K, seeds and rows per point. Every run's front is
 drawn again on its points and read at --entropies (default: the sweeps' own). Printed (markdown):
-per group and K the judge GenPPL at each entropy, mean ± s.e. over the group's runs (its training seeds), '–' where a
-run's front does not reach that entropy; then per --pairs A-B the paired differences A − B over
-runs of equal index (the same training seed when both groups list seeds in order). --out writes
-the merged runs (per-seed points, fronts) and groups: the raw JSON beside a results page.
+per group and K the judge GenPPL at each entropy, mean ± s.e. over the group's runs (its training
+seeds), '–' where a run's front does not reach that entropy; then per --pairs A-B the paired
+differences A − B over runs of equal index (the same training seed when both groups list seeds in
+order). --out writes the merged runs (per-seed points, fronts) and groups: the raw JSON beside a
+results page.
 """
 
 from __future__ import annotations
