@@ -71,12 +71,14 @@ def _cell(m: float | None, se: float | None, n: int, of: int) -> str:
   return reports.mean_pm(m, se, digits=0, count=n) + ('' if n == of else f' ({n}/{of})')
 
 
-def table(merged: dict[str, Any], labels: dict[str, str]) -> list[str]:
+def table(merged: dict[str, Any], labels: dict[str, str], hide: Sequence[str] = ()) -> list[str]:
   """Per group x K: the judge GenPPL at each entropy, mean ± s.e. over the group's runs."""
   ents = merged['settings']['entropies']
   lines = ['| model | K | ' + ' | '.join(f'H = {e:g}' for e in ents) + ' |',
            '|---|---|' + '---|' * len(ents)]
   for g, group in merged['groups'].items():
+    if g in hide:
+      continue
     for k, cell in group['equal_entropy'][METRIC].items():
       of = len(cell['per_run'])
       vals = [_cell(cell['mean'][j], cell['se'][j], cell['n'][j], of) for j in range(len(ents))]
@@ -102,12 +104,15 @@ def paired(merged: dict[str, Any], a: str, b: str) -> dict[str, list[tuple[float
 
 def pair_table(merged: dict[str, Any], pairs: Sequence[tuple[str, str]],
                labels: dict[str, str]) -> list[str]:
+  """Per pair A-B and K: A − B at each entropy, mean ± s.e. over the runs of equal index that
+  both reach it ('(n/N)' when fewer than all N do)."""
   ents = merged['settings']['entropies']
   lines = ['| difference | K | ' + ' | '.join(f'H = {e:g}' for e in ents) + ' |',
            '|---|---|' + '---|' * len(ents)]
   for a, b in pairs:
+    of = len(merged['groups'][a]['runs'])
     for k, rows in paired(merged, a, b).items():
-      cells = [_cell(m, se, n, n) + (f' (n = {n})' if m is not None else '') for m, se, n in rows]
+      cells = [_cell(m, se, n, of) for m, se, n in rows]
       lines.append(f'| {labels.get(a, a)} − {labels.get(b, b)} | {k} | ' + ' | '.join(cells)
                    + ' |')
   return lines
@@ -120,6 +125,7 @@ def main(argv: Sequence[str] | None = None) -> None:
   ap.add_argument('--labels', default='', help='comma-separated GROUP=label')
   ap.add_argument('--entropies', default='', help='comma-separated entropies (nats) to read at')
   ap.add_argument('--out', default='', help='the merged JSON written')
+  ap.add_argument('--hide', default='', help='comma-separated groups left out of the table')
   a = ap.parse_args(argv)
   try:
     merged = merge(a.fronts.split(','), [float(e) for e in a.entropies.split(',') if e])
@@ -131,7 +137,7 @@ def main(argv: Sequence[str] | None = None) -> None:
                          f'{sorted(merged["groups"])}.')
   except (ValueError, OSError, KeyError) as e:
     sys.exit(f'hmdlm_jax: error: {e}')
-  print('\n'.join(table(merged, labels)))
+  print('\n'.join(table(merged, labels, a.hide.split(','))))
   if pairs:
     print('\n' + '\n'.join(pair_table(merged, pairs, labels)))
   if a.out:
