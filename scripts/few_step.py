@@ -394,8 +394,8 @@ def main(argv: Sequence[str] | None = None) -> None:
   p.add_argument('--num_puzzles', type=int, default=500)
   p.add_argument('--runs', default=','.join(TEXT_RUNS), help='text: the runs trained and swept')
   p.add_argument('--steps', default='2,8,32', help='text: sampling steps K')
-  p.add_argument('--temperatures', default='0.6,0.8,1.0,1.2', help='text: the sweep\'s τ')
-  p.add_argument('--entropies', default='3.0,3.2,3.4,3.6',
+  p.add_argument('--temperatures', default='0.4,0.6,0.8,1.0,1.2,1.4', help='text: the sweep\'s τ')
+  p.add_argument('--entropies', default='2.8,3.0,3.2,3.4,3.6',
                  help='text: entropies (nats) at which the fronts are compared')
   p.add_argument('--num_samples', type=int, default=64, help='text: rows per point')
   p.add_argument('--train_only', action='store_true', help='text: train, sweep nothing')
