@@ -1,8 +1,8 @@
 r"""MultiMDM on offline text (Shakespeare, or any local text): configs/text.py's model and data.
 
-Expected (scripts/few_step.py on Shakespeare, 3 seeds): generative perplexity under the offline
-judge 965 ± 88 for MultiMDM-rand at K = 4 steps against MDLM's 1,239 ± 279 (real text: 50), a gap
-within the seed spread; distillation raises the K = 2 entropy (docs/results/multimdm.md).
+Expected (scripts/few_step.py on Shakespeare, 3 seeds, judge GenPPL at equal entropy 3.2): at
+K = 2 steps `:distill` 706 ± 154 against `:mdlm_distill`'s 848 ± 214 and the `:mdlm_more` control's
+1,428 ± 411 (real text: 50); no difference at K >= 8 (docs/results/multimdm.md).
 
 Recipes (config string after the file name): the default (or `:rand`) 2,000 steps from scratch;
 `:mdlm` with --config.train.num_steps=1500, the MDLM stage; `:cont` 500 more steps from it
