@@ -79,11 +79,10 @@ _REPO = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__))
 SUDOKU_RUNS = ('mdlm', 'mdlm_more', 'mdlm_cd', 'mm_cont', 'mm_cd')
 # Text, in training order (--runs picks a subset; each run's warm start is trained first).
 TEXT_RUNS = ('mdlm', 'mm_cont', 'mdlm_more', 'mdlm_cd', 'mm_cd', 'mm_cdf', 'mm_rand', 'mm_cdf4')
+# The Sudoku table's row names (the text sweep is named by its runs, TEXT_RUNS).
 LABELS = {'mdlm': 'MDLM', 'mdlm_more': 'MDLM + the same extra steps (control)',
-          'mdlm_cd': 'MDLM + shared-Gumbel distillation', 'mm_rand': 'MultiMDM-rand',
-          'mm_cont': 'MultiMDM-cont', 'mm_cd': 'MultiMDM-cont + distillation (EMA target)',
-          'mm_cdf': 'MultiMDM-cont + distillation (frozen rounds)',
-          'mm_cdf4': 'MultiMDM-cont + distillation (frozen rounds, 4x steps)'}
+          'mdlm_cd': 'MDLM + shared-Gumbel distillation', 'mm_cont': 'MultiMDM-cont',
+          'mm_cd': 'MultiMDM-cont + distillation (EMA target)'}
 
 
 # ------------------------------------------------------------------------------------- runs
