@@ -14,7 +14,7 @@ Sudoku (solve rate and cell accuracy against the number of network calls):
              shared-Gumbel paths)
     mm_cd    configs/multimdm_sudoku.py:distill from mm_cont (300 steps)
   then every model solves the --num_puzzles test puzzles at T = NFE steps for each --nfe (argmax
-  tokens, EMA weights) with two decodings: 'confidence' (the k_n most confident cells revealed per
+  tokens, EMA weights) with the --decodings: 'confidence' (the k_n most confident cells revealed per
   step, k_n the expected number; for MDLM exactly the demo's top-k decoding, for MultiMDM the
   other cells move among the masks by (3.4)) and 'ancestral' ((3.7) / Algorithm 4).
 
@@ -231,7 +231,7 @@ def run_sudoku(args: argparse.Namespace, log: Callable[[str], None]) -> dict[str
   root = os.path.join(args.workdir, 'sudoku')
   results = _load_results(root)
   puzzles = sudoku_puzzles(args.num_puzzles)
-  rows = [(run, dec) for dec in DECODINGS for run in SUDOKU_RUNS]
+  rows = [(run, dec) for dec in args.decodings for run in SUDOKU_RUNS]
   for seed in args.seeds:
     dirs = sudoku_runs(root, seed, log)
     per = results['seeds'].setdefault(str(seed), {})
@@ -391,6 +391,8 @@ def main(argv: Sequence[str] | None = None) -> None:
   p.add_argument('--seeds', default='0', help='comma-separated training seeds')
   p.add_argument('--nfe', default='1,2,4,8,16,81', help='Sudoku: network calls (= steps)')
   p.add_argument('--num_puzzles', type=int, default=500)
+  p.add_argument('--decodings', default=','.join(DECODINGS),
+                 help='Sudoku: the decodings solved and tabled, in this order')
   p.add_argument('--runs', default=','.join(TEXT_RUNS), help='text: the runs trained and swept')
   p.add_argument('--steps', default='2,8,32', help='text: sampling steps K')
   p.add_argument('--temperatures', default='0.4,0.6,0.8,1.0,1.2,1.4', help='text: the sweep\'s τ')
@@ -412,6 +414,10 @@ def main(argv: Sequence[str] | None = None) -> None:
   args.temperatures = [float(s) for s in args.temperatures.split(',')]
   args.entropies = [float(s) for s in args.entropies.split(',')]
   args.runs = [r for r in args.runs.split(',') if r]
+  args.decodings = [d for d in args.decodings.split(',') if d]
+  if set(args.decodings) - set(DECODINGS):
+    p.error(f'--decodings: {sorted(set(args.decodings) - set(DECODINGS))} are not among '
+            f'{DECODINGS}')
   if set(args.runs) - set(TEXT_RUNS):
     p.error(f'--runs: {sorted(set(args.runs) - set(TEXT_RUNS))} are not among {TEXT_RUNS}')
   t0 = time.monotonic()

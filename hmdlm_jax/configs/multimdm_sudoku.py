@@ -1,8 +1,8 @@
 r"""MultiMDM on Sudoku (few-step solving): configs/sudoku_base.py's model and data, M = 3 masks.
 
-Expected (scripts/few_step.py, 200 generated test puzzles, 3 seeds, confidence decoding): no
-few-step gain at this scale: all four models solve 17.7-19.5% at 4 network calls; at 81 calls
-MultiMDM-cont 55.2 ± 0.9% against the MDLM twin's 61.3 ± 1.7% (docs/results/multimdm.md).
+Expected (scripts/few_step.py, 200 test puzzles, 3 seeds, confidence decoding): no few-step
+gain: all five models solve 17.0-18.0% at 4 network calls; at 81 calls MultiMDM-cont 56.7 ± 0.9%
+against the equal-budget control's 62.2 ± 2.8% (docs/results/multimdm.md).
 
 Recipes (config string after the file name; the MDLM stage is configs/sudoku_mdlm.py):
   :cont          400 MultiMDM steps from MDLM's EMA weights (--config.init.workdir=DIR_MDLM)
