@@ -13,6 +13,10 @@ Sudoku (solve rate and cell accuracy against the number of network calls):
     mdlm_cd  configs/multimdm_sudoku.py:mdlm_distill from mdlm (300 steps; M = 1: MDLM with
              shared-Gumbel paths)
     mm_cd    configs/multimdm_sudoku.py:distill from mm_cont (300 steps)
+    mdlm_more_cont  configs/multimdm_sudoku.py:mdlm_more_cont from mdlm (mm_cont's steps and
+             optimiser with MDLM's loss: mm_cont's control)
+    mdlm_more_cd  configs/multimdm_sudoku.py:mdlm_more from mdlm_more_cont (mm_cd's control: the
+             same 400 + 300 steps, each stage with its optimiser)
   then every model solves the --num_puzzles test puzzles at T = NFE steps for each --nfe (argmax
   tokens, EMA weights) with the --decodings: 'confidence' (the k_n most confident cells revealed per
   step, k_n the expected number; for MDLM exactly the demo's top-k decoding, for MultiMDM the
@@ -76,13 +80,16 @@ from scripts import shakespeare_data
 
 _REPO = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), '..'))
 
-SUDOKU_RUNS = ('mdlm', 'mdlm_more', 'mdlm_cd', 'mm_cont', 'mm_cd')
+SUDOKU_RUNS = ('mdlm', 'mdlm_more', 'mdlm_cd', 'mm_cont', 'mm_cd', 'mdlm_more_cont',
+               'mdlm_more_cd')
 # Text, in training order (--runs picks a subset; each run's warm start is trained first).
 TEXT_RUNS = ('mdlm', 'mm_cont', 'mdlm_more', 'mdlm_cd', 'mm_cd', 'mm_cdf', 'mm_rand', 'mm_cdf4')
 # The Sudoku table's row names (the text sweep is named by its runs, TEXT_RUNS).
 LABELS = {'mdlm': 'MDLM', 'mdlm_more': 'MDLM + the same extra steps (control)',
           'mdlm_cd': 'MDLM + shared-Gumbel distillation', 'mm_cont': 'MultiMDM-cont',
-          'mm_cd': 'MultiMDM-cont + distillation (EMA target)'}
+          'mm_cd': 'MultiMDM-cont + distillation (EMA target)',
+          'mdlm_more_cont': "MDLM + MultiMDM-cont's steps (control)",
+          'mdlm_more_cd': "MDLM + MultiMDM-cont + distillation's steps (control)"}
 
 
 # ------------------------------------------------------------------------------------- runs
@@ -184,6 +191,10 @@ def sudoku_runs(root: str, seed: int, log: Callable[[str], None]) -> dict[str, s
   train(experiment('multimdm_sudoku.py:mdlm_more', s, init('mdlm')), d['mdlm_more'], log)
   train(experiment('multimdm_sudoku.py:mdlm_distill', s, init('mdlm')), d['mdlm_cd'], log)
   train(experiment('multimdm_sudoku.py:distill', s, init('mm_cont')), d['mm_cd'], log)
+  train(experiment('multimdm_sudoku.py:mdlm_more_cont', s, init('mdlm')), d['mdlm_more_cont'],
+        log)
+  train(experiment('multimdm_sudoku.py:mdlm_more', s, init('mdlm_more_cont')), d['mdlm_more_cd'],
+        log)
   return d
 
 
@@ -243,7 +254,7 @@ def run_sudoku(args: argparse.Namespace, log: Callable[[str], None]) -> dict[str
         key = _key(run, dec, nfe)
         if key not in per:
           per[key] = solve(config, params, puzzles, nfe, seed, ordering=dec)
-          log(f'  seed {seed} {LABELS[run]:34s} {dec:10s} NFE {nfe:3d}: solve '
+          log(f'  seed {seed} {LABELS[run]:52s} {dec:10s} NFE {nfe:3d}: solve '
               f'{per[key]["solve_rate"]:.3f}, cells {per[key]["cell_accuracy"]:.3f}')
       _save_results(root, results)
   table = ['| model | decoding | metric | ' + ' | '.join(f'NFE {n}' for n in args.nfe) + ' |',

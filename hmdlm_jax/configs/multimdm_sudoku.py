@@ -4,15 +4,15 @@ Expected (scripts/few_step.py, 200 test puzzles, 3 seeds, confidence decoding): 
 gain: all five models solve 17.0-18.0% at 4 network calls; at 81 calls MultiMDM-cont 56.7 ± 0.9%
 against the equal-budget control's 62.2 ± 2.8% (docs/results/multimdm.md).
 
-Recipes (config string after the file name; the MDLM stage is configs/sudoku_mdlm.py):
-  :cont          400 MultiMDM steps from MDLM's EMA weights (--config.init.workdir=DIR_MDLM)
-  :distill       consistency distillation (Algorithm 3) of a MultiMDM run (init.workdir=DIR_MM)
-  :mdlm_distill  MDLM with shared-Gumbel paths (--config.init.workdir=DIR_MDLM)
+Recipes (`:option` after the file name; init.workdir=DIR names the run it starts from):
+  :cont          400 MultiMDM steps from MDLM's EMA weights (DIR = configs/sudoku_mdlm.py's run)
+  :distill       consistency distillation (Algorithm 3) of a MultiMDM run (DIR = :cont's run)
+  :mdlm_distill  MDLM with shared-Gumbel paths (DIR = MDLM's run)
   :mdlm_more     the control: MDLM trained on for the distillation's steps with its optimiser
-                 (--config.init.workdir=DIR_MDLM; docs/method.md §13.2)
+  :mdlm_more_cont  the control of :cont (its steps and optimiser); :mdlm_more from it is
+                 the control of :distill (docs/method.md §13.2)
   :rand          MultiMDM from scratch at sudoku_base's budget (the default)
-`python -m scripts.few_step --task=sudoku` runs all of them. Choices (M, α = β = 1 - t, the
-curriculum, the distillation schedule): docs/results/multimdm.md, docs/method.md §13.2.
+`python -m scripts.few_step --task=sudoku` runs them all; choices: docs/method.md §13.2.
 """
 
 from __future__ import annotations
@@ -23,15 +23,15 @@ from hmdlm_jax.configs import sudoku_mdlm
 
 NUM_MASKS = 3
 WORDS = 9  # digits 1..9 -> tokens 0..8
-OPTIONS = ('', 'rand', 'cont', 'distill', 'mdlm_distill', 'mdlm_more')
+OPTIONS = ('', 'rand', 'cont', 'distill', 'mdlm_distill', 'mdlm_more', 'mdlm_more_cont')
 
 
 def get_config(arg: str = '') -> ml_collections.ConfigDict:
   if arg not in OPTIONS:
     raise ValueError(f'configs/multimdm_sudoku.py:{arg}: the option must be one of {OPTIONS}.')
   c = sudoku_mdlm.get_config()
-  if arg == 'mdlm_more':
-    _distillation_optimiser(c)
+  if arg in ('mdlm_more', 'mdlm_more_cont'):
+    (_distillation_optimiser if arg == 'mdlm_more' else _cont_optimiser)(c)
     c.train.ckpt_every = 100
     return c
   c.process.kind = 'multimdm'
@@ -45,9 +45,7 @@ def get_config(arg: str = '') -> ml_collections.ConfigDict:
   c.sample.level_context = 'candidates'
   c.sample.hierarchy_weight = 1.0
   if arg == 'cont':
-    c.train.num_steps = 400
-    c.optim.warmup_steps = 50
-    c.optim.lr = 3e-4
+    _cont_optimiser(c)
     mm.curriculum_steps = 200
   elif arg in ('distill', 'mdlm_distill'):
     mm.distill = True
@@ -58,6 +56,13 @@ def get_config(arg: str = '') -> ml_collections.ConfigDict:
     _distillation_optimiser(c)
   c.train.ckpt_every = 100
   return c
+
+
+def _cont_optimiser(c: ml_collections.ConfigDict) -> None:
+  """MultiMDM-cont's steps and optimiser, shared by `:mdlm_more_cont` (the same extra steps)."""
+  c.train.num_steps = 400
+  c.optim.warmup_steps = 50
+  c.optim.lr = 3e-4
 
 
 def _distillation_optimiser(c: ml_collections.ConfigDict) -> None:
