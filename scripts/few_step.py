@@ -238,6 +238,42 @@ def _key(run: str, decoding: str, nfe: int) -> str:
   return f'{run}/{nfe}' if decoding == 'ancestral' else f'{run}@{decoding}/{nfe}'
 
 
+# Each run against its equal-budget control, and the control against MDLM (docs/method.md §13.2).
+SUDOKU_PAIRS = (('mdlm_more', 'mdlm'), ('mdlm_cd', 'mdlm_more'), ('mm_cont', 'mdlm_more_cont'),
+                ('mm_cd', 'mdlm_more_cd'))
+
+
+def sudoku_table(results: dict[str, Any], rows: Sequence[tuple[str, str]],
+                 nfes: Sequence[int]) -> list[str]:
+  """The page's Markdown tables: per (run, decoding) row and metric, mean ± s.e. over the seeds
+  (in %); then, per SUDOKU_PAIRS pair both of whose rows are in `rows`, the per-seed differences
+  (first − second: the same seed's puzzles and start), mean ± s.e. over the seeds holding both."""
+  seeds = list(results['seeds'].values())
+  head = lambda first: [f'| {first} | decoding | metric | ' + ' | '.join(f'NFE {n}' for n in nfes)
+                        + ' |', '|---|---|---|' + '---|' * len(nfes)]
+  table = head('model')
+  for run, dec in rows:
+    for metric in ('solve_rate', 'cell_accuracy'):
+      cells = [_fmt([s[_key(run, dec, n)][metric] for s in seeds if _key(run, dec, n) in s],
+                    pct=True) for n in nfes]
+      table.append(f'| {LABELS[run]} | {dec} | {metric.replace("_", " ")} | ' + ' | '.join(cells)
+                   + ' |')
+  pairs = [(a, b, dec) for dec in dict.fromkeys(d for _, d in rows) for a, b in SUDOKU_PAIRS
+           if (a, dec) in rows and (b, dec) in rows]
+  if pairs:
+    table += [''] + head('difference, paired by seed (points)')
+  for a, b, dec in pairs:
+    for metric in ('solve_rate', 'cell_accuracy'):
+      cells = []
+      for n in nfes:
+        ka, kb = _key(a, dec, n), _key(b, dec, n)
+        cells.append(_fmt([s[ka][metric] - s[kb][metric] for s in seeds if ka in s and kb in s],
+                          pct=True))
+      table.append(f'| {LABELS[a]} − {LABELS[b]} | {dec} | {metric.replace("_", " ")} | '
+                   + ' | '.join(cells) + ' |')
+  return table
+
+
 def run_sudoku(args: argparse.Namespace, log: Callable[[str], None]) -> dict[str, Any]:
   root = os.path.join(args.workdir, 'sudoku')
   results = _load_results(root)
@@ -257,18 +293,7 @@ def run_sudoku(args: argparse.Namespace, log: Callable[[str], None]) -> dict[str
           log(f'  seed {seed} {LABELS[run]:52s} {dec:10s} NFE {nfe:3d}: solve '
               f'{per[key]["solve_rate"]:.3f}, cells {per[key]["cell_accuracy"]:.3f}')
       _save_results(root, results)
-  table = ['| model | decoding | metric | ' + ' | '.join(f'NFE {n}' for n in args.nfe) + ' |',
-           '|---|---|---|' + '---|' * len(args.nfe)]
-  for run, dec in rows:
-    for metric in ('solve_rate', 'cell_accuracy'):
-      cells = []
-      for nfe in args.nfe:
-        vals = [s[_key(run, dec, nfe)][metric] for s in results['seeds'].values()
-                if _key(run, dec, nfe) in s]
-        cells.append(_fmt(vals, pct=True))
-      table.append(f'| {LABELS[run]} | {dec} | {metric.replace("_", " ")} | ' + ' | '.join(cells)
-                   + ' |')
-  return _finish(root, results, table, args)
+  return _finish(root, results, sudoku_table(results, rows, args.nfe), args)
 
 
 # -------------------------------------------------------------------------------------- text
