@@ -1,8 +1,8 @@
 r"""MultiMDM on Sudoku (few-step solving): configs/sudoku_base.py's model and data, M = 3 masks.
 
 Expected (scripts/few_step.py, 200 test puzzles, 3 seeds, confidence decoding): no few-step
-gain: all five models solve 17.0-18.0% at 4 network calls; at 81 calls MultiMDM-cont 56.7 ± 0.9%
-against the equal-budget control's 62.2 ± 2.8% (docs/results/multimdm.md).
+gain: at 4 network calls MultiMDM-cont solves 17.3 ± 2.0% against its budget-matched control's
+20.0 ± 2.2%, at 81 calls 56.7 ± 0.9% against 60.0 ± 2.8% (docs/results/multimdm.md).
 
 Recipes (`:option` after the file name; init.workdir=DIR names the run it starts from):
   :cont          400 MultiMDM steps from MDLM's EMA weights (DIR = configs/sudoku_mdlm.py's run)
