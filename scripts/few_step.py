@@ -251,26 +251,26 @@ def sudoku_table(results: dict[str, Any], rows: Sequence[tuple[str, str]],
   seeds = list(results['seeds'].values())
   head = lambda first: [f'| {first} | decoding | metric | ' + ' | '.join(f'NFE {n}' for n in nfes)
                         + ' |', '|---|---|---|' + '---|' * len(nfes)]
-  table = head('model')
-  for run, dec in rows:
-    for metric in ('solve_rate', 'cell_accuracy'):
-      cells = [_fmt([s[_key(run, dec, n)][metric] for s in seeds if _key(run, dec, n) in s],
-                    pct=True) for n in nfes]
-      table.append(f'| {LABELS[run]} | {dec} | {metric.replace("_", " ")} | ' + ' | '.join(cells)
-                   + ' |')
+
+  def line(label: str, dec: str, metric: str, runs: Sequence[str],
+           value: Callable[..., float]) -> str:
+    """One row: per NFE, `value` of the runs' rows, over the seeds holding all of them."""
+    cells = []
+    for n in nfes:
+      keys = [_key(r, dec, n) for r in runs]
+      cells.append(_fmt([value(*(s[k][metric] for k in keys)) for s in seeds
+                         if all(k in s for k in keys)], pct=True))
+    return f'| {label} | {dec} | {metric.replace("_", " ")} | ' + ' | '.join(cells) + ' |'
+
+  metrics = ('solve_rate', 'cell_accuracy')
+  table = head('model') + [line(LABELS[run], dec, m, [run], lambda v: v)
+                           for run, dec in rows for m in metrics]
   pairs = [(a, b, dec) for dec in dict.fromkeys(d for _, d in rows) for a, b in SUDOKU_PAIRS
            if (a, dec) in rows and (b, dec) in rows]
   if pairs:
     table += [''] + head('difference, paired by seed (points)')
-  for a, b, dec in pairs:
-    for metric in ('solve_rate', 'cell_accuracy'):
-      cells = []
-      for n in nfes:
-        ka, kb = _key(a, dec, n), _key(b, dec, n)
-        cells.append(_fmt([s[ka][metric] - s[kb][metric] for s in seeds if ka in s and kb in s],
-                          pct=True))
-      table.append(f'| {LABELS[a]} − {LABELS[b]} | {dec} | {metric.replace("_", " ")} | '
-                   + ' | '.join(cells) + ' |')
+  table += [line(f'{LABELS[a]} − {LABELS[b]}', dec, m, [a, b], lambda x, y: x - y)
+            for a, b, dec in pairs for m in metrics]
   return table
 
 
