@@ -15,6 +15,7 @@ and leaves no part of what it wrote.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import re
 import tempfile
@@ -303,3 +304,56 @@ def append_text(path: str, text: str) -> None:
     f.write(text)
   finally:
     f.close()
+
+
+# ------------------------------------------------------------------------------- local copies
+
+
+COPY_CHUNK = 8 * 2**20  # bytes per read of a download (and of a local digest)
+
+
+def sha256_file(path: str) -> tuple[int, str]:
+  """(size in bytes, sha256 hex digest) of the file `path` (local or a URL), read in chunks."""
+  h, n = hashlib.sha256(), 0
+  with open_file(path, 'rb') as f:
+    while chunk := f.read(COPY_CHUNK):
+      h.update(chunk)
+      n += len(chunk)
+  return n, h.hexdigest()
+
+
+def download(url: str, path: str, *, expect_size: int | None = None,
+             expect_sha256: str | None = None) -> tuple[int, str]:
+  """Copies `url` (or any path) to the local file `path` atomically; returns (size, sha256).
+
+  The bytes go to a hidden `.<name>.<random>.partial` beside `path` (`is_partial`), hashed on the
+  way, flushed to disk, and are renamed over `path` only when the size and digest match what is
+  expected (ValueError otherwise, nothing left behind): a killed or short download never leaves a
+  file that looks whole. A write the disk refuses raises write_errors.WriteError naming `path`.
+  """
+  folder, name = os.path.split(path)
+  tmp = os.path.join(folder, f'.{name}.{uuid.uuid4().hex}{TMP_SUFFIX}')
+  h, n = hashlib.sha256(), 0
+  try:
+    with open_file(url, 'rb') as src, open(tmp, 'xb') as dst:
+      while chunk := src.read(COPY_CHUNK):
+        h.update(chunk)
+        n += len(chunk)
+        dst.write(chunk)
+      dst.flush()
+      os.fsync(dst.fileno())
+    digest = h.hexdigest()
+    if expect_size is not None and n != expect_size:
+      raise ValueError(f'{url}: read {n:,} bytes, expected {expect_size:,}')
+    if expect_sha256 is not None and digest != expect_sha256:
+      raise ValueError(f'{url}: sha256 {digest[:12]}..., expected {expect_sha256[:12]}...')
+    os.replace(tmp, path)
+  except BaseException as e:
+    try:
+      os.remove(tmp)
+    except FileNotFoundError:
+      pass
+    if isinstance(e, OSError) and not isinstance(e, FileNotFoundError):
+      raise _refused(e, path) from e
+    raise
+  return n, digest

@@ -22,6 +22,7 @@ import numpy as np
 import pytest
 
 from hmdlm_jax import checkpoint as ckpt_lib
+from hmdlm_jax import storage
 from hmdlm_jax.configs import text as text_cfg
 from hmdlm_jax.data import corpus
 from hmdlm_jax.data import pipeline
@@ -95,6 +96,10 @@ def test_prepare_counts_and_records_equal_direct_tokenisation(prepared, tok):
   assert len(m['shards']) > 4 and m['skipped_shards'] == 0
   assert {pathlib.Path(s).name for s in m['sources']} == {'a.txt', 'b.jsonl', 'c.parquet'}
   assert m['tokenizer_hash'] == corpus.tokenizer_hash(tok) and m['dtype'] == 'uint16'
+  for s in m['shards']:  # what a reader of a gs:// copy checks its local copies against
+    for suffix, size, digest in ((corpus.SHARD_SUFFIX, 'bytes', 'sha256'),
+                                 (corpus.LENGTHS_SUFFIX, 'lengths_bytes', 'lengths_sha256')):
+      assert storage.sha256_file(f'{out}/train/{s["name"]}{suffix}') == (s[size], s[digest])
   root, manifest = corpus.read_manifest(out, 'train')
   stored = corpus.Documents(root, manifest)
   assert [list(stored[i]) for i in range(len(stored))] == ids
@@ -355,10 +360,14 @@ def test_bad_inputs_and_fields_are_clear(prepared, tok, tmp_path):
   (tmp_path / 'p.txt').write_text('one\ntwo\n\n\nthree\n')
   m = prepare.prepare(str(tmp_path / 'p.txt'), str(tmp_path / 'p'), BERT, text_unit='paragraph')
   assert m['documents'] == 2 and m['tokens'] == len(tok.encode('one two')) + len(tok.encode('three'))
-  # A URL: array_record reads shards from a path; one line asks for a gcsfuse mount.
-  with pytest.raises(ValueError, match=r"corpus_dir='gs://bucket/owt': a prepared corpus is read "
-                     r'from a path, not a URL; mount the bucket on every host with gcsfuse'):
-    corpus.check_corpus_config(_config('gs://bucket/owt'))
+  # A path under a bucket mount that is not there: one line naming it and the gs:// URL.
+  with pytest.raises(ValueError, match=r"corpus_dir='/mnt/hmdlm-no-such-bucket/owt': "
+                     r'/mnt/hmdlm-no-such-bucket is not mounted on this host; read the corpus '
+                     r'from its bucket instead \(e.g. config.data.corpus_dir='
+                     r'gs://hmdlm-no-such-bucket/owt\)'):
+    corpus.check_corpus_config(_config('/mnt/hmdlm-no-such-bucket/owt'))
+  with pytest.raises(ValueError, match=r"corpus_dir='/no/such/corpus': no such folder; prepare"):
+    corpus.check_corpus_config(_config('/no/such/corpus'))
   config = _config(out, **{'data.packing': 'zip'})
   with pytest.raises(ValueError, match=r"data.packing='zip'; allowed: \['wrap', 'truncate'\]"):
     corpus.check_corpus_config(config)

@@ -229,7 +229,10 @@ class DataSection:
   test_fraction: float = 0.0  # plain text without test_path: hold out this share of the records
   tfds_data_dir: str = ''  # LM1B: a prepared TFDS data directory
   # 'corpus': a folder written by `python -m hmdlm_jax.data.prepare` (train/ and test/ inside).
-  corpus_dir: str = ''
+  corpus_dir: str = ''  # a path, or gs://BUCKET/DIR (read through a local copy, below)
+  # 'corpus' on gs://: the local folder each process fetches the shards into ('': the default,
+  # ~/.cache/hmdlm_jax/corpus); every process holds every shard (data/corpus_cache.py).
+  corpus_cache_dir: str = ''
   packing: str = 'wrap'  # 'corpus': 'wrap' (documents packed into rows) | 'truncate' (one per row)
   # 'corpus', 'truncate', training: a document longer than a row keeps its 'start' or a window at
   # a 'random' offset drawn from (seed, epoch, position) (docs/method.md §6).

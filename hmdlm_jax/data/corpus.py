@@ -8,13 +8,16 @@ of L - 2 tokens, each row `BOS chunk EOS` (grain's ConcatThenSplitIterDataset in
 `'truncate'`: one row per document, as the 'text' kind (`data.overlong`), a long training document
 cut at its start or, with `data.crop='random'`, at a random offset (`RandomCrop`). Levels: the
 `data.hierarchy` rule of data/text.py on each packed row. Batches: the contract of
-data/pipeline.py; the iterator state is checkpointable. `data.corpus_dir` is a path (on a pod a
-gcsfuse mount of the bucket), not a gs:// URL.
+data/pipeline.py; the iterator state is checkpointable. `data.corpus_dir` is a local path or a
+gs:// URL (`prepare --output=gs://...`): each process then reads a local copy of every shard of the
+split, fetched once into `data.corpus_cache_dir` and checked against the manifest
+(data/corpus_cache.py); the batches are those of the same corpus read from a path.
 """
 
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Sequence
 from typing import Any
 
@@ -23,6 +26,7 @@ import numpy as np
 from etils import epath
 
 from hmdlm_jax import storage
+from hmdlm_jax.data import corpus_cache
 from hmdlm_jax.data import pipeline
 from hmdlm_jax.data import prepare
 from hmdlm_jax.data import text as text_lib
@@ -68,14 +72,44 @@ def check_corpus_config(config: Any) -> tokenizers_lib.TextTokenizer:
   if not d.corpus_dir:
     raise ValueError(f'config.data.corpus_dir is empty: data.kind=\'corpus\' reads a prepared '
                      f'corpus; {PREPARE_HINT}, then set config.data.corpus_dir=DIR.')
-  if storage.is_url(d.corpus_dir):  # array_record reads local (or mounted) files here
-    raise ValueError(f'config.data.corpus_dir={d.corpus_dir!r}: a prepared corpus is read from a '
-                     'path, not a URL; mount the bucket on every host with gcsfuse (`gcsfuse '
-                     '--implicit-dirs BUCKET /mnt/BUCKET`) and set config.data.corpus_dir to the '
-                     'corpus folder under the mount.')
+  if storage.is_url(d.corpus_dir):  # fetched into data.corpus_cache_dir (data/corpus_cache.py)
+    if storage.is_url(d.corpus_cache_dir):
+      raise ValueError(f'config.data.corpus_cache_dir={d.corpus_cache_dir!r}: the shards of a '
+                       'gs:// corpus are copied to a local folder for reading; give a local '
+                       "path, or '' for ~/.cache/hmdlm_jax/corpus.")
+    if not storage.exists(d.corpus_dir):
+      raise ValueError(f'config.data.corpus_dir={d.corpus_dir!r}: nothing there (or no such '
+                       f'bucket); {PREPARE_HINT}.')
+    return tok
+  mount = missing_mount(d.corpus_dir)
+  if mount:
+    url = storage.join(f'gs://{os.path.basename(mount)}',
+                       os.path.relpath(os.path.abspath(d.corpus_dir), mount)).removesuffix('/.')
+    raise ValueError(f'config.data.corpus_dir={d.corpus_dir!r}: {mount} is not mounted on this '
+                     f'host; read the corpus from its bucket instead (e.g. config.data.corpus_dir='
+                     f'{url}), or mount the bucket there on every host.')
   if not epath.Path(d.corpus_dir).exists():
     raise ValueError(f'config.data.corpus_dir={d.corpus_dir!r}: no such folder; {PREPARE_HINT}.')
   return tok
+
+
+MOUNT_ROOTS = ('/mnt', '/media', '/gcs')  # where a bucket is mounted by custom (gcsfuse)
+
+
+def missing_mount(path: str) -> str | None:
+  """ROOT/NAME when the missing local `path` lies under ROOT/NAME (a `MOUNT_ROOTS` folder) that
+  does not exist, or is an empty folder and no mount point (a bucket not mounted); else None."""
+  path = os.path.abspath(os.path.expanduser(path))
+  if os.path.exists(path):
+    return None
+  for root in MOUNT_ROOTS:
+    if path.startswith(root + os.sep):
+      mount = os.path.join(root, path[len(root) + 1:].split(os.sep, 1)[0])
+      if not os.path.exists(mount):
+        return mount
+      if os.path.isdir(mount) and not os.path.ismount(mount) and not os.listdir(mount):
+        return mount
+  return None
 
 
 class Documents(Sequence):
@@ -333,6 +367,9 @@ def make_corpus_dataset(config: Any, split: str, *, seed: int, process_index: in
                      f'(hash {manifest["tokenizer_hash"][:12]}), but config.data.tokenizer='
                      f'{d.tokenizer!r} has hash {want[:12]}; prepare the corpus with this '
                      'tokenizer or set data.tokenizer to the one it was prepared with.')
+  if storage.is_url(d.corpus_dir):  # the shards are read from a local copy (corpus_cache.py)
+    root = epath.Path(corpus_cache.materialise(d.corpus_dir, split, manifest,
+                                               d.corpus_cache_dir))
   docs = Documents(root, manifest)
   if len(docs) < process_count:
     raise ValueError(f'config.data.corpus_dir={d.corpus_dir!r}: its {split} split ({root}) holds '

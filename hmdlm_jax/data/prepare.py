@@ -9,8 +9,9 @@ files of those kinds. They are cut into work units (line-aligned byte ranges, ru
 groups); N worker processes each write whole shards DIR/SPLIT/shard-I-of-N.array_record (a record =
 one document's ids, uint16 or uint32), atomically, then NAME.lengths.npy and NAME.json (finished).
 A rerun skips finished shards and refuses another tokenizer or input list; last comes
-DIR/SPLIT/manifest.json (documents, tokens, shards, tokenizer name and hash, sources). A gs://
-output is staged locally and each finished shard uploaded there whole with etils.epath.
+DIR/SPLIT/manifest.json (documents, tokens, shards with their sizes and sha256, tokenizer name and
+hash, sources). A gs:// output is staged locally and each finished shard uploaded there whole with
+etils.epath; training reads it from there (data/corpus_cache.py).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import argparse
 import concurrent.futures
 import glob
 import hashlib
+import io
 import json
 import multiprocessing
 import os
@@ -209,17 +211,22 @@ def write_shard(unit: dict[str, Any], tokenizer: str, text_field: str, dtype: st
       flush()
   flush()
   writer.close()
+  # Sizes and digests let a reader of a gs:// corpus check its local copies (data/corpus_cache.py).
+  size, digest = storage.sha256_file(tmp)
   final = epath.Path(out_dir) / f'{name}{SHARD_SUFFIX}'
   if storage.is_url(out_dir):  # an upload appears whole or not at all: no rename (a slow copy)
     epath.Path(tmp).copy(final, overwrite=True)
     os.remove(tmp)
   else:
     os.replace(tmp, final)
-  with (epath.Path(out_dir) / f'{name}{LENGTHS_SUFFIX}').open('wb') as f:
-    np.save(f, np.asarray(lengths, np.int64))
+  buf = io.BytesIO()
+  np.save(buf, np.asarray(lengths, np.int64))
+  storage.write_bytes(os.fspath(epath.Path(out_dir) / f'{name}{LENGTHS_SUFFIX}'), buf.getvalue())
   side = {'name': name, 'documents': len(lengths), 'tokens': int(sum(lengths)),
           'source': unit['source'], 'kind': unit['kind'], 'start': unit['start'],
-          'stop': unit['stop']}
+          'stop': unit['stop'], 'bytes': size, 'sha256': digest,
+          'lengths_bytes': len(buf.getvalue()),
+          'lengths_sha256': hashlib.sha256(buf.getvalue()).hexdigest()}
   _write_json_atomic(epath.Path(out_dir) / f'{name}.json', side)  # written last: "finished"
   return side
 
@@ -315,7 +322,8 @@ def main(argv: Sequence[str] | None = None) -> int:
   parser = _Parser(prog='python -m hmdlm_jax.data.prepare',
                    description='Tokenise a corpus once into ArrayRecord shards.')
   parser.add_argument('--input', required=True, help='file, folder or glob of inputs')
-  parser.add_argument('--output', required=True, help='corpus folder (config data.corpus_dir)')
+  parser.add_argument('--output', required=True,
+                      help='corpus folder or gs:// URL (config data.corpus_dir)')
   parser.add_argument('--tokenizer', required=True, help='as config data.tokenizer')
   parser.add_argument('--split', default='train', help="'train' | 'test': OUTPUT/SPLIT")
   parser.add_argument('--workers', type=int, default=1, help='tokenising processes')
