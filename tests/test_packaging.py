@@ -7,8 +7,9 @@
   through a .pth file), it trains configs/text.py and configs/hdlm_text.py from an empty directory
   with an empty HOME: `--config=configs/NAME.py` names the installed config, whose default data is
   the installed copy.
-* Its Requires-Dist are ranges (no `==`), the extras eval / tpu / cuda / test exist, and every pin
-  of the lock (requirements.txt, requirements-test.txt) lies in the range pyproject.toml declares.
+* Its Requires-Dist are ranges (no `==`), the extras eval / tpu / cuda / aot / text / test exist,
+  and every pin of the lock (requirements.txt, requirements-test.txt) lies in the range
+  pyproject.toml declares.
 * Without the `eval` extra, the code that needs torch or mauve-text says which extra to install.
 * The notebooks' install cell (colabs/cells_shared.py) installs only when a requirement is outside
   its range: this environment (the lock) passes, an out-of-range or absent package does not.
@@ -141,7 +142,7 @@ def _declared(wheel: pathlib.Path) -> dict[str, list]:
     req = packaging_requirements.Requirement(line)
     extra = ''
     if req.marker is not None:
-      extras = [e for e in ('eval', 'wandb', 'tpu', 'cuda', 'cuda12', 'test')
+      extras = [e for e in ('eval', 'wandb', 'tpu', 'cuda', 'cuda12', 'aot', 'text', 'test')
                 if req.marker.evaluate({'extra': e})]
       assert len(extras) == 1 and not req.marker.evaluate({'extra': ''}), line
       extra = extras[0]
@@ -169,7 +170,7 @@ def test_wheel_holds_the_package_its_configs_and_their_data(wheel):
 def test_requirements_are_ranges_that_hold_the_lock(wheel):
   declared = _declared(wheel)
   extras = set(_metadata(wheel).get_all('Provides-Extra') or [])
-  assert {'eval', 'wandb', 'tpu', 'cuda', 'test'} <= extras, f'extras: {sorted(extras)}'
+  assert {'eval', 'wandb', 'tpu', 'cuda', 'aot', 'text', 'test'} <= extras, sorted(extras)
   for extra, reqs in declared.items():
     for req in reqs:
       ops = {s.operator for s in req.specifier}
