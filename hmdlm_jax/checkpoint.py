@@ -28,6 +28,7 @@ import orbax.checkpoint as ocp
 from absl import logging
 
 from hmdlm_jax import checkpoint_manifest
+from hmdlm_jax import stopping
 from hmdlm_jax import storage
 from hmdlm_jax import write_errors
 
@@ -349,25 +350,33 @@ class StopSignal:
   The train loop reads `.received` after each step (through `StopVote` when there are several
   processes); on a signal it saves a checkpoint of the current step and returns normally (the
   command exits 0 after SIGTERM, 130 after SIGINT, as a shell expects of Ctrl-C). A second SIGINT
-  raises KeyboardInterrupt, so a user whose save hangs can still break out. Outside the main
-  thread (where Python cannot install handlers) it is a no-op flag.
+  raises KeyboardInterrupt, so a user whose save hangs can still break out; under the command line
+  (stopping.install) a second signal of either kind ends the process at once instead (one line).
+  Outside the main thread (where Python cannot install handlers) it is a no-op flag.
   Its Python handler replaces the C handler that jax.distributed.initialize installs for JAX's
   own preemption service (multihost_utils.reached_preemption_sync_point), which the loop does
-  not use: docs/design.md ("Stopping").
+  not use. It marks the loop and what follows it (the last save) as stopping phases that defer a
+  first signal to the loop: docs/design.md ("Stopping").
   """
 
   def __init__(self, signals: tuple[int, ...] = (signal.SIGTERM, signal.SIGINT)) -> None:
     self.signals = signals
     self.received: int | None = None
     self._previous: dict[int, Any] = {}
+    self._phase: stopping.Phase | None = None
+
+  RESUME = 'the latest whole checkpoint is kept; rerun the same command to resume from it'
 
   def _handler(self, signum: int, frame: Any) -> None:
     del frame
     if signum == signal.SIGINT and self.received == signal.SIGINT:
+      if stopping.installed():
+        return  # its watchdog ends the process at once, with the one line
       raise KeyboardInterrupt
     self.received = signum
 
   def __enter__(self) -> StopSignal:
+    self._phase = stopping.push('training', self.RESUME, defer=True, loop=True)
     if threading.current_thread() is threading.main_thread():
       for s in self.signals:
         self._previous[s] = signal.signal(s, self._handler)
@@ -375,8 +384,14 @@ class StopSignal:
 
   def __exit__(self, *exc: Any) -> None:
     for s, h in self._previous.items():
-      signal.signal(s, h)
+      # None: a handler installed outside Python (jax.distributed's), which cannot be put back.
+      signal.signal(s, h if h is not None else signal.SIG_DFL)
     self._previous = {}
+    if self._phase is not None:
+      stopping.pop(self._phase)
+      self._phase = None
+    if stopping.installed():  # the last save (and, unless stopped, the final evaluation) follow
+      stopping.push('the end of training', self.RESUME, defer=True)
 
 
 class StopVote:

@@ -27,6 +27,7 @@ from typing import Any, Iterator
 import jax
 import numpy as np
 
+from hmdlm_jax import stopping
 from hmdlm_jax import storage
 
 TRAIN_LEASE = '.hmdlm_train.lease'
@@ -164,8 +165,9 @@ def _agree(message: str) -> str:
 
 
 def _terminate(signum: int, frame: Any) -> None:
+  """SIGTERM in a program that imports `run` (no stopping.install): unwind through `hold`."""
   del frame
-  raise SystemExit(128 + signum)
+  raise stopping.Interrupted(signum)
 
 
 @contextlib.contextmanager
@@ -174,7 +176,9 @@ def hold(directory: str, name: str, flag: str) -> Iterator[Lease | None]:
 
   Raises LeaseError on every process when a live run holds it. Inside the block SIGTERM exits
   (code 143) through the block's end, so the lease is released; training's own handler
-  (checkpoint.StopSignal) replaces this one while the loop runs.
+  (checkpoint.StopSignal) replaces this one while the loop runs. Under the command line
+  (stopping.install) the stopping module handles the signals, and its watchdog also releases the
+  lease when it ends a process whose main thread did not unwind (docs/design.md, "Stopping").
   """
   lease, message = None, ''
   if jax.process_index() == 0:
@@ -187,11 +191,12 @@ def hold(directory: str, name: str, flag: str) -> Iterator[Lease | None]:
     if lease is not None:
       lease.release()
     raise LeaseError(message)
-  main = threading.current_thread() is threading.main_thread()
+  main = (threading.current_thread() is threading.main_thread()) and not stopping.installed()
   # None: a handler installed outside Python (jax.distributed's), which cannot be put back.
   previous = signal.signal(signal.SIGTERM, _terminate) if main else None
   try:
-    yield lease
+    with stopping.on_exit(lease.release) if lease is not None else contextlib.nullcontext():
+      yield lease
   finally:
     if main and previous is not None:
       signal.signal(signal.SIGTERM, previous)

@@ -10,7 +10,9 @@ config is loaded and resolved here, once (hmdlm_jax/config); the run is checked 
 writes anything (hmdlm_jax/preflight.py): a mistake ends it with ONE line `hmdlm_jax: error: ...`
 naming the file or field, exit code 1, every file left as it was; so does a second run on a
 directory a live run writes (hmdlm_jax/lease.py). Rerunning a train command resumes from DIR's
-latest checkpoint; SIGTERM and Ctrl-C (SIGINT) checkpoint and exit (code 0, resp. 130).
+latest checkpoint; SIGTERM and Ctrl-C (SIGINT) during training checkpoint and exit (code 0, resp.
+130); in any other phase they end the command within a bounded time with one line
+`hmdlm_jax: stopped: ...` and code 143, resp. 130 (hmdlm_jax/stopping.py).
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ from hmdlm_jax.config import loading as config_loading
 from hmdlm_jax import lease
 from hmdlm_jax import preflight
 from hmdlm_jax import sharding
+from hmdlm_jax import stopping
 from hmdlm_jax import train
 from hmdlm_jax import workdir as workdir_lib
 from hmdlm_jax import write_errors
@@ -100,6 +103,8 @@ def run(mode: str, config: Any, workdir: str, *, step: int | None = None,
   """
   config = config_lib.resolve(config)
   sharding.maybe_initialize_distributed(config.distributed)
+  stopping.reinstall()  # jax.distributed.initialize replaced the SIGTERM handler
+  stopping.debug_pause('startup')
   plan = preflight.check(mode, config, workdir, step=step, inputs=inputs,
                          input_file=input_file, out=out, overwrite=overwrite,
                          resume_with_changes=resume_with_changes, prompts=prompts,
@@ -118,22 +123,67 @@ def run(mode: str, config: Any, workdir: str, *, step: int | None = None,
                          'wrote checkpoints there); rerun the command to resume them.')
       workdir_lib.start_run(config, workdir, mode, workdir=workdir, step=plan.step or 0,
                             write_config=plan.step is None, argv=argv)
-      return train.train_and_evaluate(config, workdir, model=plan.model,
-                                      train_iter=iter(train_iter),
-                                      eval_fn=eval_run.TrainingEvaluator(config, task))
+      # Until the loop starts (checkpoint.StopSignal): restore or initialisation, compilation.
+      with stopping.phase(*_start_of_training(plan.step)):
+        stopping.debug_pause('restore')
+        return train.train_and_evaluate(
+            config, workdir, model=plan.model, train_iter=iter(train_iter),
+            eval_fn=_final_eval_phase(eval_run.TrainingEvaluator(config, task)))
+
+  what = 'evaluate' if mode == 'eval' else 'sample from'
 
   def record(read: int) -> None:  # the step read: with no --step, the latest when it was read
     workdir_lib.start_run(config, plan.out_dir, mode, workdir=workdir, step=read,
                           write_config=False, argv=argv)
+    stopping.push(*_eval_or_sample(mode, read, plan.out_dir))  # ended with the phase below
+    stopping.debug_pause(mode)
 
   # `step` as given: with none, the run reads the latest again (a live run may delete plan.step).
-  with lease.hold(plan.out_dir, lease.OUTPUTS_LEASE, '--out' if out else '--workdir'):
+  with lease.hold(plan.out_dir, lease.OUTPUTS_LEASE, '--out' if out else '--workdir'), \
+      stopping.phase(f'the restore of the checkpoint to {what}',
+                     'nothing was written; rerun the same command'):
     if mode == 'eval':
       return eval_run.run_eval(config, workdir, step=step, out_dir=plan.out_dir,
                                overwrite=overwrite, on_restored=record)
     return eval_run.run_sample(config, workdir, inputs=inputs, input_file=input_file,
                                step=step, out_dir=plan.out_dir, overwrite=overwrite,
                                prompts=prompts, infills=infills, on_restored=record)
+
+
+def _start_of_training(step: int | None) -> tuple[str, str]:
+  """(phase, what the stop line says of the outputs) before the loop (stopping.phase)."""
+  if step is None:
+    return ('the start of training (initialisation, compilation)',
+            'no checkpoint was written; rerun the same command to start again')
+  return (f'the start of training from checkpoint {step} (restore, compilation)',
+          f'checkpoint {step} is unchanged; rerun the same command to resume')
+
+
+def _eval_or_sample(mode: str, step: int, out_dir: str) -> tuple[str, str]:
+  """(phase, what the stop line says of the outputs) once checkpoint `step` is read."""
+  if mode == 'eval':
+    return (f'the evaluation of checkpoint {step}',
+            f'no report was written to {out_dir}; rerun the same command')
+  # samples_<step>.jsonl is one atomic write; pictures/ follow it, each file whole.
+  return (f'sampling from checkpoint {step}',
+          f'every file written to {out_dir} is whole; rerun the same command (with --overwrite '
+          'when it refuses an earlier output)')
+
+
+def _final_eval_phase(evaluate: train.EvalFn) -> train.EvalFn:
+  """`evaluate`, named as the final evaluation phase when it runs after the loop (periodic
+  evaluations run inside it, where the loop handles signals): a signal ends that phase."""
+
+  def phased(config: Any, state: Any, step: int, workdir: str) -> Any:
+    if stopping.in_loop():
+      return evaluate(config, state, step, workdir)
+    # train.train_and_evaluate saved checkpoint `step` and waited for it before this call.
+    with stopping.phase(f'the final evaluation at step {step}',
+                        f'checkpoint {step} is saved; rerun the same command to evaluate'):
+      stopping.debug_pause('final_eval')
+      return evaluate(config, state, step, workdir)
+
+  return phased
 
 
 class _QuietLibraries:
@@ -174,23 +224,39 @@ def main(argv: list[str]) -> None:
   # A refused write (disk full, quota, file-size limit, permission) is this program's one line:
   # the libraries' own reports of it (Orbax's threads, asyncio, TensorStore) are dropped.
   write_errors.quiet_library_reports(logging.get_absl_handler())
+  # SIGTERM / SIGINT in every phase: one line, a bounded time, the lease released.
+  stopping.install()
   try:
     result = run(_MODE.value, _CONFIG.value, _WORKDIR.value, step=_STEP.value,
                  inputs=_INPUTS.value, input_file=_INPUT_FILE.value, out=_OUT.value,
                  overwrite=_OVERWRITE.value, resume_with_changes=_RESUME_WITH_CHANGES.value,
                  argv=sys.argv, prompts=_PROMPT.value or (), infills=_INFILL.value or ())
+  except stopping.Interrupted as e:
+    stopping.exit_stopped(e.signum)
   except write_errors.WriteError as e:
+    _stopped_first()
     logging.debug('Fatal error', exc_info=True)
     _fail(e)
   except (ValueError, OSError, train.NonFiniteLossError) as e:
+    _stopped_first()
     # Config/data/workdir/checkpoint problems, a failing disk and the NaN guard: one clear line.
     logging.debug('Fatal error', exc_info=True)
     what = '' if isinstance(e, (ValueError, train.NonFiniteLossError)) else f'{type(e).__name__}: '
     _fail(what + str(e), ' (--verbosity=1 prints the traceback)')
+  except Exception:  # pylint: disable=broad-except
+    _stopped_first()
+    raise
   # Ctrl-C stopped training after a checkpoint: exit as an interrupted command does (128 + 2), so
   # a shell script or `make` stops too; SIGTERM (a scheduler's preemption) exits 0.
   if _MODE.value == 'train' and result['stop_reason'] == f'signal {signal.SIGINT.name}':
     sys.exit(128 + signal.SIGINT)
+
+
+def _stopped_first() -> None:
+  """An error raised while unwinding from a signal (a library turned the Interrupted into its
+  own error) is the stop, not an error: its line and code instead."""
+  if stopping.raised():
+    stopping.exit_stopped()
 
 
 def parse_flags(argv: list[str]) -> list[str]:

@@ -3,7 +3,8 @@
 Fast: the lease taken, refused (a fresh heartbeat of another host), taken over when stale (a dead
 process of this host; an old heartbeat of another host), released only while it is ours; the
 atomic create-if-absent locally and on the GCS emulator (tests/gcs_emulator.py, which honours
-`ifGenerationMatch=0` as GCS does); a checkpoint deleted between its choice and its read.
+`ifGenerationMatch=0` as GCS does); a checkpoint deleted between its choice and its read; SIGTERM
+inside `hold` releases the lease.
 Real processes: a second training run on a live run's workdir exits 1 with one line and changes
 nothing; eval and sample of a live run that keeps one checkpoint (slow).
 """
@@ -101,6 +102,21 @@ def test_heartbeat_and_release_only_while_ours(tmp_path):
   _lease_file(tmp_path, host='other-host')  # taken over while this run stalled
   held.release()
   assert json.loads(open(path, encoding='utf-8').read())['token'] == 'theirs'
+
+
+def test_sigterm_inside_hold_unwinds_and_releases(tmp_path):
+  """A program that imports main.run (no stopping.install): SIGTERM inside the block exits 143
+  through it, the lease released and the previous handler back (the command line's own handling:
+  tests/test_sigterm_phases.py)."""
+  previous = signal.getsignal(signal.SIGTERM)
+  with pytest.raises(SystemExit) as e:
+    with lease.hold(str(tmp_path), lease.TRAIN_LEASE, '--workdir'):
+      assert os.path.exists(os.path.join(tmp_path, lease.TRAIN_LEASE))
+      os.kill(os.getpid(), signal.SIGTERM)
+      time.sleep(10)
+  assert e.value.code == 143
+  assert os.listdir(tmp_path) == []
+  assert signal.getsignal(signal.SIGTERM) is previous
 
 
 def test_local_create_is_exclusive(tmp_path):
