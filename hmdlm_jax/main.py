@@ -20,6 +20,7 @@ from __future__ import annotations
 import os
 import signal
 import sys
+import warnings
 from typing import Any, Sequence
 
 from hmdlm_jax import runtime
@@ -46,6 +47,7 @@ from hmdlm_jax import train
 from hmdlm_jax import workdir as workdir_lib
 from hmdlm_jax import write_errors
 from hmdlm_jax.evaluation import run as eval_run
+from hmdlm_jax.tasks import text_given
 
 DEFAULT_CONFIG = config_loading.DEFAULT_CONFIG
 DEFAULT_WORKDIR = '/tmp/hmdlm_sudoku'
@@ -217,7 +219,19 @@ def _fail(message: Any, hint: str = '') -> None:
   sys.exit(1)
 
 
+def _one_line_warning(message: Warning | str, category: type[Warning], filename: str,
+                      lineno: int, line: str | None = None) -> str:
+  """The input warnings of the command line are one line, as its errors are."""
+  if issubclass(category, text_given.UnknownPiecesWarning):
+    return f'hmdlm_jax: warning: {message}\n'
+  return _FORMAT_WARNING(message, category, filename, lineno, line)
+
+
+_FORMAT_WARNING = warnings.formatwarning
+
+
 def main(argv: list[str]) -> None:
+  warnings.formatwarning = _one_line_warning
   if len(argv) > 1:
     _fail(f'unexpected arguments {argv[1:]}: flags are written --name=value.')
   logging.get_absl_handler().addFilter(_QuietLibraries())

@@ -156,9 +156,10 @@ def check_checkpoint(config: config_lib.Config, workdir: str, step: int | None,
       changes = [c for c in workdir_lib.config_changes(stored, config) if c.startswith('model.')]
       if not changes:
         raise
+      # The changed fields say what to do; the arrays that differ (e) would bury them.
+      shown = '; '.join(changes[:3]) + (f'; and {len(changes) - 3} more' if changes[3:] else '')
       raise ValueError(f'checkpoint {ckpt.step_dir(step)!r} holds another model ({where}): '
-                       + '; '.join(changes) + f'. Use the config it was trained with: '
-                       f'--config={workdir}. {e}') from e
+                       f'{shown}. Use the config it was trained with: --config={workdir}.') from e
   finally:
     ckpt.close()
 

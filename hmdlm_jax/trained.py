@@ -4,8 +4,8 @@
 restores a checkpoint as --mode=eval / --mode=sample do, and returns a `Model`: `sample(n)`, for
 text `complete(prompts)`, `infill(texts)` and `score(texts)`, for Sudoku `solve(puzzles)`. They
 run the code of sample and eval mode (tasks/), so the same rows and seed give those modes'
-tokens and numbers. Nothing is written or printed; every mistake is one ValueError naming the
-argument.
+tokens and numbers. Nothing is written or printed but a warning on input text the tokenizer
+cannot represent; every mistake is one ValueError of one line naming the argument.
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ from hmdlm_jax import processes
 from hmdlm_jax import storage
 from hmdlm_jax import tasks
 from hmdlm_jax import train
+from hmdlm_jax import workdir as workdir_lib
 from hmdlm_jax.config import SampleConfig
 from hmdlm_jax.data import sudoku
 from hmdlm_jax.data import text as text_data
@@ -121,19 +122,26 @@ class Model:
                    tuple(records))
 
   def complete(self, prompts: Sequence[str], seed: int | None = None) -> Samples:
-    """One continuation of each prompt (`BOS prompt` given; tasks/text_given.py): its text
-    begins with the prompt."""
+    """One continuation of each prompt (`BOS prompt` given; tasks/text_given.py).
+
+    Its text begins with the decoded tokenized prompt, not the prompt verbatim: for
+    bert-base-uncased lower-cased and accent-stripped ('Café' -> 'cafe'), and without the pieces
+    the vocabulary lacks, which become `[UNK]` (decoded as nothing); a prompt holding such pieces
+    gets one `text_given.UnknownPiecesWarning` naming them.
+    """
     task = self._text('complete')
     given = text_given.given_rows(self.config, self._tokenizer(),
-                                  _strings(prompts, 'prompts'))
+                                  _strings(prompts, 'prompts'), stacklevel=2)
     return self._text_samples(task, len(given), seed, given)
 
   def infill(self, texts: Sequence[str], seed: int | None = None) -> Samples:
     """Each text with its `[MASK]` (one token) and `[MASK*n]` (n tokens) spans generated and
-    every other token kept (tasks/text_given.py)."""
+    every other token kept (tasks/text_given.py), as tokenized: as `complete`'s prompt, the kept
+    text is decoded lower-cased / accent-stripped for bert-base-uncased, pieces outside the
+    vocabulary become `[UNK]` and a text holding any gets one `UnknownPiecesWarning`."""
     task = self._text('infill')
     given = text_given.given_rows(self.config, self._tokenizer(),
-                                  infills=_strings(texts, 'texts'))
+                                  infills=_strings(texts, 'texts'), stacklevel=2)
     return self._text_samples(task, len(given), seed, given)
 
   def solve(self, puzzles: Sequence[str]) -> Samples:
@@ -149,12 +157,23 @@ class Model:
     return Samples(tuple(r['prediction'] for r in records), digits, _field(records, 'levels'),
                    _field(records, 'reveal_step'), quiz > 0, tuple(records))
 
-  def score(self, texts: Sequence[str]) -> dict[str, Any]:
+  def score(self, texts: Sequence[str], *, truncate: bool = False) -> dict[str, Any]:
     """The bound (nats/token, PPL) and the process's estimates over `texts`, each one row of the
-    data: --mode=eval's numbers, by its code and settings (eval.time_seed, num_t_samples), and
-    equal to them on the test split's rows in order."""
+    data: --mode=eval's numbers, by its code and settings (eval.time_seed, num_t_samples).
+
+    A text longer than a row holds (model.seq_len - 2 tokens) is refused: one ValueError naming
+    it, its token count and model.seq_len. `truncate=True` scores only its first model.seq_len - 2
+    tokens, as --mode=eval does with data.overlong='truncate' (`num_tokens` counts what was
+    scored); with it the numbers on the test split's rows, in order, equal --mode=eval's under
+    that setting.
+    Texts are not scored in windows: each window would be a row of its own (BOS ... EOS), so the
+    windows' bounds do not add up to the text's.
+    """
     task = self._text('score')
-    batches = text_given.score_batches(self.config, self._tokenizer(), _strings(texts, 'texts'))
+    if not isinstance(truncate, bool):
+      raise ValueError(f'truncate={truncate!r} must be True or False')
+    batches = text_given.score_batches(self.config, self._tokenizer(), _strings(texts, 'texts'),
+                                       truncate=truncate)
     return task.perplexity(self._ctx, batches)
 
   def _tokenizer(self) -> Any:
@@ -175,6 +194,39 @@ def _quiet_orbax() -> Iterator[None]:
     logger.removeFilter(quiet)
 
 
+def _model_overrides(workdir: str, step: int | None, overrides: Sequence[str],
+                     use_ema: Sequence[str], config: config_lib.Config) -> str | None:
+  """The one short message for `overrides` that change the model a checkpoint holds, or None if
+  they are not the cause: the checkpoint check's own message lists every mismatched array (long,
+  and about a resume), while here dropping the overrides is the whole fix. They are the cause when
+  the same checkpoint passes with the recorded config."""
+  if not overrides:
+    return None
+  recorded = config_lib.resolve(config_lib.load(workdir, list(use_ema)))
+  changes = [c for c in workdir_lib.config_changes(workdir_lib.config_to_dict(recorded), config)
+             if c.startswith('model.')]
+  if not changes:
+    return None
+  try:
+    found = preflight.check_checkpoint(recorded, workdir, step,
+                                       tasks.get(recorded).build_model(recorded))
+  except ValueError:
+    return None
+  fields = {c.split(':', 1)[0] for c in changes}
+  named = [o for o in overrides
+           if o.split('=', 1)[0].removeprefix('--config.').removeprefix('--noconfig.') in fields]
+  message = (f'overrides {_few(named or overrides, 2)} change the model of checkpoint {found} '
+             f'({_few(changes, 2)}): its weights fit only the recorded model; drop them (fields '
+             'outside model.*, e.g. sample.*, may be overridden)')
+  return message if len(message) <= 300 else message[:297] + '...'
+
+
+def _few(items: Sequence[str], n: int) -> str:
+  """The first `n` of `items` (each cut to 60 characters), '; '-joined, then how many more."""
+  shown = '; '.join(i if len(i) <= 60 else i[:57] + '...' for i in items[:n])
+  return shown + (f' and {len(items) - n} more' if len(items) > n else '')
+
+
 def load(workdir: str | os.PathLike[str], step: int | None = None, params: str | None = None,
          overrides: Sequence[str] = ()) -> Model:
   """The trained run in `workdir` (local or gs://): its recorded config, checkpoint `step`
@@ -185,8 +237,10 @@ def load(workdir: str | os.PathLike[str], step: int | None = None, params: str |
     raise ValueError(f'params={params!r} must be one of {PARAMS} (or None: config.eval.use_ema)')
   if step is not None and (isinstance(step, bool) or not isinstance(step, int) or step < 0):
     raise ValueError(f'step={step!r} must be an int >= 0 (or None: the latest checkpoint)')
-  if isinstance(overrides, str):
-    raise ValueError(f'overrides={overrides!r} must be a list of --config.a.b=value strings')
+  if isinstance(overrides, str) or not isinstance(overrides, Sequence) or not all(
+      isinstance(o, str) for o in overrides):
+    raise ValueError(f'overrides={overrides!r:.80} must be a list of --config.a.b=value strings')
+  overrides = list(overrides)
   if not storage.isfile(storage.join(workdir, 'config.json')):
     raise ValueError(f'workdir={workdir!r} holds no config.json: give the --workdir of a '
                      'training run')
@@ -197,8 +251,14 @@ def load(workdir: str | os.PathLike[str], step: int | None = None, params: str |
     text_data.checked_tokenizer(config)  # the vocabulary must be here before restoring
   model = task.build_model(config)
   with _quiet_orbax():
-    step = preflight.check_checkpoint(config, workdir, step, model)
-    state, step = train.restore_for_eval(config, workdir, step, model=model)
+    try:
+      checked = preflight.check_checkpoint(config, workdir, step, model)
+    except ValueError as e:
+      message = _model_overrides(workdir, step, overrides, use_ema, config)
+      if message is None:
+        raise
+      raise ValueError(message) from e
+    state, step = train.restore_for_eval(config, workdir, checked, model=model)
   apply_fn = compiled.flax_network(model).bind(eval_run.eval_params(config, state))
   ctx = tasks_base.EvalContext(config=config, apply_fn=apply_fn, process=processes.build(config),
                                step=step, workdir=workdir, progress=False)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import warnings
 
 import numpy as np
 import pytest
@@ -122,7 +123,7 @@ def test_sample_seeded_and_quiet(model, text_run, capsys):
 
 def test_score_equals_eval_mode(model, text_run, jax_cache, tmp_path):
   before = dir_hash(text_run['workdir'])
-  got = model.score(text_run['test'])
+  got = model.score(text_run['test'], truncate=True)  # rows over 30 tokens cut, as eval does
   assert dir_hash(text_run['workdir']) == before
   out = tmp_path / 'eval'
   proc = run_cmd(_main(f'--config={text_run["workdir"]}', f'--workdir={text_run["workdir"]}',
@@ -134,6 +135,73 @@ def test_score_equals_eval_mode(model, text_run, jax_cache, tmp_path):
   for k, v in want.items():
     assert got[k] == (pytest.approx(v, rel=1e-12) if isinstance(v, float) else v), k
   assert 'ppl_appendix_e_estimate' in got  # the task's estimates, not the bound alone
+
+
+def test_score_refuses_a_text_longer_than_the_model_holds(model, text_run):
+  long_text = text_run['test'][0]  # 40 tokens; a row holds 30 with BOS and EOS
+  n = len(_tok(model).encode(long_text))
+  with pytest.raises(ValueError) as e:
+    model.score([PROMPT, long_text])
+  message = str(e.value)
+  assert message.startswith(f'texts[1] is {n} tokens; model.seq_len={SEQ_LEN} holds at most '
+                            f'{SEQ_LEN - 2} with BOS and EOS: split it') and (
+      'pass truncate=True' in message and '\n' not in message and len(message) <= 300), message
+  assert model.score(['word ' * (SEQ_LEN - 2)])['num_sequences'] == 1  # exactly full: scored
+  with pytest.raises(ValueError, match=rf'texts\[0\] is {SEQ_LEN - 1} tokens'):
+    model.score(['word ' * (SEQ_LEN - 1)])
+  cut = model.score([long_text], truncate=True)
+  assert cut['num_sequences'] == 1 and cut['num_tokens'] <= SEQ_LEN
+  with pytest.raises(ValueError, match="truncate='yes' must be True or False"):
+    model.score([PROMPT], truncate='yes')
+
+
+def test_unknown_pieces_warn_naming_them(model):
+  with pytest.warns(text_given.UnknownPiecesWarning) as record:
+    out = model.complete(['数独 ☃ ü café'])
+  assert [str(w.message) for w in record] == [
+      "prompts[0]: 3 pieces are not in the tokenizer's vocabulary and become [UNK]: '数', '独', "
+      "'☃'; the completion starts from the tokenized prompt 'u cafe'"]
+  assert record[0].filename == __file__  # the user's call, not the package's
+  assert out[0].startswith('u cafe')  # what the warning said the completion starts with
+  with pytest.warns(text_given.UnknownPiecesWarning) as record:
+    model.infill(['☃ [MASK] Café', INFILL])
+  assert [str(w.message) for w in record] == [
+      "texts[0]: 1 piece is not in the tokenizer's vocabulary and becomes [UNK]: '☃'; the "
+      "infilled text keeps the tokenized text '[MASK] cafe'"]
+  many = ' '.join(chr(0x2600 + i) for i in range(12)) + ' word' * 10  # 9 of 12 unknown
+  with pytest.warns(text_given.UnknownPiecesWarning) as record:
+    model.complete([many])
+  message = str(record[0].message)
+  assert len(record) == 1 and len(message) <= 300, message
+  assert message.startswith('prompts[0]: 9 pieces are') and (
+      ", ...; the completion starts from the tokenized prompt '" in message), message
+  with warnings.catch_warnings():
+    warnings.simplefilter('error', text_given.UnknownPiecesWarning)
+    model.complete([PROMPT])  # representable text: no warning
+
+
+def test_cli_unknown_pieces_warn_once(model):
+  # Sample mode prepares the rows twice (its preflight check, then the run): one warning line.
+  with warnings.catch_warnings(record=True) as record:
+    warnings.simplefilter('default')
+    task = model._task  # pylint: disable=protected-access
+    for _ in range(2):
+      task.prepare_sample(model.config, None, None, prompts=['☃ king'])
+  assert [str(w.message) for w in record] == [
+      "--prompt #1: 1 piece is not in the tokenizer's vocabulary and becomes [UNK]: '☃'; the "
+      "completion starts from the tokenized prompt 'king'"]
+
+
+def test_cli_prints_the_warning_as_one_line():
+  from hmdlm_jax import main as main_lib  # pylint: disable=g-import-not-at-top
+  from hmdlm_jax.tasks import text_given  # pylint: disable=g-import-not-at-top
+  text = main_lib._one_line_warning(  # pylint: disable=protected-access
+      text_given.UnknownPiecesWarning('--prompt #1: 1 piece ...'), text_given.UnknownPiecesWarning,
+      'x.py', 3, 'warnings.warn(...)')
+  assert text == 'hmdlm_jax: warning: --prompt #1: 1 piece ...\n'
+  other = main_lib._one_line_warning(  # pylint: disable=protected-access
+      'w', UserWarning, 'x.py', 3, 'src')
+  assert other.count('\n') > 1 and 'x.py:3' in other  # other warnings keep Python's form
 
 
 @pytest.mark.parametrize('call, match', [
@@ -165,6 +233,27 @@ def test_load_errors(text_run, tmp_path, capsys, caplog):
   # Nothing printed or logged (Orbax's notes on a read-only checkpoint directory included).
   assert capsys.readouterr() == ('', '') and not caplog.records, caplog.records
   assert not raw.config.eval.use_ema and raw.config.sample.num_steps == 4 and raw.step == STEPS
+
+
+@pytest.mark.parametrize('kwargs, words', [
+    ({'overrides': ['--config.model.num_layers=3']},
+     f'overrides --config.model.num_layers=3 change the model of checkpoint {STEPS} '
+     '(model.num_layers: 1 -> 3): its weights fit only the recorded model; drop them'),
+    ({'overrides': ['--config.sample.num_steps=4', '--config.model.hidden_size=64',
+                    '--config.model.mlp_dim=128', '--config.model.num_heads=4']},
+     'overrides --config.model.hidden_size=64; --config.model.mlp_dim=128 and 1 more change'),
+    ({'overrides': ['--config.model.num_layers=x']}, '--config.model.num_layers=x'),
+    ({'overrides': ['--config.nope=1']}, 'unknown config field --config.nope'),
+    ({'overrides': '--config.sample.num_steps=4'}, 'must be a list of --config.a.b=value'),
+    ({'step': 3}, 'holds no checkpoint of that step'),
+    ({'step': -1}, 'step=-1 must be an int >= 0'),
+    ({'params': 'best'}, "params='best' must be one of"),
+])
+def test_load_error_is_one_short_line(text_run, kwargs, words):
+  with pytest.raises(ValueError) as e:
+    hmdlm_jax.load(text_run['workdir'], **kwargs)
+  message = str(e.value)
+  assert words in message and '\n' not in message and len(message) <= 300, message
 
 
 def test_cli_prompt_and_infill(model, text_run, jax_cache, tmp_path):

@@ -229,10 +229,12 @@ class TextTask(base.Task):
                        '(a prefix to complete) or --infill (text with [MASK] / [MASK*n] spans).')
     if not prompts and not infills:
       return None
+    # stacklevel=1: the [UNK] warning is issued here whoever calls (the preflight check, then the
+    # run), so Python shows each one once.
     return text_given.given_rows(
         config, text_data.checked_tokenizer(config), prompts, infills,
         prompt_names=[f'--prompt #{i + 1}' for i in range(len(prompts))],
-        infill_names=[f'--infill #{i + 1}' for i in range(len(infills))])
+        infill_names=[f'--infill #{i + 1}' for i in range(len(infills))], stacklevel=1)
 
   def sample(self, ctx: base.EvalContext, inputs: text_given.GivenRows | None
              ) -> tuple[base.Records, str]:
