@@ -9,10 +9,9 @@ Any field of hmdlm_jax/config/schema.py can be overridden (`--config.train.num_s
 config is loaded and resolved here, once (hmdlm_jax/config); the run is checked whole before it
 writes anything (hmdlm_jax/preflight.py): a mistake ends it with ONE line `hmdlm_jax: error: ...`
 naming the file or field, exit code 1, every file left as it was; so does a second run on a
-directory a live run writes (hmdlm_jax/lease.py). Rerunning a train command resumes from DIR's
-latest checkpoint; SIGTERM and Ctrl-C (SIGINT) during training checkpoint and exit (code 0, resp.
-130); in any other phase they end the command within a bounded time with one line
-`hmdlm_jax: stopped: ...` and code 143, resp. 130 (hmdlm_jax/stopping.py).
+directory a live run writes (hmdlm_jax/lease.py). Rerunning a train command resumes; SIGTERM and
+Ctrl-C checkpoint and exit during training, and end any other phase with one line, within a bounded
+time (docs/design.md, "Stopping").
 """
 
 from __future__ import annotations

@@ -1,26 +1,15 @@
 """SIGTERM / SIGINT end every phase of a command within a bounded time (docs/design.md, "Stopping").
 
 The training loop stops itself on a signal (checkpoint.StopSignal: save, exit 0). Every other phase
-(start-up, restore, the final evaluation, --mode=eval / --mode=sample) is ended here, in two ways;
-the second does not need the first to work:
-
-* the main thread: the Python handler raises `Interrupted` (a SystemExit, code 128 + signal), so
-  the `finally` blocks run (the lease is released, temporary files removed) and main.py prints the
-  one `hmdlm_jax: stopped: ...` line. An `Interrupted` that Python swallows (raised while a gc
-  callback, a __del__ or another "unraisable" context runs) reaches `sys.unraisablehook`, which
-  stays silent and has the watchdog send the signal to the main thread again, until it is raised
-  outside such a context;
-* a watchdog thread, woken by `signal.set_wakeup_fd` (written by the C-level handler, so it wakes
-  even while the main thread waits in XLA or a collective and no Python handler can run): once
-  GRACE_S has passed after the signal and the process still lives, it releases the lease(s)
-  registered with `on_exit`, prints the line and ends the process with os._exit(128 + signal).
-  A second signal ends the process at once the same way.
-
-Phases marked `defer` (the training loop, and the end of training after it) only record a first
-signal: the loop saves and returns, which may take longer than GRACE_S; a recorded signal is acted
-on when the next non-deferring phase (the final evaluation) starts.
-Nothing here imports JAX; `install` is called by the command line only (main.main), never by an
-importing program (a notebook's Ctrl-C must not end its kernel).
+(start-up, restore, the final evaluation, --mode=eval / --mode=sample) is ended here, two ways, the
+second not needing the first: the main thread's handler raises `Interrupted` (a SystemExit), so
+`finally` blocks release the lease and main.py prints one `hmdlm_jax: stopped: ...` line; one that
+Python swallows (raised in a gc callback or a __del__) reaches `sys.unraisablehook`, and the signal
+is sent to the main thread again. A watchdog thread, woken through `signal.set_wakeup_fd` also while
+the main thread waits in XLA, ends a process still alive GRACE_S after the signal: lease released,
+the line, os._exit(128 + signal). A second signal ends it at once. Phases marked `defer` (the loop
+and its last save) only record a first signal. No JAX here; only the command line installs it (a
+notebook's Ctrl-C must not end its kernel).
 """
 
 from __future__ import annotations

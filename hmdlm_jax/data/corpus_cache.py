@@ -5,16 +5,11 @@ access: over an object store each read would be one request. So a `data.corpus_d
 materialised, split by split, into `data.corpus_cache_dir` (default ~/.cache/hmdlm_jax/corpus)
 and read from there exactly as a local corpus (data/corpus.py; docs/usage.md, "prepared corpora").
 
-Every process holds every shard of the splits it reads: a process's share is
-`[process_index::process_count]` of the global document index, which touches every shard (the
-share, hence the data order of existing runs, does not depend on where the files are).
-
-The folder of a split is named by a hash of its URL and its manifest, so a corpus prepared again
-is fetched again into a new folder. A file counts as cached when its size is the manifest's (or,
-for a manifest written before `prepare` recorded sizes, the object's); a download is checked
-against the manifest's size and sha256 and renamed into place only then (storage.download), so a
-killed download, or a truncated cached file, is fetched again on the next start. Free space is
-checked before anything is fetched.
+Every process holds every shard: its share `[process_index::process_count]` of the documents
+touches all of them, and the data order must not depend on where the files are. A download is
+checked against the manifest's size and sha256 and renamed into place only then, so a killed
+download or a truncated cached file is fetched again; free space is checked first. The rules in
+full: docs/design.md ("Data").
 """
 
 from __future__ import annotations
