@@ -28,6 +28,7 @@ import orbax.checkpoint as ocp
 from absl import logging
 
 from hmdlm_jax import checkpoint_manifest
+from hmdlm_jax import lease as lease_lib
 from hmdlm_jax import stopping
 from hmdlm_jax import storage
 from hmdlm_jax import write_errors
@@ -162,6 +163,9 @@ class Checkpointer:
     # One save at a time: Orbax waits for the previous one anyway, and its failure is that step's.
     # So `_writing` is also the step whose manifest the callback writes.
     self.wait()
+    # Fenced: the lease file itself is read (not only the heartbeat's flag), so a run whose lease
+    # was taken over while it stalled saves nothing more (docs/design.md, "Leases").
+    lease_lib.check_held(direct=True)
     self._writing = int(step)
     with self._naming_refused_writes():
       self._mngr.save(int(step), args=args, force=True)

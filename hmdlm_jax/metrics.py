@@ -24,6 +24,7 @@ from typing import Any, Mapping
 import jax
 import numpy as np
 
+from hmdlm_jax import lease as lease_lib
 from hmdlm_jax import storage
 
 REQUIRED_TRAIN_KEYS: tuple[str, ...] = ('step', 'split', 'loss', 'lr', 'grad_norm', 'steps_per_s',
@@ -155,6 +156,7 @@ class MetricsWriter:
     """Writes one record; `scalars` maps names to host floats."""
     if not self.enabled:
       return
+    lease_lib.check_held()  # fenced: a run whose lease was taken over writes no line (lease.py)
     record: dict[str, Any] = {'step': int(step), 'split': str(split), 'time': time.time()}
     for k, v in scalars.items():
       record[k] = json_value(float(v))

@@ -22,6 +22,7 @@ from typing import Any, Iterable, Mapping, Sequence
 import jax
 
 from hmdlm_jax import config as config_lib
+from hmdlm_jax import lease as lease_lib
 from hmdlm_jax import storage
 
 RUNS_FILE = 'runs.jsonl'
@@ -164,6 +165,7 @@ def start_run(config: config_lib.Config, directory: str, mode: str, *, workdir: 
   """
   if jax.process_index() != 0:
     return
+  lease_lib.check_held()  # fenced: no record from a run whose lease was taken over (lease.py)
   storage.makedirs(directory)
   d = config_to_dict(config)
   if write_config:

@@ -1,7 +1,9 @@
 """One writer per directory (hmdlm_jax/lease.py), and eval / sample beside a live training run.
 
-Fast: the lease taken, refused (a fresh heartbeat of another host), taken over when stale (a dead
-process of this host; an old heartbeat of another host), released only while it is ours; the
+Fast: the lease taken, refused (a fresh heartbeat of another host; a dead pid of another PID
+namespace or boot, or of a lease that does not say), taken over when stale (a dead process of this
+host, boot and namespace; an old heartbeat of another host), released only while it is ours;
+fenced (a lost lease stops every writer first); O_CREAT|O_EXCL where link(2) is refused; the
 atomic create-if-absent locally and on the GCS emulator (tests/gcs_emulator.py, which honours
 `ifGenerationMatch=0` as GCS does); a checkpoint deleted between its choice and its read; SIGTERM
 inside `hold` releases the lease.
@@ -36,7 +38,7 @@ PUZZLE = '0000000104000000000200000000000504070080003000010900003004002000501000
 def _lease_file(directory: Any, **fields: Any) -> str:
   path = os.path.join(str(directory), lease.TRAIN_LEASE)
   record = {'host': socket.gethostname(), 'pid': os.getpid(), 'token': 'theirs',
-            'started': time.time(), 'heartbeat': time.time()}
+            'started': time.time(), 'heartbeat': time.time(), **lease.identity()}
   record.update(fields)
   with open(path, 'w', encoding='utf-8') as f:
     json.dump(record, f)
@@ -88,6 +90,92 @@ def test_stale_lease_is_taken_over_with_one_line(tmp_path, capsys, fields, why):
     assert held.ours()
   finally:
     held.release()
+
+
+@pytest.mark.parametrize('fields', [
+    {'pid_ns': 'pid:[1]'}, {'boot_id': 'another-boot'}, {'boot_id': None, 'pid_ns': None},
+], ids=['other_pid_namespace', 'other_boot', 'old_lease_without_identity'])
+def test_a_dead_pid_elsewhere_proves_nothing(tmp_path, capsys, fields):
+  """A pid of another PID namespace or boot (a container sharing the host name), or of a lease
+  that does not say: its absence here is no proof, the fresh heartbeat keeps the lease."""
+  _lease_file(tmp_path, pid=_dead_pid(), **fields)
+  before = dir_hash(str(tmp_path))
+  with pytest.raises(lease.LeaseError, match='is in use by another run'):
+    lease.acquire(str(tmp_path), lease.TRAIN_LEASE, '--workdir')
+  assert dir_hash(str(tmp_path)) == before and capsys.readouterr().err == ''
+
+
+def test_a_lost_lease_fences_every_writer(tmp_path, capsys):
+  """Taken over while this run stalled: the heartbeat marks it lost, and the metrics writer,
+  the run record and a checkpoint save raise LeaseLost before writing anything."""
+  import ml_collections  # pylint: disable=g-import-not-at-top
+  from hmdlm_jax import metrics as metrics_lib  # pylint: disable=g-import-not-at-top
+  from hmdlm_jax import workdir as workdir_lib  # pylint: disable=g-import-not-at-top
+  with lease.hold(str(tmp_path), lease.TRAIN_LEASE, '--workdir') as held:
+    writer = metrics_lib.MetricsWriter(str(tmp_path), tensorboard=False)
+    writer.write(1, 'train', {'loss': 1.0})
+    ckpt = ckpt_lib.Checkpointer(str(tmp_path), ml_collections.ConfigDict(
+        {'keep_last': 1, 'keep_period': 0, 'async_checkpoint': False}))
+    _lease_file(tmp_path, host='other-host', pid=7)  # another run took it over
+    before = dir_hash(str(tmp_path))
+    with pytest.raises(lease.LeaseLost) as e:  # read directly: no beat has run yet
+      ckpt.save(2, {'x': 1}, None)
+    assert held.lost is not None
+    assert ("lost its lease to another run (host other-host, pid 7, heartbeat 0 s ago; "
+            f"{held.path}): stopped before writing;") in str(e.value)
+    with pytest.raises(lease.LeaseLost):
+      writer.write(2, 'train', {'loss': 1.0})
+    with pytest.raises(lease.LeaseLost):
+      workdir_lib.start_run(ml_collections.ConfigDict({'seed': 0}), str(tmp_path), 'train',
+                            workdir=str(tmp_path), step=0, write_config=True)
+    assert dir_hash(str(tmp_path)) == before
+    writer.close()
+    ckpt.close()
+  assert json.loads(open(held.path, encoding='utf-8').read())['token'] == 'theirs'
+  assert capsys.readouterr().err == ''
+  lease.check_held()  # no lease held any more: writers outside a run are not fenced
+
+
+def test_heartbeat_flags_a_takeover(tmp_path):
+  held = lease.acquire(str(tmp_path), lease.TRAIN_LEASE, '--workdir', heartbeat_s=0.05)
+  try:
+    held.check()
+    _lease_file(tmp_path, host='other-host')
+    deadline = time.monotonic() + 10
+    while held.lost is None and time.monotonic() < deadline:
+      time.sleep(0.02)
+    assert held.lost and held.lost['token'] == 'theirs'
+    with pytest.raises(lease.LeaseLost, match='host other-host'):
+      held.check()
+  finally:
+    held.release()
+  assert json.loads(open(held.path, encoding='utf-8').read())['token'] == 'theirs'
+
+
+def test_no_hard_links_falls_back_to_an_exclusive_create(tmp_path, monkeypatch):
+  """link(2) refused (FAT, gcsfuse, s3fs, SMB): O_CREAT|O_EXCL on the final name, still one
+  holder; a lease seen empty (being written) is read again, not judged stale. The real filesystem
+  case, through an LD_PRELOAD shim: tests/test_lease_fencing.py."""
+  import errno  # pylint: disable=g-import-not-at-top
+  import threading  # pylint: disable=g-import-not-at-top
+
+  def refuse(src: str, dst: str) -> None:
+    raise OSError(errno.EPERM, 'Operation not permitted', src, None, dst)
+
+  monkeypatch.setattr(os, 'link', refuse)
+  held = lease.acquire(str(tmp_path), lease.TRAIN_LEASE, '--workdir')
+  try:
+    assert os.listdir(tmp_path) == [lease.TRAIN_LEASE] and held.ours()
+    with pytest.raises(lease.LeaseError, match='is in use by another run'):
+      lease.acquire(str(tmp_path), lease.TRAIN_LEASE, '--workdir')
+  finally:
+    held.release()
+  assert os.listdir(tmp_path) == []
+  path = os.path.join(tmp_path, lease.TRAIN_LEASE)
+  open(path, 'w', encoding='utf-8').close()  # created, not yet written
+  threading.Timer(0.3, lambda: _lease_file(tmp_path, host='other-host')).start()
+  with pytest.raises(lease.LeaseError, match='host other-host'):
+    lease.acquire(str(tmp_path), lease.TRAIN_LEASE, '--workdir')
 
 
 def test_heartbeat_and_release_only_while_ours(tmp_path):
