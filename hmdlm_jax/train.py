@@ -33,6 +33,7 @@ from absl import logging
 from hmdlm_jax import accumulate
 from hmdlm_jax import checkpoint as ckpt_lib
 from hmdlm_jax import config as config_lib
+from hmdlm_jax import lease as lease_lib
 from hmdlm_jax import metrics as metrics_lib
 from hmdlm_jax import models
 from hmdlm_jax import optim
@@ -260,18 +261,17 @@ def make_train_step(config: config_lib.Config, model: nn.Module,
   rep, extra = shd.replicated(mesh), tuple(process.extra_batch_keys)  # e.g. ADLM's anchors
   jitted = jax.jit(step_fn, in_shardings=(shardings, shd.batch_sharding(mesh), rep),
                    out_shardings=(shardings, rep), donate_argnums=0)
-  faults = jax.device_put(fault_steps, rep)
+  faults: list[jax.Array] = []  # on the devices at the first call: building touches no device
 
   def train_step(state: TrainState, batch: Mapping[str, jax.Array]
                  ) -> tuple[TrainState, dict[str, jax.Array]]:
+    if not faults:
+      faults.append(jax.device_put(fault_steps, rep))
     with shd.mesh_context(mesh):
-      return jitted(state, {k: batch[k] for k in BATCH_KEYS + extra}, faults)  # extra: anchors
+      return jitted(state, {k: batch[k] for k in BATCH_KEYS + extra}, faults[0])  # extra: anchors
 
   train_step.jitted = jitted  # type: ignore[attr-defined]
   return train_step
-
-
-# ----------------------------------------------------------------------------- loop helpers
 
 
 def _scalar_items(d: Mapping[str, Any]) -> dict[str, float]:
@@ -301,7 +301,6 @@ def run_evaluation(config: config_lib.Config, state: TrainState, step: int, work
   scalars = _scalar_items(result)
   scalars['eval_time_s'] = time.perf_counter() - t0
   writer.write(step, 'eval', scalars)
-  # The hook printed its task's summary; every scalar is in metrics.jsonl and eval_<step>.json.
   logging.info('Evaluation at step %d: %d scalars in %.1fs -> %s', step, len(scalars),
                scalars['eval_time_s'], writer.path)
   return scalars
@@ -329,7 +328,7 @@ def _close_after_failure(bar: metrics_lib.Progress, writer: metrics_lib.MetricsW
   ckpt.close_after_failure()
 
 
-# ----------------------------------------------------------------------------- main loop
+# ----------------------------------------------------------------------------- the loop
 
 
 def train_and_evaluate(config: config_lib.Config, workdir: str, *, model: nn.Module,
@@ -493,6 +492,7 @@ def train_and_evaluate(config: config_lib.Config, workdir: str, *, model: nn.Mod
         eval_result = run_evaluation(config, state, step, workdir, writer, eval_fn)
     ckpt.close()
     writer.close()
+    lease_lib.check_held()  # fenced: no summary from a run whose lease was taken over (lease.py)
     summary = _write_summary(workdir, step, stop_reason, train_step, t_start)
   except write_errors.WriteError:
     _close_after_failure(bar, writer, ckpt)

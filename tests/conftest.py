@@ -29,6 +29,14 @@ os.environ['XLA_FLAGS'] = (os.environ.get('XLA_FLAGS', '') +
                            ' --xla_backend_optimization_level=0').strip()
 OPTIMISED = {'xla_backend_optimization_level': 3}  # XLA's default level
 
+# libtpu is in the test lock (tests/test_aot_tpu.py compiles for TPU topologies through its
+# compile-only client on this host). JAX itself stays on the CPU, and libtpu must never ask the
+# GCE metadata server for a TPU that is not there: set before any backend starts, inherited by
+# every subprocess.
+os.environ.setdefault('JAX_PLATFORMS', 'cpu')
+os.environ.setdefault('TPU_SKIP_MDS_QUERY', '1')
+os.environ.setdefault('TPU_WORKER_HOSTNAMES', 'localhost')
+
 # The files that read the session's reference run (below). Under the README's `-n 2 --dist
 # loadfile` they are scheduled as one unit, so the run is made once rather than once per worker;
 # every other file is its own unit, as loadfile has it. (xdist's loadgroup marks cannot do this
