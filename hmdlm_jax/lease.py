@@ -81,8 +81,10 @@ def _read(path: str, settle_s: float = SETTLE_S) -> dict[str, Any] | None:
 
 def _read_text(path: str) -> str | None:
   try:
-    with open(path, encoding='ascii') as f:
-      return f.read().strip() or None
+    # Bytes, decoded by the built-in ASCII codec: a text-mode open would look the codec up, which
+    # imports a module, and a run that dropped its privileges may no longer read the library.
+    with open(path, 'rb') as f:
+      return f.read().decode('ascii', 'replace').strip() or None
   except OSError:
     return None
 
