@@ -211,6 +211,12 @@ class Lease:
           continue  # suspended since the read: it may be stale now; read again, never overwrite
         self.record['heartbeat'] = time.time()
         storage.write_bytes(self.path, self.encoded())
+        if time.monotonic() - read_at > 0.25 * self._stale_s:
+          # Suspended between the read and the rename: this write may have replaced a taker's
+          # lease, and no rename can be undone. Fail-stop: this run stops before its next write,
+          # and the taker, finding this token, stops too; neither writes twice.
+          self.lost = {}
+          return
         self._confirmed = time.monotonic()
       except OSError:  # a filesystem hiccup: the next beat retries, STALE_S leaves room for it
         pass
