@@ -566,6 +566,18 @@ def _setup(env: dict[str, str], homes: list[str]) -> str:
   return out
 
 
+def _kill_runs_at_teardown(request, homes: list[str]) -> None:
+  """A failed assertion must not leave a detached run behind on a stand-in worker."""
+  def kill_leftovers():
+    for home in homes:
+      try:
+        with open(os.path.join(home, 'hmdlm_logs', 'run.pid'), encoding='utf-8') as f:
+          os.kill(int(f.read()), signal.SIGKILL)
+      except (OSError, ValueError):
+        pass
+  request.addfinalizer(kill_leftovers)
+
+
 @pytest.mark.parametrize('workers', [1, pytest.param(2, marks=pytest.mark.slow)])
 def test_tpu_slice_setup_run_logs_resume_stop(request, tmp_path, bucket_corpus, gcs, jax_cache,
                                               worker_image, workers):
@@ -583,15 +595,7 @@ def test_tpu_slice_setup_run_logs_resume_stop(request, tmp_path, bucket_corpus, 
   env.update(gcs.env(), HMDLM_ALLOCATOR='glibc',
              STANDIN_WORKER_ENV=' '.join([WORKER_ENV, *gcs_emulator.ENV_NAMES]))
   homes = [os.path.join(root, f'worker-{w}') for w in range(workers)]
-
-  def kill_leftovers():  # a failed assertion must not leave a detached run behind
-    for home in homes:
-      try:
-        with open(os.path.join(home, 'hmdlm_logs', 'run.pid'), encoding='utf-8') as f:
-          os.kill(int(f.read()), signal.SIGKILL)
-      except (OSError, ValueError):
-        pass
-  request.addfinalizer(kill_leftovers)
+  _kill_runs_at_teardown(request, homes)
   cmds = readme_commands()
   every = range(workers)
   metrics = lambda: _bucket_metrics(gcs, prefix)
@@ -657,14 +661,7 @@ def test_tpu_run_that_fails_at_start_returns_1_with_the_workers_last_lines(
   env = _base_env(jax_cache, str(tmp_path / 'run'), str(tmp_path / 'no corpus here'))
   _slice_env(env, root, 1, worker_image)
   home = os.path.join(root, 'worker-0')
-
-  def kill_leftovers():
-    try:
-      with open(os.path.join(home, 'hmdlm_logs', 'run.pid'), encoding='utf-8') as f:
-        os.kill(int(f.read()), signal.SIGKILL)
-    except (OSError, ValueError):
-      pass
-  request.addfinalizer(kill_leftovers)
+  _kill_runs_at_teardown(request, [home])
   _setup(env, [home])
   # RUN_WAIT passed, run would return 0 ("not yet past its data and model"): 1 is the failure seen.
   t0 = time.time()

@@ -69,6 +69,16 @@ def _lines(path: str) -> list[dict[str, Any]]:
   return [json.loads(line) for line in text[:text.rfind('\n') + 1].splitlines() if line.strip()]
 
 
+def _assert_refused(second: subprocess.CompletedProcess, first: subprocess.Popen,
+                    workdir: str) -> None:
+  """The second run was refused in one line naming the live first run, which alone wrote runs."""
+  errors = _errors(second.stderr)
+  assert second.returncode == 1 and len(errors) == 1, second.stderr[-3000:]
+  assert f'is in use by another run (host {socket.gethostname()}, pid {first.pid}, ' \
+         'heartbeat' in errors[0]
+  assert len(read_jsonl(os.path.join(workdir, 'runs.jsonl'))) == 1  # the first run's alone
+
+
 def _errors(stderr: str) -> list[str]:
   return [line for line in stderr.splitlines() if line.startswith(PREFIX)]
 
@@ -96,12 +106,8 @@ def test_another_pid_namespace_cannot_take_a_live_lease(tmp_path, puzzle_cache, 
     assert now.get('token') == token, f'the lease was taken over: {now}'
   finally:
     assert _stop(first) == 0, (tmp_path / 'first.err').read_text()[-3000:]
-  errors = _errors(second.stderr)
-  assert second.returncode == 1 and len(errors) == 1, second.stderr[-3000:]
-  assert f'is in use by another run (host {socket.gethostname()}, pid {first.pid}, ' \
-         'heartbeat' in errors[0]
+  _assert_refused(second, first, workdir)
   assert 'taking over' not in second.stderr and 'Traceback' not in second.stderr
-  assert len(read_jsonl(os.path.join(workdir, 'runs.jsonl'))) == 1  # the first run's alone
 
 
 @pytest.mark.xfail(strict=False, reason=(
@@ -203,11 +209,7 @@ def test_a_filesystem_without_hard_links(tmp_path, puzzle_cache, jax_cache):
     assert first.poll() is None, 'the first run ended before the second was refused'
   finally:
     assert _stop(first) == 0, (tmp_path / 'first.err').read_text()[-3000:]
-  errors = _errors(second.stderr)
-  assert second.returncode == 1 and len(errors) == 1, second.stderr[-3000:]
-  assert f'is in use by another run (host {socket.gethostname()}, pid {first.pid}, ' \
-         'heartbeat' in errors[0]
-  assert len(read_jsonl(os.path.join(workdir, 'runs.jsonl'))) == 1  # the first run's alone
+  _assert_refused(second, first, workdir)
   assert any(n.isdigit() for n in os.listdir(os.path.join(workdir, 'checkpoints')))
   assert not os.path.exists(os.path.join(workdir, lease.TRAIN_LEASE))
   assert 'Traceback' not in (tmp_path / 'first.err').read_text()
