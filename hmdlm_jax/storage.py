@@ -15,12 +15,13 @@ and leaves no part of what it wrote.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import re
 import tempfile
 import uuid
-from typing import IO, Any
+from typing import IO, Any, Iterator
 
 from etils import epath
 
@@ -170,11 +171,21 @@ def write_bytes(path: str, data: bytes) -> None:
   if is_url(path):
     as_path(path).write_bytes(data)  # one upload: atomic on an object store
     return
+  with _replacing(path) as f:
+    f.write(data)
+
+
+@contextlib.contextmanager
+def _replacing(path: str, *, source_errors: bool = False) -> Iterator[IO[bytes]]:
+  """The hidden temporary file of an atomic local write of `path` (write_bytes' rules): on a normal
+  exit it is flushed to disk and renamed over `path`; on any exception it is removed, and an
+  OSError becomes write_errors.WriteError naming `path` (with `source_errors`, a
+  FileNotFoundError stays itself: a missing source is not a refused write)."""
   folder, name = os.path.split(path)
   tmp = os.path.join(folder, f'.{name}.{uuid.uuid4().hex}{TMP_SUFFIX}')
   try:
     with open(tmp, 'xb') as f:  # the umask's permissions, like the file it replaces
-      f.write(data)
+      yield f
       f.flush()
       os.fsync(f.fileno())
     os.replace(tmp, path)
@@ -183,7 +194,7 @@ def write_bytes(path: str, data: bytes) -> None:
       os.remove(tmp)
     except FileNotFoundError:
       pass
-    if isinstance(e, OSError):
+    if isinstance(e, OSError) and not (source_errors and isinstance(e, FileNotFoundError)):
       raise _refused(e, path) from e
     raise
 
@@ -331,29 +342,15 @@ def download(url: str, path: str, *, expect_size: int | None = None,
   expected (ValueError otherwise, nothing left behind): a killed or short download never leaves a
   file that looks whole. A write the disk refuses raises write_errors.WriteError naming `path`.
   """
-  folder, name = os.path.split(path)
-  tmp = os.path.join(folder, f'.{name}.{uuid.uuid4().hex}{TMP_SUFFIX}')
   h, n = hashlib.sha256(), 0
-  try:
-    with open_file(url, 'rb') as src, open(tmp, 'xb') as dst:
-      while chunk := src.read(COPY_CHUNK):
-        h.update(chunk)
-        n += len(chunk)
-        dst.write(chunk)
-      dst.flush()
-      os.fsync(dst.fileno())
-    digest = h.hexdigest()
+  with _replacing(path, source_errors=True) as dst, open_file(url, 'rb') as src:
+    while chunk := src.read(COPY_CHUNK):
+      h.update(chunk)
+      n += len(chunk)
+      dst.write(chunk)
+    digest = h.hexdigest()  # checked before the rename: a mismatch leaves nothing behind
     if expect_size is not None and n != expect_size:
       raise ValueError(f'{url}: read {n:,} bytes, expected {expect_size:,}')
     if expect_sha256 is not None and digest != expect_sha256:
       raise ValueError(f'{url}: sha256 {digest[:12]}..., expected {expect_sha256[:12]}...')
-    os.replace(tmp, path)
-  except BaseException as e:
-    try:
-      os.remove(tmp)
-    except FileNotFoundError:
-      pass
-    if isinstance(e, OSError) and not isinstance(e, FileNotFoundError):
-      raise _refused(e, path) from e
-    raise
   return n, digest
