@@ -120,11 +120,7 @@ class Checkpointer:
         async_options=ocp.AsyncOptions(post_finalization_callback=self._write_manifest),
         create=not read_only, read_only=read_only, cleanup_tmp_directories=False)
     try:
-      self._mngr = ocp.CheckpointManager(
-          self.directory, options=options,
-          item_handlers={'state': ocp.StandardCheckpointHandler(),
-                         'data_iter': grain.checkpoint.CheckpointHandler(),
-                         'meta': ocp.JsonCheckpointHandler()})
+      self._mngr = self._open(options)
     except (OSError, ValueError) as e:
       refused = write_errors.from_exception(e, self.directory)
       if refused:
@@ -132,6 +128,21 @@ class Checkpointer:
       raise CheckpointError(f'Cannot open checkpoint directory {self.directory!r}: '
                             f'{type(e).__name__}: {e}') from e
     self._writing: int | None = None  # the step whose save may still be running
+
+  def _open(self, options: Any) -> Any:
+    for attempt in range(3):
+      try:
+        return ocp.CheckpointManager(
+            self.directory, options=options,
+            item_handlers={'state': ocp.StandardCheckpointHandler(),
+                           'data_iter': grain.checkpoint.CheckpointHandler(),
+                           'meta': ocp.JsonCheckpointHandler()})
+      except (FileNotFoundError, NotADirectoryError):
+        # A live run (evaluated while it trains) deleted a step it no longer keeps between
+        # Orbax's listing and its reading of that step ("Path is not a directory"): list again.
+        if attempt == 2:
+          raise
+    raise AssertionError('unreachable')
 
   # -- queries
 

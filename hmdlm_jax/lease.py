@@ -270,6 +270,28 @@ def check_held(*, direct: bool = False) -> None:
     held.check(direct=direct)
 
 
+def _in_use(directory: str, flag: str, path: str, held: dict[str, Any], stale_s: float) -> str:
+  age = time.time() - float(held.get('heartbeat', 0.0))
+  return (f'{flag}={directory!r} is in use by another run (host {held.get("host")}, pid '
+          f'{held.get("pid")}, heartbeat {age:.0f} s ago; {path}): wait for it to end, or use '
+          f'another {flag}. A lease whose heartbeat is over {stale_s:g} s old is taken over.')
+
+
+def refuse_if_held(directory: str, name: str, flag: str) -> None:
+  """LeaseError on every process when a live run holds DIRECTORY/NAME now, taking nothing: a
+  preflight calls it before it reads what that run may be rewriting (its checkpoints)."""
+  message = ''
+  if jax.process_index() == 0:
+    path = storage.join(directory, name)
+    stale_s = _env_seconds(STALE_ENV, STALE_S)
+    held = _read(path)
+    if held is not None and stale_reason(held, time.time(), stale_s) is None:
+      message = _in_use(directory, flag, path, held, stale_s)
+  message = _agree(message)
+  if message:
+    raise LeaseError(message)
+
+
 def acquire(directory: str, name: str, flag: str, *, heartbeat_s: float | None = None,
             stale_s: float | None = None) -> Lease:
   """Takes the lease DIRECTORY/NAME (the directory is created); LeaseError when a live run holds
@@ -291,11 +313,7 @@ def acquire(directory: str, name: str, flag: str, *, heartbeat_s: float | None =
       continue
     why = stale_reason(held, time.time(), stale_s)
     if why is None:
-      age = time.time() - float(held.get('heartbeat', 0.0))
-      raise LeaseError(
-          f'{flag}={directory!r} is in use by another run (host {held.get("host")}, pid '
-          f'{held.get("pid")}, heartbeat {age:.0f} s ago; {lease.path}): wait for it to end, or '
-          f'use another {flag}. A lease whose heartbeat is over {stale_s:g} s old is taken over.')
+      raise LeaseError(_in_use(directory, flag, lease.path, held, stale_s))
     # Delete the stale lease only if it is still the one judged stale (not a new taker's).
     if (_read(lease.path) or {}).get('token') == held.get('token'):
       with contextlib.suppress(FileNotFoundError):

@@ -21,6 +21,7 @@ import jax
 
 from hmdlm_jax import checkpoint as ckpt_lib
 from hmdlm_jax import config as config_lib
+from hmdlm_jax import lease
 from hmdlm_jax import metrics as metrics_lib
 from hmdlm_jax import processes
 from hmdlm_jax import resources
@@ -189,6 +190,8 @@ def check(mode: str, config: config_lib.Config, workdir: str, *,
       raise ValueError(f'{", ".join(extra)} apply to --mode=eval / --mode=sample, not to '
                        'training (a rerun of training resumes from the latest checkpoint).')
     workdir_lib.check_creatable(workdir, '--workdir')
+    # Before reading the checkpoints a live run there may be rewriting (main takes the lease).
+    lease.refuse_if_held(workdir, lease.TRAIN_LEASE, '--workdir')
     metrics_lib.check_wandb(config.train.wandb)
     abstract, mesh = resources.abstract_state(config, model)
     resources.check_train(config, model, abstract, mesh)

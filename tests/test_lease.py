@@ -274,6 +274,51 @@ def test_a_step_deleted_meanwhile_is_reselected(tmp_path, caplog):
   ckpt.close()
 
 
+def test_a_live_run_is_refused_before_its_checkpoints_are_read(tmp_path):
+  """Training into a workdir a live run holds is refused by the lease alone: the checkpoints
+  (here a step the live run is deleting, no longer a directory) are not read first."""
+  from configs import tiny_test  # pylint: disable=g-import-not-at-top
+  from hmdlm_jax import config as config_lib  # pylint: disable=g-import-not-at-top
+  from hmdlm_jax import preflight  # pylint: disable=g-import-not-at-top
+  (tmp_path / 'checkpoints' / '20').mkdir(parents=True)  # being written or deleted
+  config = config_lib.resolve(tiny_test.get_config())
+  with pytest.raises(ValueError, match='checkpoints/20') as e:
+    preflight.check('train', config, str(tmp_path))  # the mutation: no live lease
+  assert not isinstance(e.value, lease.LeaseError)
+  _lease_file(tmp_path, host='other-host', pid=1)
+  with pytest.raises(lease.LeaseError, match='is in use by another run .host other-host, pid 1'):
+    preflight.check('train', config, str(tmp_path))
+  stale = time.time() - lease.STALE_S - 60
+  _lease_file(tmp_path, host='other-host', pid=1, heartbeat=stale)
+  with pytest.raises(ValueError, match='checkpoints/20'):  # stale: no refusal, acquire takes it
+    preflight.check('train', config, str(tmp_path))
+
+
+def test_a_step_deleted_while_orbax_lists_is_listed_again(tmp_path, monkeypatch):
+  """Orbax lists the steps, then reads each: a step a live run deletes in between raises
+  NotADirectoryError inside CheckpointManager; opening lists again, and gives up after three."""
+  import ml_collections  # pylint: disable=g-import-not-at-top
+  (tmp_path / 'checkpoints' / '4').mkdir(parents=True)
+  real, calls = ckpt_lib.ocp.CheckpointManager, []
+
+  def flaky(*args: Any, **kwargs: Any) -> Any:
+    calls.append(1)
+    if len(calls) <= failures:
+      raise NotADirectoryError(f'Path is not a directory: {tmp_path}/checkpoints/2')
+    return real(*args, **kwargs)
+
+  monkeypatch.setattr(ckpt_lib.ocp, 'CheckpointManager', flaky)
+  train_cfg = ml_collections.ConfigDict({'keep_last': 1, 'keep_period': 0,
+                                         'async_checkpoint': False})
+  failures = 2
+  ckpt_lib.Checkpointer(str(tmp_path), train_cfg, read_only=True).close()
+  assert len(calls) == 3
+  failures, calls[:] = 3, []
+  with pytest.raises(ckpt_lib.CheckpointError, match='Path is not a directory'):
+    ckpt_lib.Checkpointer(str(tmp_path), train_cfg, read_only=True)
+  assert len(calls) == 3
+
+
 # ----------------------------------------------------------------------------- real processes
 
 
