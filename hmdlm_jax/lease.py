@@ -4,8 +4,8 @@ A training run holds DIR/TRAIN_LEASE for its whole run; an eval / sample run hol
 OUT/OUTPUTS_LEASE (so a live training run can still be evaluated). A lease is a small JSON file:
 host, boot id, PID namespace, pid, a random token, start time and heartbeat (Unix seconds). It is
 created atomically (storage.create_exclusive: link(2) locally and on NFS, a create-only upload on
-gs://; O_CREAT|O_EXCL where the filesystem has no hard links) and a daemon thread refreshes its
-heartbeat every HEARTBEAT_S. A lease whose heartbeat is older than STALE_S is taken over with one
+gs://; O_CREAT|O_EXCL where the filesystem has no hard links); a daemon thread refreshes its
+heartbeat every HEARTBEAT_S (a local one by touching it, so never over a taker's). A lease whose heartbeat is older than STALE_S is taken over with one
 stderr line, as is one whose holder is a dead process of this host, boot and PID namespace (a pid
 means nothing elsewhere); a live one is a LeaseError naming the holder. It is deleted on release,
 only while it still holds our token. A run whose lease was taken over (it stalled past STALE_S)
@@ -65,12 +65,17 @@ def _env_seconds(name: str, default: float) -> float:
 
 def _read(path: str, settle_s: float = SETTLE_S) -> dict[str, Any] | None:
   """The lease at `path`, None when there is none; one still unreadable after `settle_s` (a
-  part-written O_EXCL lease is retried) reads as {}: no heartbeat, so stale."""
+  part-written O_EXCL lease is retried) reads as {}: no heartbeat, so stale. A local lease's
+  modification time is its heartbeat too (`touched`: the holder touches it, `Lease._beat`)."""
   deadline = time.monotonic() + settle_s
   while True:
     try:
       record = json.loads(storage.read_text(path))
-      return record if isinstance(record, dict) else {}
+      if not isinstance(record, dict):
+        return {}
+      if not storage.is_url(path):
+        record['touched'] = os.stat(path).st_mtime
+      return record
     except FileNotFoundError:
       return None
     except (OSError, ValueError):  # half-visible, part-written or foreign
@@ -144,11 +149,16 @@ def pid_meaningful(record: dict[str, Any]) -> bool:
           and all(record.get(k) == v for k, v in mine.items()))
 
 
+def heartbeat(record: dict[str, Any]) -> float:
+  """The holder's last sign of life (Unix seconds): its record's heartbeat or the file's mtime."""
+  return max(float(record.get('heartbeat', 0.0)), float(record.get('touched', 0.0)))
+
+
 def stale_reason(record: dict[str, Any], now: float, stale_s: float) -> str | None:
   """Why the lease `record` may be taken over (its holder is gone), None while it is live. A dead
   pid is proof only where the pid is ours to judge (`pid_meaningful`); elsewhere the heartbeat
   alone decides (docs/design.md, "Leases")."""
-  age = now - float(record.get('heartbeat', 0.0))
+  age = now - heartbeat(record)
   if pid_meaningful(record) and not _pid_alive(int(record.get('pid', -1))):
     return f'its process {record.get("pid")} on this host is gone'
   if age > stale_s:
@@ -198,28 +208,40 @@ class Lease:
     self._thread.start()
 
   def _beat(self) -> None:
-    while not self._stop.wait(self._heartbeat_s):
-      try:
-        read_at = time.monotonic()
-        held = self.holder()
-        if held == {}:  # unreadable for SETTLE_S: neither ours to refresh nor proof of a loss
-          continue
-        if held is None or held.get('token') != self.token:  # taken over while we stalled
-          self.lost = held or {}  # never write over it; the run's next write stops (`check`)
-          return
-        if time.monotonic() - read_at > 0.25 * self._stale_s:
-          continue  # suspended since the read: it may be stale now; read again, never overwrite
-        self.record['heartbeat'] = time.time()
-        storage.write_bytes(self.path, self.encoded())
-        if time.monotonic() - read_at > 0.25 * self._stale_s:
-          # Suspended between the read and the rename: this write may have replaced a taker's
-          # lease, and no rename can be undone. Fail-stop: this run stops before its next write,
-          # and the taker, finding this token, stops too; neither writes twice.
-          self.lost = {}
-          return
-        self._confirmed = time.monotonic()
-      except OSError:  # a filesystem hiccup: the next beat retries, STALE_S leaves room for it
-        pass
+    while not self._stop.wait(self._heartbeat_s) and self._beat_once():
+      pass
+
+  def _beat_once(self) -> bool:
+    """One heartbeat; False once the lease is lost (the thread ends)."""
+    try:
+      read_at = time.monotonic()
+      held = self.holder()
+      if held == {}:  # unreadable for SETTLE_S: neither ours to refresh nor proof of a loss
+        return True
+      if held is None or held.get('token') != self.token:  # taken over while we stalled
+        self.lost = held or {}  # never write over it; the run's next write stops (`check`)
+        return False
+      if not storage.is_url(self.path):
+        # Touched, never rewritten: a run suspended since the read touches at worst a taker's new
+        # file (refreshing its heartbeat) and finds the taker's token at its next beat; until
+        # then `check` trusts only the read, so a late write reads the file first.
+        os.utime(self.path)
+        self._confirmed = read_at
+        return True
+      if time.monotonic() - read_at > 0.25 * self._stale_s:
+        return True  # suspended since the read: it may be stale now; read again, never overwrite
+      self.record['heartbeat'] = time.time()
+      storage.write_bytes(self.path, self.encoded())
+      if time.monotonic() - read_at > 0.25 * self._stale_s:
+        # Suspended between the read and the rename: this write may have replaced a taker's
+        # lease, and no rename can be undone. Fail-stop: this run stops before its next write,
+        # and the taker, finding this token, stops too; neither writes twice.
+        self.lost = {}
+        return False
+      self._confirmed = time.monotonic()
+    except OSError:  # a filesystem hiccup: the next beat retries, STALE_S leaves room for it
+      pass
+    return True
 
   def check(self, *, direct: bool = False) -> None:
     """LeaseLost when another run holds the lease now; `direct` always reads the file (before a
@@ -237,7 +259,7 @@ class Lease:
   def lost_message(self) -> str:
     held = self.lost or {}
     if held:
-      age = time.time() - float(held.get('heartbeat', 0.0))
+      age = time.time() - heartbeat(held)
       who = (f'another run (host {held.get("host")}, pid {held.get("pid")}, heartbeat '
              f'{age:.0f} s ago; {self.path})')
     else:
@@ -271,7 +293,7 @@ def check_held(*, direct: bool = False) -> None:
 
 
 def _in_use(directory: str, flag: str, path: str, held: dict[str, Any], stale_s: float) -> str:
-  age = time.time() - float(held.get('heartbeat', 0.0))
+  age = time.time() - heartbeat(held)
   return (f'{flag}={directory!r} is in use by another run (host {held.get("host")}, pid '
           f'{held.get("pid")}, heartbeat {age:.0f} s ago; {path}): wait for it to end, or use '
           f'another {flag}. A lease whose heartbeat is over {stale_s:g} s old is taken over.')

@@ -42,6 +42,7 @@ def _lease_file(directory: Any, **fields: Any) -> str:
   record.update(fields)
   with open(path, 'w', encoding='utf-8') as f:
     json.dump(record, f)
+  os.utime(path, (record['heartbeat'], record['heartbeat']))  # a local lease's mtime beats too
   return path
 
 
@@ -152,6 +153,36 @@ def test_heartbeat_flags_a_takeover(tmp_path):
   assert json.loads(open(held.path, encoding='utf-8').read())['token'] == 'theirs'
 
 
+def test_a_beat_suspended_after_its_read_never_replaces_a_takers_lease(tmp_path, monkeypatch):
+  """The race of a run suspended inside its heartbeat: it read its own token, then a taker
+  replaced the lease. The beat's write must leave the taker's token; the next check stops."""
+  held = lease.acquire(str(tmp_path), lease.TRAIN_LEASE, '--workdir', heartbeat_s=3600)
+  path, mine = held.path, held.holder()
+  try:
+    read_at = []
+
+    def suspended_read() -> dict[str, Any] | None:
+      read_at.append(time.monotonic())
+      _lease_file(tmp_path, host='other-host', pid=1, heartbeat=time.time() - 5)  # the taker
+      return mine  # what the beat had read before it was suspended
+
+    monkeypatch.setattr(held, 'holder', suspended_read)
+    held._beat_once()  # pylint: disable=protected-access
+    monkeypatch.undo()
+    # Confirmed as of the read, not of the touch: a suspension there (modelled by moving the
+    # read back by STALE_S) leaves the trust window, so the next write reads the file first.
+    assert held._confirmed <= read_at[0]  # pylint: disable=protected-access
+    held._confirmed -= lease.STALE_S  # pylint: disable=protected-access
+    record = lease._read(path)  # pylint: disable=protected-access
+    assert record['token'] == 'theirs' and record['host'] == 'other-host'
+    assert time.time() - lease.heartbeat(record) < 2  # touched: the taker's heartbeat, refreshed
+    with pytest.raises(lease.LeaseLost, match='host other-host, pid 1'):
+      held.check()
+  finally:
+    held.release()
+  assert lease._read(path)['token'] == 'theirs'  # pylint: disable=protected-access
+
+
 def test_no_hard_links_falls_back_to_an_exclusive_create(tmp_path, monkeypatch):
   """link(2) refused (FAT, gcsfuse, s3fs, SMB): O_CREAT|O_EXCL on the final name, still one
   holder; a lease seen empty (being written) is read again, not judged stale. The real filesystem
@@ -182,8 +213,10 @@ def test_heartbeat_and_release_only_while_ours(tmp_path):
   path = os.path.join(tmp_path, lease.TRAIN_LEASE)
   held = lease.acquire(str(tmp_path), lease.TRAIN_LEASE, '--workdir', heartbeat_s=0.05)
   first = held.record['heartbeat']
+  stored = open(path, 'rb').read()
   time.sleep(0.5)
-  assert json.loads(open(path, encoding='utf-8').read())['heartbeat'] > first
+  assert lease.heartbeat(lease._read(path)) > first + 0.3  # pylint: disable=protected-access
+  assert open(path, 'rb').read() == stored  # touched, not rewritten: never over a taker's lease
   held.release()
   assert not os.path.exists(path)
   held = lease.acquire(str(tmp_path), lease.TRAIN_LEASE, '--workdir')  # no beat in this test

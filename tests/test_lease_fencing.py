@@ -110,10 +110,6 @@ def test_another_pid_namespace_cannot_take_a_live_lease(tmp_path, puzzle_cache, 
   assert 'taking over' not in second.stderr and 'Traceback' not in second.stderr
 
 
-@pytest.mark.xfail(strict=False, reason=(
-    'a known race: a run suspended inside its heartbeat, between the lease read and the rename, '
-    'replaces the taker\'s lease; the heartbeat then fail-stops both runs (hmdlm_jax/lease.py), '
-    'so the taker exits 1 where this test expects 0. Open in the fencing issue.'))
 def test_a_suspended_run_taken_over_stops_before_its_next_write(tmp_path, puzzle_cache,
                                                                jax_cache):
   workdir = str(tmp_path / 'run')
