@@ -25,8 +25,8 @@ from typing import Any, Callable, Mapping, Sequence
 import numpy as np
 
 from hmdlm_jax import ar_judge
+from hmdlm_jax import tasks
 from hmdlm_jax import trained
-from hmdlm_jax.config.multimdm import TEXT_DATA_KINDS
 from hmdlm_jax.data import text as text_data
 from hmdlm_jax.evaluation import front as front_lib
 from hmdlm_jax.evaluation import generative
@@ -95,6 +95,8 @@ def run(workdirs: Sequence[str], out: str, *, names: Sequence[str] = (),
     if os.path.exists(path) and not overwrite:
       raise ValueError(f'--out: {path} exists; choose another --out or pass --overwrite to '
                        'replace it.')
+  check_settings(out, steps=steps, temperatures=temperatures, top_ps=top_ps, seeds=seeds,
+                 num_samples=num_samples)
   if groups and (len(groups) != len(workdirs) or not all(groups)):
     raise ValueError(f'--groups={list(groups)} must give one non-empty group name per '
                      f'--workdirs entry ({len(workdirs)} here), or be left out.')
@@ -105,9 +107,9 @@ def run(workdirs: Sequence[str], out: str, *, names: Sequence[str] = (),
     raise ValueError(f'--names={names} must give one distinct name per --workdirs entry.')
   models = [trained.load(w, params=params) for w in workdirs]
   for w, m in zip(workdirs, models):
-    if m.config.data.kind not in TEXT_DATA_KINDS:
+    if not m.offers('score'):  # a text task's model
       raise ValueError(f'--workdirs: {w} is a data.kind={m.config.data.kind!r} run; the sweep '
-                       f'scores text ({TEXT_DATA_KINDS}).')
+                       f"scores text ({tasks.kinds_offering('score')}).")
   vocab = sorted({str(m.config.data.tokenizer) for m in models})
   if len(vocab) != 1:
     raise ValueError(f'--workdirs: the runs use the tokenizers {vocab}; one judge scores them '
@@ -150,6 +152,37 @@ def run(workdirs: Sequence[str], out: str, *, names: Sequence[str] = (),
   for line in group_table(result['groups'], entropies):
     log(line)
   return result
+
+
+def check_settings(out: str, *, steps: Sequence[int], temperatures: Sequence[float],
+                   top_ps: Sequence[float], seeds: Sequence[int], num_samples: int) -> None:
+  """Validate first: the sweep's settings and the folder of `out`, before any run is read (a bad
+  value would otherwise surface after the models load, or after the judge trains)."""
+  for flag, values, ok, want in (
+      ('--steps', steps, lambda v: v >= 1, 'step counts >= 1'),
+      ('--temperatures', temperatures, lambda v: v > 0, 'temperatures > 0'),
+      ('--top_p', top_ps, lambda v: 0 < v <= 1, 'nucleus masses in (0, 1]'),
+      ('--seeds', seeds, lambda v: True, 'seeds')):
+    if not values or not all(ok(v) for v in values):
+      raise ValueError(f'{flag}={",".join(map(str, values))} must be a non-empty comma-separated '
+                       f'list of {want}.')
+  if num_samples < 1:
+    raise ValueError(f'--num_samples={num_samples} must be >= 1.')
+  folder = os.path.dirname(os.path.abspath(out))
+  existing = folder
+  while not os.path.exists(existing):
+    existing = os.path.dirname(existing)
+  if not os.path.isdir(existing):
+    raise ValueError(f'--out={out!r}: {existing!r} is a file, not a folder; choose another --out.')
+  if not os.access(existing, os.W_OK | os.X_OK):
+    raise ValueError(f'--out={out!r}: {existing!r} is not writable; choose another --out.')
+
+
+class _Parser(argparse.ArgumentParser):
+  """argparse whose mistakes are one `hmdlm_jax: error:` line and exit code 1 (not usage + 2)."""
+
+  def error(self, message: str) -> None:  # type: ignore[override]
+    sys.exit(f'hmdlm_jax: error: {" ".join(message.split())} (--help lists the flags).')
 
 
 def equal_entropy(runs: dict[str, Any], entropies: Sequence[float]
@@ -208,7 +241,7 @@ def _floats(s: str) -> list[float]:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-  ap = argparse.ArgumentParser(description=__doc__.split('\n')[0])
+  ap = _Parser(prog='python -m hmdlm_jax.front', description=__doc__.split('\n')[0])
   ap.add_argument('--workdirs', required=True, help='comma-separated trained text runs')
   ap.add_argument('--names', default='',
                   help='their names in FILE (default: directory names; GROUP/dirname with --groups)')
@@ -237,7 +270,10 @@ def main(argv: Sequence[str] | None = None) -> None:
         params=a.params, entropies=a.entropies,
         groups=a.groups.split(',') if a.groups else [], overwrite=a.overwrite, log=print)
   except ValueError as e:
-    sys.exit(f'hmdlm_jax: error: {e}')
+    sys.exit(f'hmdlm_jax: error: {" ".join(str(e).split())}')
+  except OSError as e:  # a refused write of --out or its samples, an unreadable run
+    sys.exit(f'hmdlm_jax: error: {e.filename or a.out}: {e.strerror or e}; free space or fix '
+             'the permissions, then rerun the same command.')
 
 
 if __name__ == '__main__':

@@ -16,6 +16,7 @@ time (docs/design.md, "Stopping").
 
 from __future__ import annotations
 
+import logging as std_logging
 import os
 import signal
 import sys
@@ -30,6 +31,27 @@ from hmdlm_jax import runtime
 # HMDLM_ALLOCATOR=none|glibc|tcmalloc|auto overrides (unset: by the host).
 if __name__ == '__main__':
   runtime.set_up_entry_point()
+
+
+class _NoMatplotlibHome:
+  """Filter of the 'matplotlib' logger: with HOME unwritable (a service account, a read-only
+  home) Matplotlib warns twice, in long lines, that it caches fonts in a temporary folder, which
+  it removes at exit; pictures are drawn all the same, so the run says nothing of it."""
+
+  _STARTS = ('mkdir -p failed for path ', 'Matplotlib created a temporary cache directory at ')
+
+  def filter(self, record: Any) -> bool:
+    return not str(record.msg).startswith(self._STARTS)
+
+
+def quiet_matplotlib_home() -> None:
+  """Installs `_NoMatplotlibHome` (idempotent; before Matplotlib is first imported)."""
+  logger = std_logging.getLogger('matplotlib')
+  if not any(isinstance(f, _NoMatplotlibHome) for f in logger.filters):
+    logger.addFilter(_NoMatplotlibHome())
+
+
+quiet_matplotlib_home()  # the modules below import Matplotlib
 
 from absl import app  # pylint: disable=wrong-import-position
 from absl import flags
@@ -212,9 +234,13 @@ class _QuietLibraries:
     return not any(n in record.pathname for n in self._NOISY)
 
 
+MAX_LINE = 300  # the error line's length, at most (the hint is left out where it does not fit)
+
+
 def _fail(message: Any, hint: str = '') -> None:
   """Prints the one error line (`PREFIX` + the message on one line) and exits with code 1."""
-  print(PREFIX + ' '.join(str(message).split()) + hint, file=sys.stderr, flush=True)
+  line = PREFIX + ' '.join(str(message).split())
+  print(line + (hint if len(line) + len(hint) <= MAX_LINE else ''), file=sys.stderr, flush=True)
   sys.exit(1)
 
 

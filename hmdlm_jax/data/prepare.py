@@ -17,7 +17,9 @@ etils.epath; training reads it from there (data/corpus_cache.py).
 from __future__ import annotations
 
 import argparse
+import codecs
 import concurrent.futures
+import errno
 import glob
 import hashlib
 import io
@@ -49,6 +51,7 @@ JSON_SUFFIXES = ('.jsonl', '.json')
 PARQUET_SUFFIXES = ('.parquet',)
 SUFFIXES = TEXT_SUFFIXES + JSON_SUFFIXES + PARQUET_SUFFIXES
 CHUNK = 1024  # documents per tokenizer call
+SNIFF_BYTES = 1 << 16  # of each text / JSON input, checked to be UTF-8 before anything is written
 
 
 def input_files(spec: str) -> list[str]:
@@ -199,18 +202,30 @@ def write_shard(unit: dict[str, Any], tokenizer: str, text_field: str, dtype: st
   lengths, batch = [], []
 
   def flush() -> None:
+    if not batch:  # the tokenizer fails on an empty batch (an empty unit)
+      return
     for ids in tok.encode_batch(batch):
       if ids:  # a document with no tokens adds nothing to the stream
         writer.write(np.asarray(ids, dtype).tobytes())
         lengths.append(len(ids))
     batch.clear()
 
-  for doc in documents(unit, text_field):
-    batch.append(doc)
-    if len(batch) == CHUNK:
-      flush()
-  flush()
-  writer.close()
+  try:
+    for doc in documents(unit, text_field):
+      batch.append(doc)
+      if len(batch) == CHUNK:
+        flush()
+    flush()
+    writer.close()
+  except BaseException as e:
+    try:
+      os.remove(tmp)  # no partial shard stays behind
+    except OSError:
+      pass
+    refused = _refused_write(e, os.fspath(epath.Path(out_dir) / f'{name}{SHARD_SUFFIX}'))
+    if refused is None:
+      raise
+    raise refused from None
   # Sizes and digests let a reader of a gs:// corpus check its local copies (data/corpus_cache.py).
   size, digest = storage.sha256_file(tmp)
   final = epath.Path(out_dir) / f'{name}{SHARD_SUFFIX}'
@@ -229,6 +244,17 @@ def write_shard(unit: dict[str, Any], tokenizer: str, text_field: str, dtype: st
           'lengths_sha256': hashlib.sha256(buf.getvalue()).hexdigest()}
   _write_json_atomic(epath.Path(out_dir) / f'{name}.json', side)  # written last: "finished"
   return side
+
+
+def _refused_write(e: BaseException, path: str) -> OSError | None:
+  """ArrayRecord's writer reports a refused write (disk full, quota, ...) as a RuntimeError with
+  the system's message: the OSError it stands for, naming `path`; None for anything else."""
+  if isinstance(e, OSError) or not isinstance(e, RuntimeError):
+    return None
+  for code in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EACCES, errno.EROFS):
+    if os.strerror(code) in str(e):
+      return OSError(code, os.strerror(code), path)
+  return None
 
 
 def _write_json_atomic(path: epath.Path, obj: Any) -> None:
@@ -255,8 +281,87 @@ def prepare(inputs: str, output: str, tokenizer: str, *, split: str = 'train', w
   tok = tokenizers_lib.load_tokenizer(tokenizer)
   tok_hash = tokenizer_hash(tok)
   dtype = record_dtype(tok)
-  units = plan(input_files(inputs), shard_mb, text_unit)
+  files = input_files(inputs)
+  check_inputs(files)
+  units = plan(files, shard_mb, text_unit)
   out = epath.Path(output) / split
+  # What this run creates is removed again when it fails before any shard is finished.
+  created = _missing_folders(out)
+  fresh = created or not (out / PLAN_FILE).exists()
+  try:
+    return _prepare(units, out, tokenizer, tok_hash, dtype, split=split, workers=workers,
+                    text_field=text_field, text_unit=text_unit, staging_dir=staging_dir,
+                    remote=storage.is_url(output))
+  except BaseException:
+    if fresh and not storage.is_url(output):
+      _undo_fresh_start(out, created)
+    raise
+
+
+def check_inputs(files: Sequence[str]) -> None:
+  """Validate first: every input readable and, for text and JSON, UTF-8 in its first SNIFF_BYTES
+  (a binary file is refused before anything is written); not every one of them empty."""
+  sizes = []
+  for f in files:
+    try:
+      with open(f, 'rb') as fh:
+        head = fh.read(SNIFF_BYTES)
+      sizes.append(os.path.getsize(f))
+    except OSError as e:
+      raise ValueError(f'--input: cannot read {f}: {_reason(e)}; fix its permissions or leave '
+                       'it out.') from None
+    if f.endswith(TEXT_SUFFIXES + JSON_SUFFIXES):
+      try:
+        codecs.getincrementaldecoder('utf-8')().decode(head, final=len(head) < SNIFF_BYTES)
+      except UnicodeDecodeError as e:
+        raise ValueError(f'--input: {f} is not UTF-8 text (byte {head[e.start:e.start + 1]!r} '
+                         f'at offset {e.start:,}); convert it with iconv -t utf-8.') from None
+  if not any(sizes):
+    raise ValueError(f'--input: {", ".join(files[:3])}{" ..." if len(files) > 3 else ""} '
+                     f'{"is" if len(files) == 1 else "are all"} empty: no documents to prepare.')
+
+
+def _reason(e: OSError) -> str:
+  """'permission denied (EACCES)' for an OSError with an errno, else its message."""
+  if e.errno in errno.errorcode:
+    return f'{os.strerror(e.errno).lower()} ({errno.errorcode[e.errno]})'
+  return str(e)
+
+
+def _missing_folders(out: epath.Path) -> list[epath.Path]:
+  """`out` and those of its parents that do not exist yet, innermost first (local only)."""
+  if storage.is_url(os.fspath(out)):
+    return []
+  missing, p = [], out
+  while not p.exists() and p != p.parent:
+    missing.append(p)
+    p = p.parent
+  return missing
+
+
+def _undo_fresh_start(out: epath.Path, created: list[epath.Path]) -> None:
+  """After a failure of a run that wrote `out`'s plan: when no shard was finished, the plan, any
+  partial shard and the folders it created go again (a rerun after fixing an input is then not
+  refused as 'prepared from other inputs'). Other files are never touched."""
+  try:
+    if not out.exists():
+      return
+    names = [p.name for p in out.iterdir()]
+    if any(n.startswith('shard-') and n.endswith('.json') for n in names):
+      return  # finished shards: the rerun resumes them
+    for n in names:
+      if n == PLAN_FILE or '.tmp' in n or storage.is_partial(n):
+        (out / n).unlink()
+    for d in created:
+      d.rmdir()  # only when empty
+  except OSError:
+    pass
+
+
+def _prepare(units: list[dict[str, Any]], out: epath.Path, tokenizer: str, tok_hash: str,
+             dtype: str, *, split: str, workers: int, text_field: str, text_unit: str,
+             staging_dir: str, remote: bool) -> dict[str, Any]:
+  """`prepare` once its inputs are checked: the plan, the shards, the manifest."""
   out.mkdir(parents=True, exist_ok=True)
   head = {'format': FORMAT, 'tokenizer': tokenizer, 'tokenizer_hash': tok_hash,
           'dtype': dtype, 'text_field': text_field, 'text_unit': text_unit,
@@ -278,7 +383,6 @@ def prepare(inputs: str, output: str, tokenizer: str, *, split: str = 'train', w
       partial.unlink()
   done = {u['name']: _finished(out, u['name']) for u in units}
   todo = [u for u in units if done[u['name']] is None]
-  remote = storage.is_url(output)
   with tempfile.TemporaryDirectory(dir=staging_dir or None) as tmp:
     staging = tmp if remote else str(out)  # partial shards (*.tmpPID), renamed when complete
     args = (tokenizer, text_field, dtype, str(out), staging)
@@ -338,6 +442,12 @@ def main(argv: Sequence[str] | None = None) -> int:
                 staging_dir=args.staging_dir)
   except ValueError as e:
     print(f'hmdlm_jax: error: {" ".join(str(e).split())}', file=sys.stderr, flush=True)
+    return 1
+  except OSError as e:  # a refused write (full disk, permissions), an input gone meanwhile
+    path = e.filename or args.output
+    print(f'hmdlm_jax: error: {path}: {_reason(e)}; free space or fix the permissions (or '
+          'choose another --output), then rerun the same command (finished shards are kept).',
+          file=sys.stderr, flush=True)
     return 1
   print(f'{epath.Path(args.output) / args.split}: {m["documents"]:,} documents, '
         f'{m["tokens"]:,} tokens in {len(m["shards"])} shards ({m["skipped_shards"]} already '
