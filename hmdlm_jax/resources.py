@@ -196,13 +196,13 @@ def check_train(config: config_lib.Config, model: nn.Module, abstract: Any,
 
 
 def eval_rows(config: config_lib.Config, mode: str, num_inputs: int | None) -> int:
-  """A lower bound of the rows of an evaluation / sampling batch: data.eval_batch_size, at most
-  eval.num_examples (eval) or sample.num_samples and the inputs given (sample; an input file's
-  count is not read here: 1)."""
+  """A lower bound of the rows of an evaluation / sampling batch: data.eval_batch_size (eval:
+  the test split's batches are padded to it, data/pipeline.pad_for_eval, however few examples
+  are evaluated), at most sample.num_samples and the inputs given (sample; an input file's count
+  is not read here: 1)."""
   rows = int(config.data.eval_batch_size)
   if mode == 'eval':
-    n = int(config.eval.num_examples)
-    return min(rows, n) if n > 0 else rows
+    return rows
   rows = min(rows, int(config.sample.num_samples))
   return rows if num_inputs is None else min(rows, num_inputs)
 

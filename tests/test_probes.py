@@ -249,11 +249,6 @@ def test_newer_schema_config_json_drops_the_unknown_fields(trained, tmp_path):
   assert newer.to_dict() == config_loading.load(trained['workdir']).to_dict()
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    'resources.eval_rows(mode="eval") bounds an eval batch by eval.num_examples, but --mode=eval '
-    'reads the whole test split in batches padded to data.eval_batch_size rows (pipeline.'
-    'pad_for_eval): --config.data.eval_batch_size=1000000000 passes the memory preflight, then '
-    'builds a batch of 10^9 rows and runs for many minutes (see the report of issue 67)'))
 def test_eval_memory_bound_covers_the_padded_eval_batch(puzzle_cache):
   """The memory preflight's row count of an eval-mode batch is at least the rows of the batches
   --mode=eval really builds (here 64 rows for 8 test puzzles)."""
