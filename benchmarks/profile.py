@@ -40,7 +40,6 @@ if __name__ == '__main__':  # as hmdlm_jax.main: the allocator acts at process s
   runtime.set_up_entry_point()
 
 import jax  # pylint: disable=g-import-not-at-top,wrong-import-position
-import numpy as np
 
 from benchmarks import common
 from benchmarks import patches
@@ -111,9 +110,8 @@ def profile(shape: str, mode: str, batch_size: int, steps: int, top: int,
   state, sh = train.create_train_state(config, mesh, model)
   step = train.make_train_step(config, model, process, mesh, sh)
   batch = shd.make_global_batch(ts.synthetic_batch(config), mesh)
-  faults = jax.device_put(np.full((train.MAX_FAULT_STEPS,), -1, np.int32), shd.replicated(mesh))
   with shd.mesh_context(mesh):
-    compiled = step.jitted.lower(state, {k: batch[k] for k in train.BATCH_KEYS}, faults).compile()
+    compiled = step.jitted.lower(state, {k: batch[k] for k in train.BATCH_KEYS}).compile()
   index = hlo_index(compiled.as_text())
   times = []
   for _ in range(steps + 1):  # the first call is a warm-up

@@ -143,7 +143,6 @@ def _ours_adapter(shape: str, mode: str, overrides: dict[str, str]) -> tuple[Any
   the step is the package's real jitted train step, compiled ahead of the loop.
   """
   import jax  # pylint: disable=g-import-not-at-top
-  import numpy as np  # pylint: disable=g-import-not-at-top
   from benchmarks import train_step as ts  # pylint: disable=g-import-not-at-top
   from hmdlm_jax import processes, tasks, train  # pylint: disable=g-import-not-at-top
   from hmdlm_jax import sharding as shd  # pylint: disable=g-import-not-at-top
@@ -155,11 +154,10 @@ def _ours_adapter(shape: str, mode: str, overrides: dict[str, str]) -> tuple[Any
   state, shardings = train.create_train_state(config, mesh, model)
   batch = shd.make_global_batch(ts.synthetic_batch(config), mesh)
   batch = {k: batch[k] for k in train.BATCH_KEYS}
-  faults = jax.device_put(np.full((train.MAX_FAULT_STEPS,), -1, np.int32), shd.replicated(mesh))
   step = train.make_train_step(config, model, process, mesh, shardings)
   with shd.mesh_context(mesh):
-    compiled = step.jitted.lower(state, batch, faults).compile()
-  return (lambda s: compiled(s, batch, faults)), state, int(config.data.batch_size) * int(
+    compiled = step.jitted.lower(state, batch).compile()
+  return (lambda s: compiled(s, batch)), state, int(config.data.batch_size) * int(
       config.model.seq_len)
 
 

@@ -289,10 +289,7 @@ def run(config: config_lib.Config, *, steps: int = 5, warmup: int = 1,
   with shd.mesh_context(mesh):
     if variant == 'real':
       step = train.make_train_step(config, model, process, mesh, shardings)
-      faults = jax.device_put(np.full((train.MAX_FAULT_STEPS,), -1, np.int32),
-                              shd.replicated(mesh))
-      compiled = step.jitted.lower(state, {k: batch[k] for k in train.BATCH_KEYS},
-                                   faults).compile()
+      compiled = step.jitted.lower(state, {k: batch[k] for k in train.BATCH_KEYS}).compile()
     else:
       bare = _bare_step(config, model, process)
       key0 = jax.random.PRNGKey(0)
@@ -397,7 +394,6 @@ def compare(config: config_lib.Config,
   process = processes.build(config)
   batch = shd.make_global_batch(synthetic_batch(config), mesh)
   batch = {k: batch[k] for k in train.BATCH_KEYS}
-  faults = jax.device_put(np.full((train.MAX_FAULT_STEPS,), -1, np.int32), shd.replicated(mesh))
   runs = []
   for patches, options in candidates:
     with contextlib.ExitStack() as stack:
@@ -406,14 +402,14 @@ def compare(config: config_lib.Config,
       state, shardings = train.create_train_state(config, mesh, model)
       step = train.make_train_step(config, model, process, mesh, shardings)
       with shd.mesh_context(mesh):
-        compiled = step.jitted.lower(state, batch, faults).compile(compiler_options=options)
-    state, _ = compiled(state, batch, faults)  # warm-up
+        compiled = step.jitted.lower(state, batch).compile(compiler_options=options)
+    state, _ = compiled(state, batch)  # warm-up
     jax.block_until_ready(state)
     runs.append({'step': compiled, 'state': state, 'times': []})
   for _ in range(rounds):
     for r in runs:
       t0 = time.perf_counter()
-      r['state'], m_ = r['step'](r['state'], batch, faults)
+      r['state'], m_ = r['step'](r['state'], batch)
       jax.block_until_ready((r['state'], m_))
       r['times'].append(time.perf_counter() - t0)
   med = [statistics.median(r['times']) for r in runs]

@@ -16,15 +16,13 @@ per round (`frozen_target`, docs/method.md §13.2) lives in the optimiser state 
 
 from __future__ import annotations
 
-from typing import Any
-
-from typing import Callable, Mapping, NamedTuple
+from typing import Any, Callable, Mapping, NamedTuple
 
 import jax
 import jax.numpy as jnp
 import optax
 
-from hmdlm_jax.config import multimdm as config_multimdm
+from hmdlm_jax.config import kinds as config_kinds
 from hmdlm_jax.models import hierarchy
 
 DECAYS = ('constant', 'cosine')
@@ -76,6 +74,16 @@ def group_norms(tree: Any) -> dict[str, jax.Array]:
   """Global L2 norm of each group of `param_groups` ([] float32; 0 for an empty group)."""
   norms = _norms_by_label(tree, param_groups(tree))
   return {g: norms.get(g, jnp.zeros((), jnp.float32)) for g in GROUPS}
+
+
+def grad_metrics(optim_cfg: Any, grads: Any) -> dict[str, jax.Array]:
+  """What the train step logs of a gradient, float32 [] each: 'grad_norm' (global, before
+  clipping; the step's guard reads it) and, with optim.hier_grad_clip > 0 only (the default log
+  is unchanged), 'hier_grad_norm', the norm of the 'hier' group (`group_norms`)."""
+  out = {'grad_norm': optax.global_norm(grads)}
+  if float(optim_cfg.hier_grad_clip) > 0:
+    out['hier_grad_norm'] = group_norms(grads)['hier']
+  return out
 
 
 def clip_by_group_global_norm(max_norms: Mapping[str, float],
@@ -204,7 +212,7 @@ def for_run(config: Any) -> optax.GradientTransformation:
   """The run's optimiser: `make_optimizer` with the frozen target of a MultiMDM distillation
   with process.multimdm.target='frozen_rounds' (docs/method.md §13.2)."""
   return make_optimizer(config.optim, int(config.train.num_steps),
-                        config_multimdm.steps_per_round(config))
+                        config_kinds.steps_per_round(config))
 
 
 def current_lr(opt_state: Any) -> jax.Array:

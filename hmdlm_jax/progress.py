@@ -76,11 +76,13 @@ class _Seconds:
 
 def bar(iterable: Iterable[Any] | None = None, *, desc: str, unit: str, enabled: bool = True,
         total: float | None = None, initial: float = 0, leave: bool = True,
-        formats: tuple[str, str] | None = None, seconds: bool = False) -> tqdm_std.tqdm:
+        formats: tuple[str, str] | None = None, seconds: bool = False,
+        steady: bool = False) -> tqdm_std.tqdm:
   """A progress bar over `iterable` (a manual one when None; disabled: the bare loop).
 
   `formats` is (bar_format on a terminal, the plain line's format); default: count to `total`.
-  `seconds`: the count is elapsed wall time (`update` adds seconds).
+  `seconds`: the count is elapsed wall time (`update` adds seconds). `steady`: the rate is the
+  bar's `steady_rate`, set by its owner (TrainBar), not tqdm's estimate.
   """
   fmt = formats or (_STEPS if total else _COUNT)
   kwargs = dict(total=total, initial=initial, desc=desc, unit=unit, leave=leave,
@@ -90,28 +92,57 @@ def bar(iterable: Iterable[Any] | None = None, *, desc: str, unit: str, enabled:
   else:  # the first line after INTERVAL_S (`delay`): a loop shorter than that logs one at most
     cls, kwargs = LogLines, dict(kwargs, bar_format=fmt[1], file=_Nowhere(),
                                  mininterval=INTERVAL_S, miniters=1, delay=INTERVAL_S)
-  if seconds:
-    cls = type(cls.__name__, (_Seconds, cls), {})
+  if seconds or steady:
+    cls = type(cls.__name__, (_Seconds if seconds else _Steady, cls), {})
   return cls(iterable, **kwargs)
 
 
-class TrainBar:
-  """The training loop's progress on process 0; `postfix` shows the metrics of each log point.
+class _Steady:
+  """Mixin of the training bar: its rate, hence its ETA, is the one `TrainBar.finished` measures
+  over the finished steps after the first (which compiles); none ('?') until it exists."""
 
-  Without a budget it counts steps to train.num_steps; with train.time_budget_s > 0 it counts
-  the budget's seconds (step in the postfix). Plain lines start at the first log point.
+  steady_rate: float = 0.0
+
+  @property
+  def format_dict(self) -> dict[str, Any]:
+    return dict(super().format_dict, rate=self.steady_rate)  # type: ignore[misc]
+
+
+class TrainBar:
+  """The training loop's progress on process 0; `finished` shows each finished step's loss.
+
+  Without a budget it counts steps to train.num_steps, its rate and ETA over the finished steps
+  after the first; with train.time_budget_s > 0 it counts the budget's seconds (step in the
+  postfix). Plain lines start when the first step has finished, whatever train.log_every is.
   """
 
-  def __init__(self, num_steps: int, step: int, *, budget_s: float, enabled: bool) -> None:
+  def __init__(self, num_steps: int, step: int, *, budget_s: float, enabled: bool,
+               tokens_per_step: int = 0) -> None:
     self._budget = float(budget_s)
     self._t0 = time.monotonic()
     self._shown = interactive()
+    self._tokens_per_step = int(tokens_per_step)
+    self._first: tuple[int, float] | None = None  # (step, time) of the first finished step
     if self._budget:
       self._bar = bar(desc=f'train (budget {self._budget:g}s)', unit='s', total=self._budget,
                       enabled=enabled, formats=_BUDGET, seconds=True)
     else:
       self._bar = bar(desc='train', unit='step', total=int(num_steps), initial=int(step),
-                      enabled=enabled, formats=_TRAIN)
+                      enabled=enabled, formats=_TRAIN, steady=True)
+
+  def finished(self, step: int, loss: float) -> None:
+    """Step `step` has finished with this loss (the loop fetches it one step late)."""
+    now = time.monotonic()
+    values = {'loss': loss}
+    if self._first is None:
+      self._first = (step, now)
+    elif step > self._first[0] and now > self._first[1]:
+      rate = (step - self._first[0]) / (now - self._first[1])
+      if not self._budget:
+        self._bar.steady_rate = rate
+      if self._tokens_per_step:
+        values['tok_s'] = rate * self._tokens_per_step
+    self.postfix(step, **values)
 
   def update(self) -> None:
     """One step done."""
@@ -124,7 +155,7 @@ class TrainBar:
   def postfix(self, step: int, **values: float) -> None:
     shown = {'step': str(step)} if self._budget else {}
     self._bar.set_postfix(shown | {k: f'{v:.4g}' for k, v in values.items()}, refresh=False)
-    if not self._shown:  # the first log point: the first loss, when the compilation is over
+    if not self._shown:  # the first finished step: the first loss, when the compilation is over
       self._shown = True
       self._bar.refresh()
       self._bar.last_print_t = time.time()  # tqdm's clock: the next line INTERVAL_S later

@@ -1,12 +1,12 @@
-"""Training: TrainState, sharded init, the jitted train step, and the train/eval loop.
+"""Training: the jitted train step and the train/eval loop (the state: train_state.py, whose
+`TrainState`, `state_shardings`, `create_train_state` and `restore_for_eval` are re-exported here).
 
-Flow (nanodo's habits): `jax.eval_shape` of the init gives the state's shapes -> logical axis names
-give its shardings -> `jax.jit(init, out_shardings=...)` materialises it already sharded. The train
-step is one `jax.jit` with explicit in/out shardings and the state donated; the host loop reads the
-metrics of step n only after step n+1 has been dispatched, so the device never waits for Python.
-A step whose loss or gradient norm is not finite is skipped inside the step (`make_train_step`
-says how it is counted and when the loop stops); `train.debug_nan_steps` injects such steps for
-tests without changing the compiled program.
+The train step is one `jax.jit` with explicit in/out shardings and the state donated; the host
+loop reads the metrics of step n only after step n+1 has been dispatched, so the device never
+waits for Python.
+A step whose loss or gradient norm is not finite is skipped inside the step (`_guarded_update`
+says how it is counted, `train_and_evaluate` when the loop stops); `train.debug_nan_steps` injects
+such steps for tests (hmdlm_jax/faults.py, applied by `train_and_evaluate` to the process).
 
 Precision: parameters, optimiser state and EMA are float32; `model.dtype` sets the compute dtype of
 the network (bfloat16 on accelerators), and the losses are computed in float32 (processes/).
@@ -22,7 +22,6 @@ import time
 from typing import Any, Callable, Mapping
 
 import chex
-import flax
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
@@ -33,6 +32,7 @@ from absl import logging
 from hmdlm_jax import accumulate
 from hmdlm_jax import checkpoint as ckpt_lib
 from hmdlm_jax import config as config_lib
+from hmdlm_jax import faults
 from hmdlm_jax import lease as lease_lib
 from hmdlm_jax import metrics as metrics_lib
 from hmdlm_jax import models
@@ -41,40 +41,20 @@ from hmdlm_jax import processes
 from hmdlm_jax import progress
 from hmdlm_jax import sharding as shd
 from hmdlm_jax import storage
-from hmdlm_jax import warm_start
+from hmdlm_jax import train_state
 from hmdlm_jax import workdir as workdir_lib
 from hmdlm_jax import write_errors
 
 BATCH_KEYS = processes.base.BATCH_KEYS
-# train.debug_nan_steps is passed to the step as an int32 [MAX_FAULT_STEPS] array (padded with -1),
-# so fault injection never changes the compiled program.
-MAX_FAULT_STEPS = 16
 PyTree = Any
+TrainState = train_state.TrainState
+state_shardings = train_state.state_shardings
+create_train_state = train_state.create_train_state
+restore_for_eval = train_state.restore_for_eval
 
 
 class NonFiniteLossError(RuntimeError):
   """Raised by the loop after `train.max_bad_steps` consecutive non-finite steps."""
-
-
-@flax.struct.dataclass
-class TrainState:
-  """Everything a step changes; saved whole in every checkpoint.
-
-  step:          int32 [] — batches consumed (applied + skipped updates).
-  params:        float32 parameter tree.
-  ema_params:    EMA of params (optim.ema_update), same tree.
-  opt_state:     optax state (its count = applied updates; drives the lr schedule).
-  rng:           uint32 [2] — base key; the key of step n is fold_in(rng, n) (never changes).
-  bad_steps:     int32 [] — consecutive non-finite steps (0 after a good one).
-  skipped_steps: int32 [] — total non-finite (skipped) steps.
-  """
-  step: jax.Array
-  params: PyTree
-  ema_params: PyTree
-  opt_state: PyTree
-  rng: jax.Array
-  bad_steps: jax.Array
-  skipped_steps: jax.Array
 
 
 # ----------------------------------------------------------------------------- config
@@ -87,85 +67,39 @@ def validate_config(config: config_lib.Config) -> None:
   if b % (t.grad_accum * jax.process_count()):
     raise ValueError(f'data.batch_size={b} must be a positive multiple of train.grad_accum='
                      f'{t.grad_accum} times the process count {jax.process_count()}.')
-  if len(t.debug_nan_steps) > MAX_FAULT_STEPS:
-    raise ValueError(f'train.debug_nan_steps holds {len(t.debug_nan_steps)} steps; at most '
-                     f'{MAX_FAULT_STEPS} are allowed.')
-
-
-# ----------------------------------------------------------------------------- state
-
-
-def _init_state(config: config_lib.Config, model: nn.Module,
-                optimizer: optax.GradientTransformation) -> TrainState:
-  """The initial state from config.seed (traced under jit / eval_shape)."""
-  root = jax.random.PRNGKey(int(config.seed))
-  params = models.init_params(model, jax.random.fold_in(root, 0), int(config.model.seq_len))
-  return TrainState(
-      step=jnp.zeros((), jnp.int32), params=params,
-      ema_params=jax.tree.map(jnp.copy, params), opt_state=optimizer.init(params),
-      rng=jax.random.fold_in(root, 1), bad_steps=jnp.zeros((), jnp.int32),
-      skipped_steps=jnp.zeros((), jnp.int32))
-
-
-def state_shardings(config: config_lib.Config, model: nn.Module, mesh: jax.sharding.Mesh,
-                    optimizer: optax.GradientTransformation | None = None
-                    ) -> tuple[TrainState, TrainState]:
-  """(abstract state with shardings attached, sharding tree) for `TrainState`.
-
-  Parameters (and EMA, Adam moments) follow the models' logical axis names mapped by
-  sharding.LOGICAL_RULES; counters and keys are replicated.
-  """
-  optimizer = optimizer or optim.for_run(config)
-  seq_len = int(config.model.seq_len)
-  abstract = jax.eval_shape(lambda: _init_state(config, model, optimizer))
-  abs_params = models.abstract_params(model, seq_len)
-  p_sh = shd.param_shardings(models.logical_specs(model, seq_len), abs_params, mesh)
-  rep = shd.replicated(mesh)
-  sh = TrainState(
-      step=rep, params=p_sh, ema_params=p_sh,
-      opt_state=shd.shardings_like_params(abstract.opt_state, p_sh, abs_params, mesh),
-      rng=rep, bad_steps=rep, skipped_steps=rep)
-  abstract = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
-                          abstract, sh)
-  return abstract, sh
-
-
-def create_train_state(config: config_lib.Config, mesh: jax.sharding.Mesh,
-                       model: nn.Module) -> tuple[TrainState, TrainState]:
-  """Initial TrainState of `model` (the task's: tasks.build_model), created directly in its
-  shardings (eval_shape -> shardings -> jit).
-
-  Returns:
-    (state, sharding tree).
-  """
-  optimizer = optim.for_run(config)
-  _, sh = state_shardings(config, model, mesh, optimizer)
-  with shd.mesh_context(mesh):
-    state = jax.jit(lambda: _init_state(config, model, optimizer), out_shardings=sh)()
-  if warm_start.requested(config):  # init.workdir / init.mdlm_checkpoint (docs/method.md §13.2)
-    state = warm_start.apply(config, state, sh, model)
-  return state, sh
-
-
-def restore_for_eval(config: config_lib.Config, workdir: str, step: int | None = None,
-                     *, model: nn.Module) -> tuple[TrainState, int]:
-  """(TrainState, step) of checkpoint `step` (default latest) of DIR, for evaluation/sampling.
-
-  `model`: the run's network (tasks.build_model). Restores on the config's mesh (`config.mesh`,
-  all devices); nothing in DIR is written. With `step` None the latest step is re-selected when a
-  training run still writing DIR deletes the one chosen (checkpoint.Checkpointer.read_latest).
-  """
-  mesh = shd.make_mesh(config.mesh)
-  abstract, _ = state_shardings(config, model, mesh)
-  ckpt = ckpt_lib.Checkpointer(workdir, config.train, read_only=True)
-  try:
-    state, meta = ckpt.restore(abstract, None, step)
-  finally:
-    ckpt.close()
-  return state, int(meta['step'])
+  faults.check_steps(t.debug_nan_steps)
 
 
 # ----------------------------------------------------------------------------- step
+
+
+def _guarded_update(state: TrainState, grads: PyTree, ok: jax.Array,
+                    optimizer: optax.GradientTransformation, optim_cfg: Any) -> TrainState:
+  """The NaN/Inf guard: the state after one step, its update applied only when `ok`.
+
+  `ok` is False when the loss or the gradient norm is not finite (a finite gradient norm keeps
+  Adam's moments and the update finite). Then the update is skipped — params, EMA and optimiser
+  state keep their values — while `step` still advances (the batch is consumed and the per-step
+  key is fold_in(rng, step), so the data order and the random stream go on exactly as without the
+  bad step), and `bad_steps` (consecutive) and `skipped_steps` (total) count it. `step` therefore
+  counts batches consumed, and the optimiser's own count (which drives the lr schedule) counts
+  applied updates. The skip is one lax.cond, so AdamW + EMA run as their own fused loops with no
+  where(ok, new, old) pass (benchmarks/README.md, "the NaN guard as one `lax.cond`").
+  """
+  decay = optim.ema_decay_at(optim_cfg, state.step - state.skipped_steps)  # n applied before
+
+  def apply(old: tuple[PyTree, PyTree, PyTree]) -> tuple[PyTree, PyTree, PyTree]:
+    params, ema_params, opt_state = old
+    updates, new_opt = optimizer.update(grads, opt_state, params)
+    new_params = optax.apply_updates(params, updates)
+    return new_params, optim.ema_update(ema_params, new_params, decay), new_opt
+
+  new_params, new_ema, new_opt = jax.lax.cond(
+      ok, apply, lambda old: old, (state.params, state.ema_params, state.opt_state))
+  return TrainState(
+      step=state.step + 1, params=new_params, ema_params=new_ema, opt_state=new_opt,
+      rng=state.rng, bad_steps=jnp.where(ok, 0, state.bad_steps + 1).astype(jnp.int32),
+      skipped_steps=(state.skipped_steps + jnp.where(ok, 0, 1)).astype(jnp.int32))
 
 
 def make_train_step(config: config_lib.Config, model: nn.Module,
@@ -173,102 +107,57 @@ def make_train_step(config: config_lib.Config, model: nn.Module,
                     shardings: TrainState | None = None) -> Callable[..., Any]:
   """The jitted step `(state, batch) -> (state, metrics)`; `state` is donated.
 
-  batch: dict tokens, levels [B, L] int32; given, loss_mask [B, L] bool — global arrays sharded by
-  `sharding.batch_sharding(mesh)`. metrics: dict of float32 scalars (replicated): the loss terms of
-  `process.loss` plus grad_norm (before clipping), hier_grad_norm (with optim.hier_grad_clip > 0:
-  its share on the 'hier_*' parameters, optim.group_norms), lr, update_ok, bad_steps, skipped_steps.
-
-  With train.grad_accum = A > 1 the batch is split into A strided micro-batches inside the step
-  (`lax.scan`); each micro-batch's gradient is weighted by its share of loss tokens, which makes the
-  accumulated gradient that of the token-weighted batch mean (the loss' own batch reduction).
-  The returned callable has `.jitted` (the `jax.jit` object, e.g. for `_cache_size()`).
-
-  NaN/Inf guard (inside the step): when the loss or the gradient norm is not finite (a finite
-  gradient norm keeps Adam's moments and the update finite), the update is skipped — params, EMA
-  and optimiser state keep their values — while `step` still advances (the batch is consumed and
-  the per-step key is fold_in(rng, step), so the data order and the random stream go on exactly
-  as without the bad step), and `bad_steps` (consecutive) and `skipped_steps` (total) count it.
-  `step` therefore counts batches consumed, and the optimiser's own count (which drives the lr
-  schedule) counts applied updates. Fault injection for tests: `train.debug_nan_steps` lists
-  (0-based) steps whose loss is multiplied by NaN; it is passed to the step as a fixed-size
-  array, so it never changes the compiled program.
+  batch: BATCH_KEYS + `process.extra_batch_keys`, [B, L] global arrays sharded by
+  `sharding.batch_sharding(mesh)`. metrics: float32 scalars (replicated): the loss terms of
+  `process.loss`, `optim.grad_metrics`, lr, update_ok, bad_steps, skipped_steps. The loss reads
+  the target network at `process.target_params` when `process.uses_target`. A step whose loss or
+  gradient norm is not finite is skipped and counted (`_guarded_update`). train.grad_accum > 1
+  splits the batch into micro-batches inside the step (`accumulate.value_and_grad`). The
+  returned callable has `.jitted` (the `jax.jit` object, e.g. for `_cache_size()`).
   """
   optimizer = optim.for_run(config)
   process = process.for_devices(mesh.size)  # e.g. loss.token_rows='auto' -> this mesh's choice
   if shardings is None:
     _, shardings = state_shardings(config, model, mesh, optimizer)
-  accum = int(config.train.grad_accum)
-  nan_steps = tuple(int(s) for s in config.train.debug_nan_steps)
-  fault_steps = np.full((MAX_FAULT_STEPS,), -1, np.int32)
-  fault_steps[:len(nan_steps)] = nan_steps
-  optim_cfg, target_every = config.optim, config_lib.multimdm.steps_per_round(config)  # 0: EMA
+  accum, optim_cfg = int(config.train.grad_accum), config.optim
 
-  def loss_fn(params: PyTree, batch: Mapping[str, jax.Array], key: jax.Array,
-              poison: jax.Array, step: jax.Array, target_params: PyTree
-              ) -> tuple[jax.Array, dict[str, jax.Array]]:
+  def loss_fn(params: PyTree, batch: Mapping[str, jax.Array], key: jax.Array, step: jax.Array,
+              target_params: PyTree) -> tuple[jax.Array, dict[str, jax.Array]]:
     loss_key, dropout_key = jax.random.split(key)
     apply_fn = models.make_apply_fn(model, params, train=True, rng=dropout_key)
-    # Consistency distillation reads θ̄ (EMA or frozen round), without gradient.
     target = (models.make_apply_fn(model, jax.lax.stop_gradient(target_params), train=False)
               if process.uses_target else None)
-    loss, aux = process.loss(apply_fn, batch, loss_key, step=step, target_apply_fn=target)
-    # poison is 1.0, or NaN at a train.debug_nan_steps step: loss and gradients become NaN.
-    return loss * poison, aux
+    return process.loss(apply_fn, batch, loss_key, step=step, target_apply_fn=target)
 
   grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
 
-  def step_fn(state: TrainState, batch: Mapping[str, jax.Array], faults: jax.Array
+  def step_fn(state: TrainState, batch: Mapping[str, jax.Array]
               ) -> tuple[TrainState, dict[str, jax.Array]]:
     chex.assert_rank([batch[k] for k in BATCH_KEYS], 2)
     chex.assert_equal_shape([batch[k] for k in BATCH_KEYS])
     chex.assert_type([batch['tokens'], batch['levels'], batch['given'], batch['loss_mask']],
                      [jnp.int32, jnp.int32, jnp.bool_, jnp.bool_])
     key = jax.random.fold_in(state.rng, state.step)
-    # Fault injection for tests of the guard (train.debug_nan_steps; faults = -1 when unused).
-    poison = jnp.where(jnp.any(faults == state.step), jnp.float32(jnp.nan), jnp.float32(1.0))
-    target = (optim.round_target(state.opt_state, state.params, target_every) if target_every
-              else state.ema_params)  # θ̄ of docs/method.md §13.2
+    target = process.target_params(state.params, state.ema_params, state.opt_state)
     loss, aux, grads = accumulate.value_and_grad(grad_fn, state.params, batch, key, accum,
-                                                 poison, state.step, target)
-    grad_norm = optax.global_norm(grads)
-    # A finite gradient norm bounds every g², so Adam's moments and the update stay finite; the
-    # skip is one lax.cond, so AdamW + EMA run as their own fused loops with no where(ok, new, old)
-    # pass (benchmarks/README.md, "the NaN guard as one `lax.cond`").
-    ok = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
-    decay = optim.ema_decay_at(optim_cfg, state.step - state.skipped_steps)  # n applied before
+                                                 state.step, target)
+    grad_metrics = optim.grad_metrics(optim_cfg, grads)
+    ok = jnp.isfinite(loss) & jnp.isfinite(grad_metrics['grad_norm'])
+    new = _guarded_update(state, grads, ok, optimizer, optim_cfg)
+    out = {k: jnp.asarray(v, jnp.float32) for k, v in dict(aux, **grad_metrics).items()}
+    out.update(loss=loss.astype(jnp.float32), lr=optim.current_lr(new.opt_state),
+               update_ok=ok.astype(jnp.float32), bad_steps=new.bad_steps.astype(jnp.float32),
+               skipped_steps=new.skipped_steps.astype(jnp.float32))
+    return new, out
 
-    def apply(old: tuple[PyTree, PyTree, PyTree]) -> tuple[PyTree, PyTree, PyTree]:
-      params, ema_params, opt_state = old
-      updates, new_opt = optimizer.update(grads, opt_state, params)
-      new_params = optax.apply_updates(params, updates)
-      return new_params, optim.ema_update(ema_params, new_params, decay), new_opt
-
-    new_params, new_ema, new_opt = jax.lax.cond(
-        ok, apply, lambda old: old, (state.params, state.ema_params, state.opt_state))
-    bad = jnp.where(ok, 0, state.bad_steps + 1).astype(jnp.int32)
-    skipped = (state.skipped_steps + jnp.where(ok, 0, 1)).astype(jnp.int32)
-    new_state = TrainState(
-        step=state.step + 1, params=new_params, ema_params=new_ema, opt_state=new_opt,
-        rng=state.rng, bad_steps=bad, skipped_steps=skipped)
-    out = {k: jnp.asarray(v, jnp.float32) for k, v in aux.items()}
-    out.update(loss=loss.astype(jnp.float32), grad_norm=grad_norm.astype(jnp.float32),
-               lr=optim.current_lr(new_opt), update_ok=ok.astype(jnp.float32),
-               bad_steps=bad.astype(jnp.float32), skipped_steps=skipped.astype(jnp.float32))
-    if float(optim_cfg.hier_grad_clip) > 0:  # logged only then: the default log is unchanged
-      out['hier_grad_norm'] = optim.group_norms(grads)['hier']
-    return new_state, out
-
-  rep, extra = shd.replicated(mesh), tuple(process.extra_batch_keys)  # e.g. ADLM's anchors
-  jitted = jax.jit(step_fn, in_shardings=(shardings, shd.batch_sharding(mesh), rep),
+  keys, rep = BATCH_KEYS + tuple(process.extra_batch_keys), shd.replicated(mesh)
+  jitted = jax.jit(step_fn, in_shardings=(shardings, shd.batch_sharding(mesh)),
                    out_shardings=(shardings, rep), donate_argnums=0)
-  faults: list[jax.Array] = []  # on the devices at the first call: building touches no device
 
   def train_step(state: TrainState, batch: Mapping[str, jax.Array]
                  ) -> tuple[TrainState, dict[str, jax.Array]]:
-    if not faults:
-      faults.append(jax.device_put(fault_steps, rep))
     with shd.mesh_context(mesh):
-      return jitted(state, {k: batch[k] for k in BATCH_KEYS + extra}, faults[0])  # extra: anchors
+      return jitted(state, {k: batch[k] for k in keys})
 
   train_step.jitted = jitted  # type: ignore[attr-defined]
   return train_step
@@ -345,6 +234,8 @@ def train_and_evaluate(config: config_lib.Config, workdir: str, *, model: nn.Mod
   process stops at the same step, at most two steps later: checkpoint, return normally: exit code
   0); or after train.max_bad_steps consecutive non-finite steps (checkpoint,
   raise NonFiniteLossError). Rerunning the same command resumes from the latest checkpoint.
+  Fault injection for tests of that guard: `train.debug_nan_steps` lists (0-based) steps whose
+  loss is multiplied by NaN; the process is wrapped here (faults.with_nan_steps), not in the step.
   The returned dict has step, stop_reason, step_compilations, wall_time_s (also written to
   DIR/train_summary.json), the last logged train metrics, the eval results and the final state.
 
@@ -383,7 +274,8 @@ def train_and_evaluate(config: config_lib.Config, workdir: str, *, model: nn.Mod
     logging.info('Resumed from %s', ckpt.step_dir(int(state.step)))
   else:
     state, _ = create_train_state(config, mesh, model)
-  train_step = make_train_step(config, model, process, mesh, shardings)
+  train_step = make_train_step(config, model, faults.with_nan_steps(process, tc.debug_nan_steps),
+                               mesh, shardings)
 
   writer = metrics_lib.MetricsWriter(workdir, enabled=is_main, wandb=tc.wandb,
                                      record=workdir_lib.config_to_dict(config))
@@ -393,7 +285,8 @@ def train_and_evaluate(config: config_lib.Config, workdir: str, *, model: nn.Mod
   rate = metrics_lib.RateMeter(tokens_per_step, step)
   log_every, ckpt_every, eval_every = int(tc.log_every), int(tc.ckpt_every), int(tc.eval_every)
   budget = float(tc.time_budget_s)
-  bar = progress.TrainBar(num_steps, step, budget_s=budget, enabled=is_main)
+  bar = progress.TrainBar(num_steps, step, budget_s=budget, enabled=is_main,
+                          tokens_per_step=tokens_per_step)
   max_bad = int(tc.max_bad_steps)
   last_train: dict[str, float] = {}
   eval_result: dict[str, Any] = {}
@@ -408,7 +301,9 @@ def train_and_evaluate(config: config_lib.Config, workdir: str, *, model: nn.Mod
   def on_host(done_step: int, m: dict[str, jax.Array], *, force_log: bool = False) -> None:
     """Host side of step `done_step` (its metrics), run after the next step was dispatched."""
     nonlocal last_train
-    bad = int(jax.device_get(m['bad_steps']))
+    bad, loss = jax.device_get((m['bad_steps'], m['loss']))  # one fetch: the step has finished
+    bad = int(bad)
+    bar.finished(done_step, float(loss))
     if bad:
       host = metrics_lib.to_scalars(m)
       logging.warning('Step %d: non-finite loss/gradients (loss=%s, grad_norm=%s): update '
@@ -418,7 +313,6 @@ def train_and_evaluate(config: config_lib.Config, workdir: str, *, model: nn.Mod
       host = metrics_lib.to_scalars(m)
       host.update(rate.update(done_step))
       writer.write(done_step, 'train', host)
-      bar.postfix(done_step, loss=host['loss'], tok_s=host['tokens_per_s'])
       last_train = host
     if bad >= max_bad and not force_log:
       raise NonFiniteLossError(done_step)

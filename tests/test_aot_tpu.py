@@ -39,7 +39,8 @@ def tiny_cells() -> dict[str, dict]:
 def test_the_train_step_is_built_without_a_device():
   """make_train_step itself (not only its `.jitted`) builds under the compile-only client, which
   refuses any transfer ('MakeArraysFromHostBufferShards not available with compile-only
-  client'): the fault-step array is put on the devices at the first call, not while building."""
+  client'): building the step transfers nothing (fault injection wraps the process's loss,
+  hmdlm_jax/faults.py, instead of passing an array)."""
   import jax  # pylint: disable=g-import-not-at-top
   import numpy as np  # pylint: disable=g-import-not-at-top
   from jax.sharding import NamedSharding, PartitionSpec as P  # pylint: disable=g-import-not-at-top

@@ -21,6 +21,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import re
 import shutil
 import signal
 import subprocess
@@ -393,6 +394,19 @@ def _report_lines(monkeypatch) -> list[str]:
   return lines
 
 
+def test_a_report_with_a_long_path_keeps_its_name_within_300_characters():
+  stats = text_encode.FileStats()
+  for n in (10, 500, 20):
+    stats.add(n, 62)
+  label = 'config.data.train_path: /' + 'deep/' * 80 + 'corpus_file.txt'
+  line = stats.message(label, 'train', 64, 'drop')
+  assert len(line) <= 300 and line.startswith('config.data.train_path: /deep/')
+  assert '…' in line and 'corpus_file.txt (train split): 1 of 3 examples exceed' in line
+  assert line.endswith("data.overlong='drop' drops their rows: 500 of 530 tokens (94.3%); the "
+                       'longest is example #2 (500 tokens).')
+  assert stats.message('f: a.txt', 'test', 64, 'drop').startswith('f: a.txt (test split): ')
+
+
 @pytest.mark.parametrize('words', [
     30_000, pytest.param(600_000, marks=pytest.mark.slow, id='3.5MB')])
 def test_overlong_line_is_reported_per_file(tmp_path, monkeypatch, words):
@@ -402,10 +416,13 @@ def test_overlong_line_is_reported_per_file(tmp_path, monkeypatch, words):
   ds = text_data.make_text_dataset(config, 'train', seed=0, process_index=0, process_count=1)
   batches = [next(iter(ds)) for _ in range(1)]
   (line,) = lines
-  assert line.startswith(f'config.data.train_path: {corpus} (train split): 1 of 41 examples are '
-                         'longer than data.seq_len=64 allows (62 tokens + BOS/EOS); '
+  label, body = line.split(' (train split): ')
+  assert len(line) <= 300 and label.startswith('config.data.train_path: ')
+  assert label.endswith(os.path.basename(corpus))  # a long path loses its middle, not its name
+  assert label == f'config.data.train_path: {corpus}' or '…' in label
+  assert body.startswith('1 of 41 examples exceed data.seq_len=64 (62 tokens + BOS/EOS); '
                          "data.overlong='truncate' cuts ")
-  assert 'the longest, example #8 (\'lorem ipsum dolor lorem ipsum dolor lore\'...), has' in line
+  assert re.search(r'the longest is example #8 \([\d,]+ tokens\)\.$', body), body
   assert batches[0]['tokens'].shape == (16, 64)
   # Tokenised once: a batch costs no re-tokenisation of the long line (~10 tokens/s before).
   t0 = time.perf_counter()

@@ -1,4 +1,5 @@
-"""MultiMDM distillation's target θ̄ frozen per round (docs/method.md §13.2; optim.frozen_target).
+"""MultiMDM distillation's target θ̄ frozen per round (docs/method.md §13.2; optim.frozen_target,
+read through `Process.target_params`).
 
 A few real train steps of a tiny MultiMDM distillation: with process.multimdm.target=
 'frozen_rounds' the target the loss reads is the student's parameters at the round's first step,
@@ -15,9 +16,7 @@ import pytest
 
 from tests.config_helpers import resolved
 
-from hmdlm_jax import config as config_lib
 from hmdlm_jax import models
-from hmdlm_jax import optim
 from hmdlm_jax import processes
 from hmdlm_jax import sharding as shd
 from hmdlm_jax import tasks
@@ -50,13 +49,14 @@ def _run(cfg, num_steps: int, check_loss_at: tuple[int, ...] = ()):
   state, sh = train.create_train_state(cfg, mesh, model)
   process = processes.build(cfg).for_devices(1)
   step = train.make_train_step(cfg, model, process, mesh, sh)
-  every = config_lib.multimdm.steps_per_round(cfg)
   rng = np.random.default_rng(0)
   out = []
   for n in range(num_steps):
     params = jax.device_get(state.params)
-    target = jax.device_get(optim.round_target(state.opt_state, state.params, every)
-                            if every else state.ema_params)
+    # The θ̄ the step hands the loss (Process.target_params; the round's copy lives in the
+    # optimiser state, optim.frozen_target).
+    target = jax.device_get(process.target_params(state.params, state.ema_params,
+                                                  state.opt_state))
     out.append((_leaves(params), _leaves(target), _leaves(state.ema_params)))
     shape = (4, 81)
     batch = {'tokens': jnp.asarray(rng.integers(0, 9, shape), jnp.int32),

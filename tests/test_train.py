@@ -252,9 +252,8 @@ def test_step_traces_with_float32_state_and_loss(dtype, accum):
            'levels': jax.ShapeDtypeStruct((8, 81), jnp.int32),
            'given': jax.ShapeDtypeStruct((8, 81), jnp.bool_),
            'loss_mask': jax.ShapeDtypeStruct((8, 81), jnp.bool_)}
-  faults = jax.ShapeDtypeStruct((train.MAX_FAULT_STEPS,), jnp.int32)
   with shd.mesh_context(mesh):
-    new_state, metrics = jax.eval_shape(step.jitted, abstract, batch, faults)
+    new_state, metrics = jax.eval_shape(step.jitted, abstract, batch)
   for leaf in jax.tree.leaves((new_state.params, new_state.ema_params)):
     assert leaf.dtype == jnp.float32
   assert metrics['loss'].dtype == jnp.float32 and metrics['loss'].shape == ()
@@ -328,6 +327,16 @@ def test_optimizer_clips_and_matches_adamw_reference():
       step = step + 0.1 * np.asarray(params[k])
     np.testing.assert_allclose(np.asarray(updates[k]), -1e-3 * step, rtol=1e-5, atol=1e-9)
   assert float(optim.current_lr(state)) == pytest.approx(1e-3)
+
+
+def test_grad_metrics_log_the_hier_group_only_with_its_clip():
+  """optim.grad_metrics: the global norm always (the guard reads it); the 'hier_*' group's norm
+  beside it only with optim.hier_grad_clip > 0, so the default log is unchanged."""
+  grads = {'hier_head': {'w': jnp.array([3.0, 4.0])}, 'trunk': {'w': jnp.array([12.0])}}
+  assert {k: float(v) for k, v in optim.grad_metrics(_optim_cfg(), grads).items()} == {
+      'grad_norm': 13.0}
+  m = optim.grad_metrics(_optim_cfg(hier_grad_clip=1.0), grads)
+  assert {k: float(v) for k, v in m.items()} == {'grad_norm': 13.0, 'hier_grad_norm': 5.0}
 
 
 def test_ema_update_and_warmup():

@@ -6,9 +6,9 @@ once, up front, keeps the first `seq_len - 1` ids of each (enough for `text.buil
 or drop it exactly as it would the whole example), and logs one line per file:
 
   INFO     <field>: <file> (<split> split): N examples, T tokens; all fit data.seq_len=L.
-  WARNING  <field>: <file> (<split> split): n of N examples are longer than data.seq_len=L allows
-           (L - 2 tokens + BOS/EOS); data.overlong='truncate' cuts c of their T tokens (p%) ...;
-           the longest, example #i ('its first characters ...'), has m tokens.
+  WARNING  <field>: <file> (<split> split): n of N examples exceed data.seq_len=L (L - 2 tokens +
+           BOS/EOS); data.overlong='truncate' cuts c of T tokens (p%); the longest is example #i
+           (m tokens).                               (at most 300 characters: a long path is cut)
 
 Overlong examples are a warning, never an error ('drop' skips such rows). Tokenising once also
 keeps a very long line from being re-tokenised every epoch, which would slow training to a crawl.
@@ -25,6 +25,7 @@ from absl import logging
 from hmdlm_jax.data import tokenizers as tokenizers_lib
 
 CHUNK = 1024  # examples per tokenizer call
+MAX_LINE = 300  # a log line (the project's rule for every message)
 
 
 @dataclasses.dataclass
@@ -36,32 +37,35 @@ class FileStats:
   overlong_tokens: int = 0
   longest: int = 0
   longest_index: int = 0
-  longest_start: str = ''
 
-  def add(self, ids_len: int, text: str, room: int) -> None:
+  def add(self, ids_len: int, room: int) -> None:
     self.examples += 1
     self.tokens += ids_len
     if ids_len > room:
       self.overlong += 1
       self.overlong_tokens += ids_len
     if ids_len > self.longest:
-      self.longest, self.longest_index, self.longest_start = ids_len, self.examples, text[:40]
+      self.longest, self.longest_index = ids_len, self.examples
 
   def message(self, label: str, split: str, seq_len: int, overlong: str) -> str:
-    """The report line of this file (module docstring)."""
-    head = f'{label} ({split} split): '
+    """The report line of this file (module docstring), at most MAX_LINE characters: a long
+    label (the config field and its file) loses its middle."""
     if not self.overlong:
-      return (f'{head}{self.examples:,} examples, {self.tokens:,} tokens; all fit '
-              f'data.seq_len={seq_len}.')
-    room = seq_len - 2
-    lost = (self.overlong_tokens - self.overlong * room if overlong == 'truncate'
-            else self.overlong_tokens)
-    action = ('cuts' if overlong == 'truncate' else 'drops their rows:')
-    return (f'{head}{self.overlong:,} of {self.examples:,} examples are longer than '
-            f'data.seq_len={seq_len} allows ({room} tokens + BOS/EOS); '
-            f"data.overlong='{overlong}' {action} {lost:,} of the file's {self.tokens:,} tokens "
-            f'({100.0 * lost / max(self.tokens, 1):.1f}%); the longest, example '
-            f'#{self.longest_index} ({self.longest_start!r}...), has {self.longest:,} tokens.')
+      body = f'{self.examples:,} examples, {self.tokens:,} tokens; all fit data.seq_len={seq_len}.'
+    else:
+      room = seq_len - 2
+      lost = (self.overlong_tokens - self.overlong * room if overlong == 'truncate'
+              else self.overlong_tokens)
+      action = ('cuts' if overlong == 'truncate' else 'drops their rows:')
+      body = (f'{self.overlong:,} of {self.examples:,} examples exceed data.seq_len={seq_len} '
+              f"({room} tokens + BOS/EOS); data.overlong='{overlong}' {action} {lost:,} of "
+              f'{self.tokens:,} tokens ({100.0 * lost / max(self.tokens, 1):.1f}%); the longest '
+              f'is example #{self.longest_index} ({self.longest:,} tokens).')
+    room = MAX_LINE - len(body) - len(f' ({split} split): ')
+    if len(label) > room:
+      keep = max(room - 1, 20)
+      label = label[:keep // 3] + '…' + label[len(label) - (keep - keep // 3):]
+    return f'{label} ({split} split): {body}'
 
 
 def encode_examples(tok: tokenizers_lib.TextTokenizer, examples: Sequence[tuple[str, str]],
@@ -82,8 +86,8 @@ def encode_examples(tok: tokenizers_lib.TextTokenizer, examples: Sequence[tuple[
   out = []
   for start in range(0, len(examples), CHUNK):
     chunk = examples[start:start + CHUNK]
-    for (label, text), ids in zip(chunk, tok.encode_batch([t for _, t in chunk])):
-      stats.setdefault(label, FileStats()).add(len(ids), text, room)
+    for (label, _), ids in zip(chunk, tok.encode_batch([t for _, t in chunk])):
+      stats.setdefault(label, FileStats()).add(len(ids), room)
       out.append(np.asarray(ids[:seq_len - 1], np.int32))
   for label, s in stats.items():
     log = logging.warning if s.overlong else logging.info

@@ -178,12 +178,14 @@ def categorical_icdf(key: jax.Array, log_p: jax.Array) -> jax.Array:
   return jnp.where(idx >= num, last_pos, idx).astype(jnp.int32)
 
 
-def nucleus_logits(logits: jax.Array, top_p: float) -> jax.Array:
+def nucleus_logits(logits: jax.Array, top_p: float, exclusive: bool = False) -> jax.Array:
   """Nucleus (top-p) truncation of logits [..., V]: -inf outside the nucleus, else unchanged.
 
   The nucleus of p = softmax(logits) is every v whose more probable tokens (p_u > p_v) hold
   less than top_p of the mass: the smallest most-probable set reaching top_p, with its boundary
   ties kept whole, so the result does not depend on how a sort orders ties (docs/method.md §8.5).
+  `exclusive` (ReMDM's and ADLM's rule): v is kept iff those tokens and v itself hold at most
+  top_p, so the token crossing top_p is dropped; the most probable token is always kept.
   """
   if top_p >= 1.0:
     return logits
@@ -192,7 +194,10 @@ def nucleus_logits(logits: jax.Array, top_p: float) -> jax.Array:
   cum = jnp.cumsum(jax.nn.softmax(desc, axis=-1), axis=-1)
   # The first sorted position whose cumulative mass reaches top_p (the last if round-off keeps
   # the total below it); its logit is the smallest kept.
-  k = jnp.minimum(jnp.sum(cum < top_p, axis=-1, keepdims=True), logits.shape[-1] - 1)
+  if exclusive:  # the last sorted position whose cumulative mass is within top_p (at least one)
+    k = jnp.maximum(jnp.sum(cum <= top_p, axis=-1, keepdims=True) - 1, 0)
+  else:
+    k = jnp.minimum(jnp.sum(cum < top_p, axis=-1, keepdims=True), logits.shape[-1] - 1)
   floor = jnp.take_along_axis(desc, k, axis=-1)
   return jnp.where(logits >= floor, logits, -jnp.inf)
 
@@ -206,7 +211,7 @@ def draw_tokens(key: jax.Array, token_logp: jax.Array, cfg: SampleConfig) -> jax
   """
   if cfg.greedy:
     return jnp.argmax(token_logp, axis=-1).astype(jnp.int32)
-  logits = nucleus_logits(token_logp / cfg.temperature, cfg.top_p)
+  logits = nucleus_logits(token_logp / cfg.temperature, cfg.top_p, cfg.nucleus == 'exclusive')
   if logits.shape[-1] <= _ICDF_MAX_CLASSES:
     return categorical_icdf(key, logits - jnp.max(logits, axis=-1, keepdims=True))
   return jax.random.categorical(key, logits, axis=-1).astype(jnp.int32)
@@ -249,6 +254,12 @@ class Process(abc.ABC):
     """Times in (0, 1) where the bound's integrand is not smooth (quadrature splits there)."""
     return ()
 
+  def appended_row_members(self) -> tuple[int, np.ndarray] | None:
+    """The vocabulary rows the process appends after its noise rows, as a warm start from a
+    one-MASK source fills them (warm_start.py): (first row, float64 [n, V] weights, each row
+    averaging its member words' rows), or None when it appends none (HDLM's cluster tokens)."""
+    return None
+
   # ------------------------------------------------------------------------- forward process
 
   def prepare_batch(self, batch: Batch) -> dict[str, np.ndarray]:
@@ -287,9 +298,16 @@ class Process(abc.ABC):
 
   @property
   def uses_target(self) -> bool:
-    """Whether `loss` reads a target network (the EMA of the parameters, e.g. consistency
-    distillation); the train step then passes `target_apply_fn`."""
+    """Whether `loss` reads a target network θ̄ (e.g. consistency distillation); the train step
+    then passes `target_apply_fn`, the network at `target_params`, without gradient."""
     return False
+
+  def target_params(self, params: Any, ema_params: Any, opt_state: Any) -> Any:
+    """θ̄, the parameters of the target network the next update's loss reads (`uses_target`),
+    from the train state's params, their EMA and the optimiser state (traced in the step).
+    Default: the EMA."""
+    del params, opt_state
+    return ema_params
 
   @abc.abstractmethod
   def loss(self, apply_fn: ApplyFn, batch: Batch, key: jax.Array, *,
@@ -298,7 +316,8 @@ class Process(abc.ABC):
     """The training loss (float32 scalar) and float32 scalar metrics ('loss', 'finite', ...).
 
     step: the optimiser step (int32 []) for losses with a schedule over training (curricula,
-    step sizes); target_apply_fn: the EMA network, without gradient (`uses_target`).
+    step sizes); target_apply_fn: the network at `target_params`, without gradient
+    (`uses_target`).
     """
 
   @abc.abstractmethod

@@ -4,11 +4,11 @@ Paper: "Multi-Mask Diffusion Language Models for Few-Step Generation", Section 3
 3–4, Appendices B and C.2; docs/method.md §13.2 states the method and our decisions. The distilled
 network is the same clean-token head, f_{t,θ}(· | x̃_t) = x_θ(· | x̃_t); its few-step generator
 (Algorithm 4, (3.12)) is the ancestral sampler of `multimdm.MultiMDM` with the distilled weights,
-so this process only changes `loss` (and reads the EMA network: `uses_target`).
+so this process only changes `loss` (and reads a target network θ̄: `target_params`).
 
 One step (Algorithm 3, lines 4–7): δ = δ_k (`delta_at(step)`), t ~ U(δ, 1) stratified, s = t - δ;
 the coupled pair (x̃_s, x̃_t) from one draw of Gumbels per example (clean token and M masks only);
-the student f_t = x_θ(· | x̃_t) against the EMA target f̄_s = x_θ̄(· | x̃_s) under stop-gradient:
+the student f_t = x_θ(· | x̃_t) against the target f̄_s = x_θ̄(· | x̃_s) under stop-gradient:
 a KL (forward or reverse) where x̃_s is still masked, -log f_t(x0) where it is a word, 0 where x̃_t
 is visible. Normalised per loss position, with the token-weighted batch mean.
 """
@@ -23,6 +23,7 @@ import jax
 import jax.numpy as jnp
 
 from hmdlm_jax import config as config_lib
+from hmdlm_jax import optim
 from hmdlm_jax.config import MultiMDMConfig
 from hmdlm_jax.processes import base
 from hmdlm_jax.processes import multimdm
@@ -95,12 +96,19 @@ class MultiMDMDistill(multimdm.MultiMDM):
   def uses_target(self) -> bool:
     return True
 
+  def target_params(self, params: Any, ema_params: Any, opt_state: Any) -> Any:
+    """θ̄ of `process.multimdm.target` (docs/method.md §13.2): the EMA, or with 'frozen_rounds'
+    the round's copy of the student that `optim.frozen_target` keeps in the optimiser state."""
+    if self.cfg.steps_per_round:
+      return optim.round_target(opt_state, params, self.cfg.steps_per_round)
+    return ema_params
+
   def loss(self, apply_fn: ApplyFn, batch: base.Batch, key: jax.Array, *,
            step: jax.Array | None = None, target_apply_fn: ApplyFn | None = None
            ) -> tuple[jax.Array, dict[str, Any]]:
     """(3.11) on the shared-Gumbel pair at step size δ_k (Algorithm 3 lines 4-7)."""
     if target_apply_fn is None:
-      raise ValueError('MultiMDM distillation needs the EMA target network (target_apply_fn); '
+      raise ValueError('MultiMDM distillation needs the target network (target_apply_fn); '
                        'the train step passes it when process.uses_target is True.')
     tokens, levels, given, loss_mask = base.unpack(batch)
     k_t, k_g = jax.random.split(key)
