@@ -2,10 +2,11 @@
 
 `load` reads the config the run recorded (DIR/config.json, `overrides` on top), checks and
 restores a checkpoint as --mode=eval / --mode=sample do, and returns a `Model`: `sample(n)`, for
-text `complete(prompts)`, `infill(texts)` and `score(texts)`, for Sudoku `solve(puzzles)`. They
-run the code of sample and eval mode (tasks/), so the same rows and seed give those modes'
-tokens and numbers. Nothing is written or printed but a warning on input text the tokenizer
-cannot represent; every mistake is one ValueError of one line naming the argument.
+text `complete(prompts)`, `infill(texts)` and `score(texts)`, for Sudoku `solve(puzzles)` (the
+task says which: `Task.library_calls`). They run the code of sample and eval mode (tasks/), so
+the same rows and seed give those modes' tokens and numbers. Nothing is written or printed but
+a warning on input text the tokenizer cannot represent; every mistake is one ValueError of one
+line naming the argument.
 """
 
 from __future__ import annotations
@@ -16,9 +17,6 @@ import logging
 import os
 from typing import Any, Iterator, Sequence
 
-import jax
-import numpy as np
-
 from hmdlm_jax import config as config_lib
 from hmdlm_jax import preflight
 from hmdlm_jax import processes
@@ -27,39 +25,14 @@ from hmdlm_jax import tasks
 from hmdlm_jax import train
 from hmdlm_jax import workdir as workdir_lib
 from hmdlm_jax.config import SampleConfig
-from hmdlm_jax.data import sudoku
 from hmdlm_jax.data import text as text_data
 from hmdlm_jax.evaluation import compiled
 from hmdlm_jax.evaluation import run as eval_run
-from hmdlm_jax.evaluation import samples as samples_lib
 from hmdlm_jax.tasks import base as tasks_base
-from hmdlm_jax.tasks import text as text_task
 from hmdlm_jax.tasks import text_given
+from hmdlm_jax.tasks.base import Samples
 
 PARAMS = ('ema', 'raw')
-
-
-@dataclasses.dataclass(frozen=True)
-class Samples(Sequence[str]):
-  """Generated rows: a sequence of their texts (Sudoku: 81-digit grids), with per position
-  `tokens`, `levels`, `reveal_step` (the sampler step that revealed it; T + 1 = given) and
-  `given` arrays [N, L], and `records`, the rows as sample mode saves them (samples_<step>.jsonl)."""
-  texts: tuple[str, ...]
-  tokens: np.ndarray
-  levels: np.ndarray
-  reveal_step: np.ndarray
-  given: np.ndarray
-  records: tuple[dict[str, Any], ...]
-
-  def __getitem__(self, i: Any) -> Any:
-    return self.texts[i]
-
-  def __len__(self) -> int:
-    return len(self.texts)
-
-
-def _field(records: Sequence[dict[str, Any]], name: str) -> np.ndarray:
-  return np.asarray([r[name] for r in records])
 
 
 def _strings(value: Any, name: str) -> list[str]:
@@ -90,36 +63,23 @@ class Model:
     SampleConfig.from_config(config)  # a bad value is refused here, naming the field
     return Model(config, self._task, dataclasses.replace(self._ctx, config=config))
 
-  def _text(self, what: str) -> text_task.TextTask:
-    if not isinstance(self._task, text_task.TextTask):
-      raise ValueError(f'{what}: this run is data.kind={self.config.data.kind!r}, not a text '
-                       'task (a Sudoku model solves puzzles: solve)')
-    return self._task
+  def offers(self, call: str) -> bool:
+    """Whether this run's task offers the method `call` (e.g. 'solve': Sudoku; 'score': text)."""
+    return call in self._task.library_calls
 
-  def _text_samples(self, task: text_task.TextTask, num: int, seed: int | None,
-                    given: text_given.GivenRows | None) -> Samples:
-    records, _ = task.generate(self._ctx, num, self._seed(seed), given)
-    return Samples(tuple(r['text'] for r in records), _field(records, 'tokens'),
-                   _field(records, 'levels'), _field(records, 'reveal_step'),
-                   _field(records, 'given').astype(bool), tuple(records))
+  def _task_for(self, call: str) -> Any:
+    """The task, once it offers `call` (its methods are the task's own: tasks/)."""
+    if not self.offers(call):
+      raise ValueError(f'{call}: this run is data.kind={self.config.data.kind!r}, '
+                       f'{self._task.library_refusal}')
+    return self._task
 
   def sample(self, n: int, seed: int | None = None) -> Samples:
     """`n` samples (a prompted task's are conditioned on its test rows' given positions, as in
     sample mode); `seed` defaults to sample mode's, config.sample.seeds[0]."""
     if isinstance(n, bool) or not isinstance(n, int) or n < 1:
       raise ValueError(f'n={n!r} must be an int >= 1')
-    if isinstance(self._task, text_task.TextTask):
-      return self._text_samples(self._task, n, seed, None)
-    key = jax.random.fold_in(jax.random.PRNGKey(int(self.config.seed)), self._seed(seed))
-    rows = samples_lib.sample_rows(
-        self._ctx.apply_fn, key, self._ctx.process, SampleConfig.from_config(self.config),
-        num_samples=n, seq_len=sudoku.NUM_CELLS,
-        batch_size=min(int(self.config.data.eval_batch_size), n))
-    grids = [''.join(map(str, sudoku.from_tokens(t))) for t in rows.tokens]
-    records = [{'index': i, 'prediction': g, 'levels': rows.levels[i].tolist(),
-                'reveal_step': rows.reveal_step[i].tolist()} for i, g in enumerate(grids)]
-    return Samples(tuple(grids), rows.tokens, rows.levels, rows.reveal_step, rows.given,
-                   tuple(records))
+    return self._task_for('sample').draw(self._ctx, n, self._seed(seed))
 
   def complete(self, prompts: Sequence[str], seed: int | None = None) -> Samples:
     """One continuation of each prompt (`BOS prompt` given; tasks/text_given.py).
@@ -129,33 +89,25 @@ class Model:
     the vocabulary lacks, which become `[UNK]` (decoded as nothing); a prompt holding such pieces
     gets one `text_given.UnknownPiecesWarning` naming them.
     """
-    task = self._text('complete')
+    task = self._task_for('complete')
     given = text_given.given_rows(self.config, self._tokenizer(),
                                   _strings(prompts, 'prompts'), stacklevel=2)
-    return self._text_samples(task, len(given), seed, given)
+    return task.draw(self._ctx, len(given), self._seed(seed), given)
 
   def infill(self, texts: Sequence[str], seed: int | None = None) -> Samples:
     """Each text with its `[MASK]` (one token) and `[MASK*n]` (n tokens) spans generated and
     every other token kept (tasks/text_given.py), as tokenized: as `complete`'s prompt, the kept
     text is decoded lower-cased / accent-stripped for bert-base-uncased, pieces outside the
     vocabulary become `[UNK]` and a text holding any gets one `UnknownPiecesWarning`."""
-    task = self._text('infill')
+    task = self._task_for('infill')
     given = text_given.given_rows(self.config, self._tokenizer(),
                                   infills=_strings(texts, 'texts'), stacklevel=2)
-    return self._text_samples(task, len(given), seed, given)
+    return task.draw(self._ctx, len(given), self._seed(seed), given)
 
   def solve(self, puzzles: Sequence[str]) -> Samples:
     """Sudoku: the grids of `puzzles` (81 characters, '.' or '0' = blank), as sample mode's
     --inputs; records hold 'valid' (a valid grid keeping the givens)."""
-    if isinstance(self._task, text_task.TextTask):
-      raise ValueError(f'solve: this run is data.kind={self.config.data.kind!r}, a text task '
-                       '(use complete, infill or sample)')
-    prepared = self._task.prepare_sample(self.config, _strings(puzzles, 'puzzles'), None)
-    records, _ = self._task.sample(self._ctx, prepared)
-    quiz = np.asarray([[int(c) for c in r['quiz']] for r in records])
-    digits = np.asarray([[int(c) for c in r['prediction']] for r in records])
-    return Samples(tuple(r['prediction'] for r in records), digits, _field(records, 'levels'),
-                   _field(records, 'reveal_step'), quiz > 0, tuple(records))
+    return self._task_for('solve').solve(self._ctx, _strings(puzzles, 'puzzles'))
 
   def score(self, texts: Sequence[str], *, truncate: bool = False) -> dict[str, Any]:
     """The bound (nats/token, PPL) and the process's estimates over `texts`, each one row of the
@@ -169,7 +121,7 @@ class Model:
     Texts are not scored in windows: each window would be a row of its own (BOS ... EOS), so the
     windows' bounds do not add up to the text's.
     """
-    task = self._text('score')
+    task = self._task_for('score')
     if not isinstance(truncate, bool):
       raise ValueError(f'truncate={truncate!r} must be True or False')
     batches = text_given.score_batches(self.config, self._tokenizer(), _strings(texts, 'texts'),
@@ -247,8 +199,7 @@ def load(workdir: str | os.PathLike[str], step: int | None = None, params: str |
   use_ema = [] if params is None else [f'--config.eval.use_ema={params == "ema"}']
   config = config_lib.resolve(config_lib.load(workdir, [*overrides, *use_ema]))
   task = tasks.get(config)
-  if isinstance(task, text_task.TextTask):
-    text_data.checked_tokenizer(config)  # the vocabulary must be here before restoring
+  task.check_restorable(config)
   model = task.build_model(config)
   with _quiet_orbax():
     try:

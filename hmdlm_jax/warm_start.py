@@ -33,8 +33,8 @@ from hmdlm_jax import config as config_lib
 from hmdlm_jax import convert_adlm
 from hmdlm_jax import convert_mdlm
 from hmdlm_jax import models
+from hmdlm_jax import processes
 from hmdlm_jax import storage
-from hmdlm_jax.processes import hdlm
 
 PyTree = Any
 
@@ -47,13 +47,11 @@ class Layout:
 
 
 def layout_of(config: config_lib.Config) -> Layout:
-  """The vocabulary layout of a resolved experiment config (MultiMDM: its M masks; HDLM: MASK and
-  its cluster rows; else MASK)."""
+  """The vocabulary layout of a resolved experiment config: its noise rows (MultiMDM: its M
+  masks; else MASK), then the rows the process appends (HDLM: its cluster rows)."""
   vocab, noise = int(config.model.vocab_size), tuple(config_lib.noise_ids(config))
-  if config.process.kind == 'hdlm':
-    rows = config_lib.hdlm_cluster_rows(int(config.process.hdlm.num_clusters))
-    noise += tuple(range(vocab - rows, vocab))
-  return Layout(vocab, noise)
+  rows = config_lib.appended_rows(config)
+  return Layout(vocab, noise + tuple(range(vocab - rows, vocab)))
 
 
 def requested(config: config_lib.Config) -> bool:
@@ -72,14 +70,12 @@ def maps_rows(config: config_lib.Config) -> bool:
                                        and len(layout_of(config).mask_rows) > 1)
 
 
-def cluster_rows_from_members(config: config_lib.Config, params: PyTree, source: PyTree,
-                              vocab_axes: Mapping[str, int | None]) -> PyTree:
-  """HDLM from a one-MASK source: each cluster row of every vocabulary leaf becomes the mean of its
-  member words' source rows (the authors initialise cluster rows at the k-means centroids of the
-  embedding the clusters were built from; docs/method.md §13.1)."""
-  lay = hdlm.layout_from_config(config_lib.hdlm_config(config))
-  member = (lay.cluster_of[None, :] == np.arange(lay.num_clusters)[:, None]).astype(np.float64)
-  member /= member.sum(-1, keepdims=True)  # [n, V] rows average the members
+def appended_rows_from_members(config: config_lib.Config, params: PyTree, source: PyTree,
+                               vocab_axes: Mapping[str, int | None]) -> PyTree:
+  """From a one-MASK source: each row the process appends (HDLM's cluster rows) of every
+  vocabulary leaf becomes the mean of its member words' source rows, as the process says
+  (`Process.appended_row_members`; HDLM: docs/method.md §13.1)."""
+  first, member = processes.build(config, check_sampling=False).appended_row_members()
   flat_p, flat_s = _flat(params), _flat(source)
   for k, axis in vocab_axes.items():
     if axis is None or k not in flat_p:
@@ -87,7 +83,7 @@ def cluster_rows_from_members(config: config_lib.Config, params: PyTree, source:
     s = np.moveaxis(np.asarray(flat_s[k], np.float64), axis, 0)  # [V_src, ...]
     means = np.tensordot(member[:, :s.shape[0]], s, axes=1)  # [n, ...]
     v = np.moveaxis(np.array(flat_p[k]), axis, 0)
-    v[lay.cluster_offset:lay.cluster_offset + lay.num_clusters] = means
+    v[first:first + member.shape[0]] = means
     flat_p[k] = np.moveaxis(v, 0, axis)
   return convert_mdlm.unflatten(flat_p)
 
@@ -218,10 +214,9 @@ def embedding_params(config: config_lib.Config, fresh: PyTree, model: nn.Module
   flat[key] = emb
   params = convert_mdlm.unflatten(flat)
   what = f'{config.init.embedding} (input embedding: {len(words)} word rows'
-  if config.process.kind == 'hdlm' and config_lib.hdlm_cluster_rows(
-      int(config.process.hdlm.num_clusters)):
+  if config_lib.appended_rows(config):
     source = convert_mdlm.unflatten({key: table[:emb.shape[0]]})
-    params = cluster_rows_from_members(config, params, source, {key: 0})
+    params = appended_rows_from_members(config, params, source, {key: 0})
     what += ', cluster rows at their words\' mean'
   return params, what + ')'
 
@@ -391,8 +386,8 @@ def load(config: config_lib.Config, fresh: PyTree, model: nn.Module
     what = f'{ini.mdlm_checkpoint} (MASK row {src.mask_rows[0]})'
   axes = vocab_axes_of(model, int(config.model.seq_len))
   params, dropped = adapt(fresh, source, axes, src, dst)
-  if config.process.kind == 'hdlm' and len(src.mask_rows) == 1 and len(dst.mask_rows) > 1:
-    params = cluster_rows_from_members(config, params, source, axes)
+  if len(src.mask_rows) == 1 and config_lib.appended_rows(config):
+    params = appended_rows_from_members(config, params, source, axes)
   if dropped:
     more = f' and {len(dropped) - 4} more' if len(dropped) > 4 else ''  # a log line stays short
     logging.info('Warm start: %d source parameters not in this model, dropped: %s%s',

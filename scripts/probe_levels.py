@@ -48,7 +48,6 @@ from hmdlm_jax import tasks
 from hmdlm_jax.data import sudoku
 from hmdlm_jax.data import sudoku_csv
 from hmdlm_jax.data import sudoku_generator
-from hmdlm_jax.models import hierarchy
 from hmdlm_jax.processes import base
 from hmdlm_jax.processes import hmdlm
 from hmdlm_jax.processes import level_objectives
@@ -132,7 +131,7 @@ def main() -> None:
 
     def loss_fn(net):
       logp, sel, round_logits = level_logp({**p, **net}, batch, base.sample_times(k_t, args.batch),
-                                           k_m, hierarchy.pass1_heads(loss_cfg.beta_rounds))
+                                           k_m, hmdlm.pass1_heads(loss_cfg.beta_rounds))
       loss = level_objectives.level_cross_entropy(logp, batch['levels'], sel)
       if rounds:
         loss = loss + loss_cfg.beta_rounds * level_objectives.round_token_loss(

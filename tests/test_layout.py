@@ -273,3 +273,123 @@ def test_no_task_named_in_models_or_processes():
           for p in sorted((PACKAGE / d).rglob('*.py'))
           if 'sudoku' in p.read_text(encoding='utf-8').lower()]
   assert not hits, f'task-specific code belongs to its task (models/features.py seam): {hits}'
+
+
+# The registries' rules: processes/__init__.py is the only place that branches on
+# `config.process.kind`, tasks/__init__.py the only one that branches on the task
+# (docs/extending.md). A kind's behaviour is a method or an attribute of its object (a Process, a
+# Task, a row of config/kinds.py's table), never a comparison of its name elsewhere.
+
+
+def _literals(node: ast.AST) -> set[str]:
+  """The strings of a literal or of a tuple / list / set of literals (else none)."""
+  if isinstance(node, ast.Constant) and isinstance(node.value, str):
+    return {node.value}
+  if isinstance(node, (ast.Tuple, ast.List, ast.Set)):
+    return set().union(*(_literals(e) for e in node.elts)) if node.elts else set()
+  return set()
+
+
+def _names_a_kind(node: ast.AST) -> bool:
+  """`kind` or `<anything>.kind`: the expression a kind's name is read from."""
+  return ((isinstance(node, ast.Name) and node.id == 'kind')
+          or (isinstance(node, ast.Attribute) and node.attr == 'kind'))
+
+
+def _kind_branches(source: str, field: str, kinds: set[str], classes: set[str] = frozenset()
+                   ) -> list[str]:
+  """'line N: code' for each branch of `source` on the kind `field` names ('process.kind',
+  'data.kind'): a comparison, membership test or match of an expression ending in `field`, or of
+  a literal naming one of `kinds` against a `kind`; and `isinstance(x, C)` for C in `classes`."""
+  found = []
+  for node in ast.walk(ast.parse(source)):
+    if isinstance(node, ast.Compare):
+      operands = [node.left, *node.comparators]
+    elif isinstance(node, ast.Match):
+      operands = [node.subject, *(p for c in node.cases for p in ast.walk(c.pattern)
+                                  if isinstance(p, ast.MatchValue))]
+      operands = [o.value if isinstance(o, ast.MatchValue) else o for o in operands]
+    elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
+          and node.func.id == 'isinstance' and len(node.args) == 2):
+      hit = {n.attr if isinstance(n, ast.Attribute) else getattr(n, 'id', '')
+             for n in ast.walk(node.args[1])} & classes
+      if hit:
+        found.append(f'line {node.lineno}: {ast.unparse(node)}')
+      continue
+    else:
+      continue
+    on_field = any(ast.unparse(o).endswith(field) for o in operands)
+    on_name = (any(_names_a_kind(o) for o in operands)
+               and any(_literals(o) & kinds for o in operands))
+    if on_field or on_name:
+      found.append(f'line {node.lineno}: {ast.unparse(node)}')
+  return found
+
+
+def _branches_outside(folder: str, field: str, kinds: set[str], classes: set[str] = frozenset()
+                      ) -> list[str]:
+  return [f'{p.relative_to(ROOT).as_posix()} {hit}' for p in _checked_package_files()
+          if p.relative_to(PACKAGE).parts[0] != folder
+          for hit in _kind_branches(p.read_text(encoding='utf-8'), field, kinds, classes)]
+
+
+def _task_classes() -> set[str]:
+  from hmdlm_jax import tasks  # pylint: disable=g-import-not-at-top
+  return {c.__name__ for t in tasks.TASKS.values() for c in type(t).__mro__
+          if issubclass(c, tasks.base.Task)}
+
+
+def test_the_kind_scan_finds_a_branch():
+  kinds = {'hdlm', 'mdlm'}
+  assert _kind_branches("if config.process.kind == 'hdlm':\n  pass\n", 'process.kind', kinds)
+  assert _kind_branches("x = self.config.process.kind != 'adlm'\n", 'process.kind', kinds)
+  assert _kind_branches("kind = c.process.kind\nok = kind in ('mdlm', 'x')\n", 'process.kind',
+                        kinds) == ["line 2: kind in ('mdlm', 'x')"]
+  assert _kind_branches('match config.process.kind:\n  case _:\n    pass\n', 'process.kind',
+                        kinds)
+  assert _kind_branches("match p.kind:\n  case 'hdlm':\n    pass\n", 'process.kind', kinds)
+  assert _kind_branches("if config.data.kind in TEXT:\n  pass\n", 'data.kind', set())
+  assert _kind_branches('ok = isinstance(task, text.TextTask)\n', 'data.kind', set(),
+                        {'TextTask'}) == ['line 1: isinstance(task, text.TextTask)']
+  assert not _kind_branches("if s.kind == 'loglinear' or arg == 'mdlm':\n  pass\n",
+                            'process.kind', kinds)
+  assert not _kind_branches('rules = RULES[config.process.kind]\n', 'process.kind', kinds)
+
+
+def _process_classes() -> set[str]:
+  from hmdlm_jax import processes  # pylint: disable=g-import-not-at-top
+  found, todo = set(), [processes.Process]
+  while todo:
+    cls = todo.pop()
+    found.add(cls.__name__)
+    todo.extend(cls.__subclasses__())
+  return found
+
+
+def test_only_the_process_registry_branches_on_the_process_kind():
+  from hmdlm_jax import processes  # pylint: disable=g-import-not-at-top
+  bad = _branches_outside('processes', 'process.kind', set(processes.BUILDERS),
+                          _process_classes())
+  assert not bad, ('a branch on the process (config.process.kind, a kind name or a Process class) '
+                   'outside hmdlm_jax/processes/ (make it a method or attribute of the Process, '
+                   'or a row of config/kinds.py):\n' + '\n'.join(bad))
+
+
+def test_only_the_task_registry_branches_on_the_task():
+  from hmdlm_jax import tasks  # pylint: disable=g-import-not-at-top
+  bad = _branches_outside('tasks', 'data.kind', set(tasks.TASKS), _task_classes())
+  assert not bad, ('a branch on the task (config.data.kind, a task name or class) outside '
+                   'hmdlm_jax/tasks/ (make it a method of the Task, tasks/base.py):\n'
+                   + '\n'.join(bad))
+
+
+def test_the_process_chooses_the_heads_of_pass_1():
+  """Which heads pass 1 reads is the process's decision (processes/); models/ only builds them."""
+  hier = (PACKAGE / 'models' / 'hierarchy.py').read_text(encoding='utf-8')
+  defined = {n.name for n in ast.parse(hier).body if isinstance(n, ast.FunctionDef)}
+  assert 'pass1_heads' not in defined, 'pass1_heads belongs to processes/'
+  hmdlm = (PACKAGE / 'processes' / 'hmdlm.py').read_text(encoding='utf-8')
+  assert 'pass1_heads' in {n.name for n in ast.parse(hmdlm).body if isinstance(n, ast.FunctionDef)}
+  bad = [name for name, path in _modules().items() if name.startswith('hmdlm_jax.processes')
+         for imported, _ in _imports(path, name) if imported == 'hmdlm_jax.models.hierarchy']
+  assert not bad, f'processes/ reaches into the backbone (models/hierarchy.py): {bad}'

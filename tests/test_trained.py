@@ -310,6 +310,17 @@ def test_marker_syntax():
       '[MASK]', '[MASK*12]']
 
 
+CALLS = ('sample', 'complete', 'infill', 'score', 'solve')
+
+
+def test_the_task_says_which_calls_a_model_offers(model):
+  """The text task's model offers the text calls; `solve` is one line naming what to use."""
+  assert [c for c in CALLS if model.offers(c)] == ['sample', 'complete', 'infill', 'score']
+  with pytest.raises(ValueError, match=r"^solve: this run is data.kind='text', a text task "
+                     r'\(use complete, infill or sample\)$'):
+    model.solve(['.' * 81])
+
+
 def test_solve_keeps_the_givens(reference_run):
   before = dir_hash(reference_run['workdir'])
   sudoku_model = hmdlm_jax.load(reference_run['workdir'])
@@ -320,6 +331,8 @@ def test_solve_keeps_the_givens(reference_run):
     assert all(g == p for g, p in zip(grid, puzzle) if p != '0')
   assert out.given[0].sum() == sum(c != '0' for c in puzzle)
   assert len(sudoku_model.sample(2)) == 2
-  with pytest.raises(ValueError, match='not a text task'):
+  assert [c for c in CALLS if sudoku_model.offers(c)] == ['sample', 'solve']
+  with pytest.raises(ValueError, match=r"^complete: this run is data.kind='sudoku', not a text "
+                     r'task \(a Sudoku model solves puzzles: solve\)$'):
     sudoku_model.complete(['x'])
   assert dir_hash(reference_run['workdir']) == before

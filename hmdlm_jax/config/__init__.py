@@ -9,8 +9,10 @@ from hmdlm_jax.config.adlm import ADLMConfig
 from hmdlm_jax.config.derive import resolve
 from hmdlm_jax.config.hdlm import HDLMConfig
 from hmdlm_jax.config.hdlm import hdlm_cluster_rows
+from hmdlm_jax.config.kinds import appended_rows
 from hmdlm_jax.config.kinds import noise_ids
 from hmdlm_jax.config.kinds import num_noise_rows
+from hmdlm_jax.config.kinds import steps_per_round
 from hmdlm_jax.config.loading import load
 from hmdlm_jax.config.mgdm import MGDMConfig
 from hmdlm_jax.config.multimdm import MultiMDMConfig

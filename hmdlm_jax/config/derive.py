@@ -134,15 +134,17 @@ def _check_init(config: ml_collections.ConfigDict) -> None:
 
 def _check_adlm_init(config: ml_collections.ConfigDict) -> None:
   """`init.adlm_checkpoint`: the ADLM authors' network, for process.kind='adlm' only, the one
-  `init` source (docs/method.md §13.4)."""
+  `init` source (docs/method.md §13.4). Its network is the one with a denoiser (the derived
+  model.denoiser_layers > 0, config/kinds.py), so an MDLM file cannot start it."""
   ini, path = config.init, config.init.adlm_checkpoint
-  if config.process.kind == 'adlm' and ini.mdlm_checkpoint:
+  has_denoiser = config.model.denoiser_layers > 0
+  if has_denoiser and ini.mdlm_checkpoint:
     raise ValueError(f"init.mdlm_checkpoint={ini.mdlm_checkpoint!r} has no ADLM denoiser; with "
                      "process.kind='adlm' start from the authors' checkpoint with "
                      "init.adlm_checkpoint (python -m hmdlm_jax.convert_adlm) or init.workdir.")
   if not path:
     return
-  if config.process.kind != 'adlm':
+  if not has_denoiser:
     raise ValueError(f"init.adlm_checkpoint is an ADLM network (anchor + denoiser): set "
                      f"process.kind='adlm' (got {config.process.kind!r}) or "
                      "init.adlm_checkpoint=''.")

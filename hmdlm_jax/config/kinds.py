@@ -2,9 +2,9 @@
 
 `PROCESS_RULES` is the one place the config branches on `process.kind` (processes/__init__.py builds
 the processes themselves): whether the kind takes hierarchy levels, the ids of its noise states
-(MASK, or MultiMDM's masks), the model fields it derives (HDLM's cluster rows and auxiliary head, ADLM's denoiser)
-and the check of its own config section. A new process adds one row here (docs/extending.md).
-Nothing here imports JAX.
+(MASK, or MultiMDM's masks), the model fields it derives (HDLM's cluster rows and auxiliary head,
+ADLM's denoiser), its frozen-target rounds and the check of its own config section. A new process
+adds one row here (docs/extending.md); nothing else compares the kind's name. No JAX here.
 """
 
 from __future__ import annotations
@@ -50,11 +50,13 @@ class KindRules:
       last M rows), read from a resolved config or a run's stored config.json.
     derived: the model fields the kind derives (all of `DERIVED_MODEL_FIELDS`, 0 when not listed).
     check: validates the kind's section against the resolved model and data fields.
+    steps_per_round: optimiser steps per round of a frozen target (0: the EMA target).
   """
   levels: str = ''
   noise_ids: Callable[[ml_collections.ConfigDict], tuple[int, ...]] = lambda config: _mask(config)
   derived: Callable[[ml_collections.ConfigDict], Mapping[str, int]] = lambda config: {}
   check: Callable[[ml_collections.ConfigDict], None] = lambda config: None
+  steps_per_round: Callable[[ml_collections.ConfigDict], int] = lambda config: 0
 
 
 DERIVED_MODEL_FIELDS = ('extra_vocab_rows', 'cluster_head', 'denoiser_layers')
@@ -64,7 +66,8 @@ PROCESS_RULES: dict[str, KindRules] = {
     'hdlm': KindRules(levels='puts its hierarchy on the vocabulary, not on positions',
                       derived=config_hdlm.derived_model_fields, check=config_hdlm.check_section),
     'multimdm': KindRules(levels='has no hierarchy levels', noise_ids=config_multimdm.noise_ids,
-                          check=config_multimdm.check_section),
+                          check=config_multimdm.check_section,
+                          steps_per_round=config_multimdm.steps_per_round),
     'adlm': KindRules(levels='has no hierarchy levels (its anchors are a training target)',
                       derived=config_adlm.derived_model_fields, check=config_adlm.check_section),
     'mgdm': KindRules(levels='is MDLM with a reweighted loss', check=config_mgdm.check_section),
@@ -87,6 +90,18 @@ def noise_ids(config: ml_collections.ConfigDict) -> tuple[int, ...]:
 def num_noise_rows(config: ml_collections.ConfigDict) -> int:
   """How many noise-state rows the process appends after the words: M (MultiMDM) or 1 (MASK)."""
   return len(noise_ids(config))
+
+
+def appended_rows(config: ml_collections.ConfigDict) -> int:
+  """How many rows the process appends after its noise rows (HDLM's cluster tokens), from its
+  own section: a run's stored config.json reads the same."""
+  return int(_rules(config).derived(config).get('extra_vocab_rows', 0))
+
+
+def steps_per_round(config: ml_collections.ConfigDict) -> int:
+  """Optimiser steps per round of the process's frozen target, or 0 for the EMA target (a
+  MultiMDM distillation with process.multimdm.target='frozen_rounds'; docs/method.md §13.2)."""
+  return int(_rules(config).steps_per_round(config))
 
 
 def derive_model_fields(config: ml_collections.ConfigDict) -> None:

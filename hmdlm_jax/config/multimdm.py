@@ -19,8 +19,6 @@ DISTILL_KL = ('reverse', 'forward')
 # The distillation target θ̄ (docs/method.md §13.2): a per-step EMA of the student (Algorithm 3
 # read literally) or the student copied at the start of each of R rounds and held (DUO's rounds).
 TARGETS = ('ema', 'frozen_rounds')
-# The data kinds whose tokenizer defines the words (the masks go after them: data.mask_token).
-TEXT_DATA_KINDS = ('text', 'lm1b', 'wikihow', 'corpus')
 
 
 @dataclasses.dataclass(frozen=True)
@@ -127,10 +125,11 @@ class MultiMDMConfig:
 
 
 def steps_per_round(config: ml_collections.ConfigDict) -> int:
-  """Optimiser steps per frozen-target round: train.num_steps / process.multimdm.rounds for a
-  distillation with target='frozen_rounds', else 0 (the EMA target; docs/method.md §13.2)."""
+  """MultiMDM's optimiser steps per frozen-target round: train.num_steps / process.multimdm.rounds
+  for a distillation with target='frozen_rounds', else 0 (the EMA target; docs/method.md §13.2).
+  A run of any process reads `config.steps_per_round` (config/kinds.py), which calls this."""
   mm = config.process.multimdm
-  if config.process.kind != 'multimdm' or mm.target != 'frozen_rounds':
+  if mm.target != 'frozen_rounds':
     return 0
   f = 'process.multimdm.'
   if mm.distill is not True:
@@ -162,7 +161,8 @@ def check_section(config: ml_collections.ConfigDict) -> None:
   if not mm.num_words <= config.model.mask_id < config.model.vocab_size:
     raise ValueError(f'model.mask_id={config.model.mask_id} must be one of the MultiMDM mask ids '
                      f'{mm.num_words}..{config.model.vocab_size - 1} (-1 = the last one).')
-  if config.data.kind in TEXT_DATA_KINDS and config.data.mask_token != 'append':
+  # Data with a tokenizer (the text tasks) takes its words from it: the masks go after them.
+  if config.data.tokenizer and config.data.mask_token != 'append':
     raise ValueError(f"process.kind='multimdm' appends its {mm.num_masks} masks after the "
                      f"tokenizer's words: set data.mask_token='append' (got "
                      f'{config.data.mask_token!r}).')

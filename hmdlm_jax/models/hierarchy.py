@@ -51,12 +51,6 @@ CORE_HEADS = ('hier', 'token')
 TRUNK_HEADS = ('token', 'token_nll', 'cluster', 'anchor')
 
 
-def pass1_heads(beta_rounds: float) -> tuple[str, ...]:
-  """The heads a loss reads in pass 1: the level head, and the per-round token head beside it
-  when its loss is on (loss.beta_rounds > 0; docs/method.md §5.1)."""
-  return ('hier', 'hier_round_tokens') if beta_rounds > 0 else ('hier',)
-
-
 def is_hierarchy_param(top_level_name: str) -> bool:
   """Whether a top-level parameter belongs to the level pathway only (not the level table)."""
   return top_level_name.startswith(HIER_PREFIX)

@@ -1,5 +1,5 @@
 """Forward processes behind one interface (processes/base.py); this registry is the only place that
-branches on `config.process.kind` (docs/extending.md).
+branches on `config.process.kind` (docs/extending.md; tests/test_layout.py checks it).
 
   process = processes.build(config)
   loss, metrics = process.loss(apply_fn, batch, key)

@@ -240,6 +240,14 @@ class HDLM(base.Process):
   def heads(self) -> tuple[str, ...]:
     return ('token', 'cluster') if self.cfg.aux_weight > 0 else ('token',)
 
+  def appended_row_members(self) -> tuple[int, np.ndarray]:
+    # The authors start the cluster rows at the k-means centroids of the embedding the clusters
+    # were built from: each the mean of its member words' rows (docs/method.md §13.1).
+    lay = self.layout
+    member = (lay.cluster_of[None, :] == np.arange(lay.num_clusters)[:, None]).astype(np.float64)
+    member /= member.sum(-1, keepdims=True)  # [n, V] rows average the members
+    return lay.cluster_offset, member
+
   # ------------------------------------------------------------------------- forward process
 
   def corrupt(self, key: jax.Array, batch: base.Batch, t: jax.Array) -> base.NoisyState:

@@ -27,7 +27,6 @@ import numpy as np
 
 from hmdlm_jax.config import LossConfig
 from hmdlm_jax.config import SampleConfig
-from hmdlm_jax.models import hierarchy
 from hmdlm_jax.models import token_head
 from hmdlm_jax.processes import base
 from hmdlm_jax.processes import hmdlm_sampler
@@ -97,6 +96,13 @@ def _network(apply_fn: ApplyFn, given: jax.Array, cfg: LossConfig) -> ApplyFn:
   return apply_fn
 
 
+def pass1_heads(beta_rounds: float) -> tuple[str, ...]:
+  """The heads a loss reads in pass 1: the level head, and the per-round token head beside it
+  when its loss is on (loss.beta_rounds > 0; docs/method.md §5.1). The process decides this;
+  the backbone builds whichever heads it is asked for (models/hierarchy.py)."""
+  return ('hier', 'hier_round_tokens') if beta_rounds > 0 else ('hier',)
+
+
 def _pass1(apply_fn: ApplyFn, xt: jax.Array, ht: jax.Array, t: jax.Array, schedule: Schedule,
            cfg: LossConfig) -> jax.Array:
   """log g [B, L, K] from pass 1 on (x_t, h_t); K = 1: zeros [B, L, 1], no network call."""
@@ -144,7 +150,7 @@ def diffusion_loss(apply_fn: ApplyFn, batch: Mapping[str, Any], key: jax.Array,
     token_head_name, query = 'token', None
   token_call = functools.partial(apply_fn, token_query=query) if query is not None else apply_fn
   # The per-round token head is read beside the level head (pass 1), only for its loss.
-  level_heads = hierarchy.pass1_heads(cfg.beta_rounds)
+  level_heads = pass1_heads(cfg.beta_rounds)
   round_logits = None
   if cfg.num_levels == 1:
     level_logp = jnp.zeros(tokens.shape + (1,), jnp.float32)

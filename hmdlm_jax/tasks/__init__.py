@@ -1,9 +1,10 @@
 """The task registry, keyed by `config.data.kind`: the only place that branches on the task.
 
 A task (tasks/base.py) owns its data pipeline, model features, evaluation, sample mode, printed
-summary and pictures; `build_model(config)` is the network of a run, built with its task's
-features. `config.eval.kind` names the evaluation the config expects; it must be the task's
-('sudoku' for Sudoku, 'perplexity' for the language tasks).
+summary, pictures and what its trained model offers from Python; `build_model(config)` is the
+network of a run, built with its task's features; elsewhere a task is asked, never named
+(tests/test_layout.py). `config.eval.kind` names the evaluation the config expects; it must be
+the task's ('sudoku' for Sudoku, 'perplexity' for the language tasks).
 """
 
 from __future__ import annotations
@@ -22,11 +23,16 @@ from hmdlm_jax.tasks import text
 TASKS: dict[str, base.Task] = {
     'sudoku': sudoku.SudokuTask(),
     'text': text.TextTask(text_data.make_text_dataset, text_data.check_text_kind),
-    'corpus': text.TextTask(corpus.make_corpus_dataset, corpus.check_corpus_config),
     'lm1b': text.TextTask(lm1b.make_lm1b_dataset, lm1b.check_lm1b_config),
     'wikihow': text.TextTask(wikihow.make_wikihow_dataset, wikihow.check_wikihow_config,
                              prompted=True),
+    'corpus': text.TextTask(corpus.make_corpus_dataset, corpus.check_corpus_config),
 }
+
+
+def kinds_offering(call: str) -> tuple[str, ...]:
+  """The data kinds whose trained models offer `call` (e.g. 'score': the text tasks)."""
+  return tuple(kind for kind, task in TASKS.items() if call in task.library_calls)
 
 
 def get(config: config_lib.Config) -> base.Task:

@@ -2,7 +2,8 @@
 
 A task is one kind of data and what is measured on it (tasks/sudoku.py, tasks/text.py); the
 registry in tasks/__init__.py picks it by `config.data.kind`. main.py trains on `task.dataset`;
-evaluation/run.py restores a checkpoint, builds an `EvalContext` and calls the rest.
+evaluation/run.py restores a checkpoint, builds an `EvalContext` and calls the rest;
+hmdlm_jax.load's `Model` (trained.py) offers the task's `library_calls` and draws with `draw`.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from typing import Any, Callable, ClassVar, Iterable, Mapping, Sequence
 import flax.linen as nn
 import grain
 import jax
+import numpy as np
 
 from hmdlm_jax import config as config_lib
 from hmdlm_jax import models
@@ -41,6 +43,31 @@ class EvalContext:
   progress: bool = True
 
 
+@dataclasses.dataclass(frozen=True)
+class Samples(Sequence[str]):
+  """Generated rows: a sequence of their texts (Sudoku: 81-digit grids), with per position
+  `tokens`, `levels`, `reveal_step` (the sampler step that revealed it; T + 1 = given) and
+  `given` arrays [N, L], and `records`, the rows as sample mode saves them
+  (samples_<step>.jsonl)."""
+  texts: tuple[str, ...]
+  tokens: np.ndarray
+  levels: np.ndarray
+  reveal_step: np.ndarray
+  given: np.ndarray
+  records: tuple[dict[str, Any], ...]
+
+  def __getitem__(self, i: Any) -> Any:
+    return self.texts[i]
+
+  def __len__(self) -> int:
+    return len(self.texts)
+
+
+def record_field(records: Sequence[Mapping[str, Any]], name: str) -> np.ndarray:
+  """Field `name` of every record, stacked."""
+  return np.asarray([r[name] for r in records])
+
+
 def sample_seeds(config: config_lib.Config) -> tuple[int, ...]:
   """config.sample.seeds as a non-empty tuple of ints."""
   seeds = config.sample.seeds
@@ -55,9 +82,13 @@ class Task(abc.ABC):
   """A task: `build_dataset` is its Grain pipeline (data/); subclasses add the rest.
 
   eval_kind: the `config.eval.kind` the task evaluates with (a consistency check of the config).
+  library_calls: the methods of hmdlm_jax.load's `Model` (trained.py) a run of the task offers;
+    `library_refusal` ends the one-line error of any other ("..., not a text task (...)").
   """
   build_dataset: DatasetBuilder
   eval_kind: ClassVar[str]
+  library_calls: ClassVar[tuple[str, ...]] = ('sample',)
+  library_refusal: ClassVar[str] = ''
 
   def dataset(self, config: config_lib.Config, split: str, *, seed: int,
               process_index: int | None = None,
@@ -82,6 +113,17 @@ class Task(abc.ABC):
   def build_model(self, config: config_lib.Config) -> nn.Module:
     """The network of a run of this task: `models.build_model` with `model_features`."""
     return models.build_model(config.model, self.model_features(config))
+
+  def check_restorable(self, config: config_lib.Config) -> None:
+    """Raises ValueError when something a restored model of this task needs is missing (the text
+    tasks: the tokenizer's vocabulary); hmdlm_jax.load calls it before restoring. None by
+    default."""
+    del config
+
+  def draw(self, ctx: EvalContext, num: int, seed: int, given: Any = None) -> Samples:
+    """`num` samples with sampling seed `seed` (`given`: rows to complete, one sample each),
+    for hmdlm_jax.load's `Model.sample` and the calls in `library_calls`."""
+    raise NotImplementedError(f'{type(self).__name__} does not draw samples')
 
   @abc.abstractmethod
   def validate(self, config: config_lib.Config) -> None:

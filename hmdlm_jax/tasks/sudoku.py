@@ -285,6 +285,8 @@ class SudokuTask(base.Task):
   """Sudoku: data/sudoku_pipeline.py batches, solved and scored by `evaluate_sudoku`."""
   build_dataset: base.DatasetBuilder = sudoku_pipeline.make_sudoku_dataset
   eval_kind = 'sudoku'
+  library_calls = ('sample', 'solve')
+  library_refusal = 'not a text task (a Sudoku model solves puzzles: solve)'
 
   def model_features(self, config: config_lib.Config) -> features.ModelFeatures:
     """Grid positions, relations and candidate features as config.model asks (sudoku_model.py)."""
@@ -426,6 +428,29 @@ class SudokuTask(base.Task):
         lines.append(format_sudoku(digits, quiz[n] > 0, sol))
         lines.append('')
     return records, '\n'.join(lines)
+
+  def draw(self, ctx: base.EvalContext, num: int, seed: int, given: None = None) -> base.Samples:
+    """`num` unconditional grids (hmdlm_jax.load's `Model.sample`)."""
+    del given
+    key = jax.random.fold_in(jax.random.PRNGKey(int(ctx.config.seed)), seed)
+    rows = samples.sample_rows(
+        ctx.apply_fn, key, ctx.process, SampleConfig.from_config(ctx.config), num_samples=num,
+        seq_len=sudoku.NUM_CELLS, batch_size=min(int(ctx.config.data.eval_batch_size), num))
+    grids = [''.join(map(str, sudoku.from_tokens(t))) for t in rows.tokens]
+    records = [{'index': i, 'prediction': g, 'levels': rows.levels[i].tolist(),
+                'reveal_step': rows.reveal_step[i].tolist()} for i, g in enumerate(grids)]
+    return base.Samples(tuple(grids), rows.tokens, rows.levels, rows.reveal_step, rows.given,
+                        tuple(records))
+
+  def solve(self, ctx: base.EvalContext, puzzles: Sequence[str]) -> base.Samples:
+    """The grids of `puzzles` solved as sample mode's --inputs (hmdlm_jax.load's `Model.solve`);
+    records hold 'valid' (a valid grid keeping the givens)."""
+    records, _ = self.sample(ctx, self.prepare_sample(ctx.config, puzzles, None))
+    quiz = np.asarray([[int(c) for c in r['quiz']] for r in records])
+    digits = np.asarray([[int(c) for c in r['prediction']] for r in records])
+    return base.Samples(tuple(r['prediction'] for r in records), digits,
+                        base.record_field(records, 'levels'),
+                        base.record_field(records, 'reveal_step'), quiz > 0, tuple(records))
 
   def summary(self, results: Mapping[str, Any]) -> list[str]:
     lines = [f'Sudoku: {results["num_puzzles"]} puzzles, seeds {results["seeds"]}']

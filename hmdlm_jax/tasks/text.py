@@ -13,6 +13,7 @@ the user's texts (sample mode's --prompt / --infill, hmdlm_jax.load's model; tas
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
@@ -123,9 +124,14 @@ class TextTask(base.Task):
   check_data: Callable[[config_lib.Config], Any]
   prompted: bool = False
   eval_kind = 'perplexity'
+  library_calls = ('sample', 'complete', 'infill', 'score')
+  library_refusal = 'a text task (use complete, infill or sample)'
 
   def validate(self, config: config_lib.Config) -> None:
     self.check_data(config)
+
+  def check_restorable(self, config: config_lib.Config) -> None:
+    text_data.checked_tokenizer(config)  # the vocabulary must be here before restoring
 
   def eval_seeds(self, config: config_lib.Config, with_samples: bool) -> tuple[int, ...]:
     return base.sample_seeds(config) if with_samples and int(config.eval.num_samples) else ()
@@ -162,6 +168,14 @@ class TextTask(base.Task):
       for r, kind, text in zip(records, given.kinds, given.inputs):
         r[kind] = text
     return records, '\n'.join(f'[{n}] {t}' for n, t in enumerate(texts))
+
+  def draw(self, ctx: base.EvalContext, num: int, seed: int,
+           given: text_given.GivenRows | None = None) -> base.Samples:
+    """`generate`'s samples as hmdlm_jax.load's `Model` returns them."""
+    records, _ = self.generate(ctx, num, seed, given)
+    field = functools.partial(base.record_field, records)
+    return base.Samples(tuple(r['text'] for r in records), field('tokens'), field('levels'),
+                        field('reveal_step'), field('given').astype(bool), tuple(records))
 
   def perplexity(self, ctx: base.EvalContext, batches: Iterable[batches_lib.Batch],
                  max_examples: int | None = None) -> dict[str, Any]:
