@@ -5,6 +5,7 @@ or (`--platform=tpu`) the configs' train and sampler steps for named TPU topolog
   python -m benchmarks.aot --devices=64 --meshes=data,fsdp_tp4 --modes=mdlm,hmdlm
   python -m benchmarks.aot --platform=tpu --json=OUT.json      # TPU plan (see TPU section below)
   python -m benchmarks.aot --table [--update_results]          # results/aot_tpu.json as Markdown
+  python -m benchmarks.aot --platform=tpu --set model.remat=block ...  # config overrides per cell
 
 --platform=tpu compiles with libtpu's compile-only client (the `aot` extra; no TPU needed), one
 process per cell, resumable: per-device peak HBM, compile time, XLA's flops / bytes accessed, a
@@ -174,11 +175,9 @@ def _compile_adapter(mode: str, mesh_shape: tuple[int, int, int]) -> tuple[Any, 
            'levels': jax.ShapeDtypeStruct((b, l), jnp.int32, sharding=bsh),
            'given': jax.ShapeDtypeStruct((b, l), jnp.bool_, sharding=bsh),
            'loss_mask': jax.ShapeDtypeStruct((b, l), jnp.bool_, sharding=bsh)}
-  faults = jax.ShapeDtypeStruct((train.MAX_FAULT_STEPS,), jnp.int32,
-                                sharding=shd.replicated(mesh))
   step = train.make_train_step(config, model, process, mesh, shardings)
   with shd.mesh_context(mesh):
-    lowered = step.jitted.lower(abstract, batch, faults)
+    lowered = step.jitted.lower(abstract, batch)
   return lowered.compile(), config
 
 
@@ -343,8 +342,10 @@ def mesh_shape(mesh: str, n: int) -> tuple[int, int, int]:
 
 def cell_id(c: dict[str, Any]) -> str:
   """The key of a cell in the results JSON (resume skips cells whose key is present)."""
-  return (f"{c['config']}|{c['step']}|{c['topology']}|{c['mesh']}|accum={c.get('grad_accum', 0)}"
-          f"|batch={c.get('batch', 0)}")
+  key = (f"{c['config']}|{c['step']}|{c['topology']}|{c['mesh']}|accum={c.get('grad_accum', 0)}"
+         f"|batch={c.get('batch', 0)}")
+  # --set overrides make another cell; the keys of cells without them stay as they were.
+  return key + ''.join(f'|{o}' for o in c.get('overrides') or ())
 
 
 def tpu_topology(topology: str) -> Any:
@@ -357,12 +358,14 @@ def tpu_topology(topology: str) -> Any:
 
 
 def build_tpu_step(config_name: str, step: str, devices: list[Any], mesh: str,
-                   grad_accum: int = 0, batch: int = 0) -> tuple[Any, Any, dict[str, Any]]:
+                   grad_accum: int = 0, batch: int = 0,
+                   sets: tuple[str, ...] = ()) -> tuple[Any, Any, dict[str, Any]]:
   """(lowered program, resolved config, facts) of a config's real train step or sampler program
   on abstract inputs over `devices`: built by the package's public builders
   (`train.make_train_step`, `evaluation.samples.sampler`), which must touch no device.
 
-  grad_accum / batch: 0 keeps the config's train.grad_accum / batch size.
+  grad_accum / batch: 0 keeps the config's train.grad_accum / batch size. sets: 'a.b=value'
+  overrides of the config (`--set`), applied before the mesh, accumulation and batch.
   """
   import jax  # pylint: disable=g-import-not-at-top
   import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
@@ -372,8 +375,8 @@ def build_tpu_step(config_name: str, step: str, devices: list[Any], mesh: str,
   from hmdlm_jax.evaluation import compiled as compiled_lib  # pylint: disable=g-import-not-at-top
   from hmdlm_jax.evaluation import samples  # pylint: disable=g-import-not-at-top
   data, fsdp, tensor = mesh_shape(mesh, len(devices))
-  overrides = [f'--config.mesh.data={data}', f'--config.mesh.fsdp={fsdp}',
-               f'--config.mesh.tensor={tensor}']
+  overrides = [f'--config.{o}' for o in sets] + [
+      f'--config.mesh.data={data}', f'--config.mesh.fsdp={fsdp}', f'--config.mesh.tensor={tensor}']
   if grad_accum:
     overrides.append(f'--config.train.grad_accum={grad_accum}')
   if batch:
@@ -391,10 +394,9 @@ def build_tpu_step(config_name: str, step: str, devices: list[Any], mesh: str,
     bsh = shd.batch_sharding(jmesh)
     dtypes = {**resources.BATCH_DTYPES, **process.extra_batch_keys}
     batch_sds = {k: jax.ShapeDtypeStruct((b, seq_len), d, sharding=bsh) for k, d in dtypes.items()}
-    faults = jax.ShapeDtypeStruct((train.MAX_FAULT_STEPS,), jnp.int32, sharding=rep)
     fn = train.make_train_step(config, model, process, jmesh, shardings)
     with shd.mesh_context(jmesh):
-      lowered = fn.jitted.lower(abstract, batch_sds, faults)
+      lowered = fn.jitted.lower(abstract, batch_sds)
   else:
     # The evaluation's program: EMA parameters in the state's shardings, the key and any
     # conditioning replicated (a numpy input follows the parameters' devices), one batch of
@@ -423,7 +425,8 @@ def tpu_child(spec: dict[str, Any]) -> dict[str, Any]:
   t0 = time.perf_counter()
   lowered, config, facts = build_tpu_step(spec['config'], spec['step'], devices, spec['mesh'],
                                           int(spec.get('grad_accum', 0)),
-                                          int(spec.get('batch', 0)))
+                                          int(spec.get('batch', 0)),
+                                          tuple(spec.get('overrides') or ()))
   lower_s = time.perf_counter() - t0
   compiled = lowered.compile()
   compile_s = time.perf_counter() - t0 - lower_s
@@ -506,9 +509,11 @@ def spawn_tpu(spec: dict[str, Any], timeout_s: float) -> dict[str, Any]:
 
 
 def tpu_plan(configs: list[str], topologies: list[str], steps: list[str], mesh: str,
-             grad_accum: int, batch: int = 0) -> list[dict[str, Any]]:
+             grad_accum: int, batch: int = 0,
+             overrides: tuple[str, ...] = ()) -> list[dict[str, Any]]:
   """The cells, most valuable first: 8-chip v5e, then >= 256 chips, then the other 8-chip
-  slices (the order `--topologies` gives within each group)."""
+  slices (the order `--topologies` gives within each group). `overrides` (`--set`): recorded
+  in each cell (its 'overrides', its id and its table row)."""
   def rank(t: str) -> int:
     return 0 if t == 'v5e:2x4' else (1 if topology_devices(t) >= 256 else 2)
   cells = []
@@ -516,7 +521,7 @@ def tpu_plan(configs: list[str], topologies: list[str], steps: list[str], mesh: 
     for cfg in configs:
       for st in steps:
         cells.append({'config': cfg, 'step': st, 'topology': topo, 'mesh': mesh,
-                      'grad_accum': grad_accum, 'batch': batch})
+                      'grad_accum': grad_accum, 'batch': batch, 'overrides': list(overrides)})
   return cells
 
 
@@ -573,6 +578,12 @@ def _fmt(x: float | None, digits: int = 3) -> str:
   return '–' if x is None else f'{x:.{digits}g}'
 
 
+def config_label(r: dict[str, Any]) -> str:
+  """A row's config as compiled: the file, then its `--set` overrides (e.g. model.remat=block)."""
+  sets = r.get('overrides') or ()
+  return r['config'] + (f" ({', '.join(sets)})" if sets else '')
+
+
 def _chosen(ok: list[dict[str, Any]]) -> set[str]:
   """The recorded choice per (config, step, topology): the config's own mesh and accumulation
   when they fit, else the fitting row with the shortest roofline step."""
@@ -604,7 +615,7 @@ def tpu_table(out: dict[str, Any]) -> str:
     rf, ms = r['roofline'], r['mesh_shape']
     opt = rf['optimal_seconds']
     lines.append(
-        f"| {r['config']} | {r['step']} | {r['topology']} ({r['devices']}) "
+        f"| {config_label(r)} | {r['step']} | {r['topology']} ({r['devices']}) "
         f"| {ms['data']}·{ms['fsdp']}·{ms['tensor']} | {r['grad_accum']} | {r['batch']} "
         f"| {r['memory']['peak_bytes'] / 1e9:.2f} / {rf['device_hbm_bytes'] / 1e9:.2f} "
         f"| {('**yes**' if r['id'] in chosen else 'yes') if rf['fits'] else 'NO'} "
@@ -615,10 +626,11 @@ def tpu_table(out: dict[str, Any]) -> str:
         f"| {rf['bound']} | {_fmt(None if opt is None else opt * 1e3)} "
         f"| {_fmt(rf.get('tokens_per_s_per_chip'))} | {_fmt(rf.get('mfu'), 2)} |")
   # HMDLM against MDLM: the same step, topology and mesh.
-  by = {(r['config'], r['step'], r['topology'], r['mesh'], r['grad_accum']): r for r in ok}
+  by = {(r['config'], r['step'], r['topology'], r['mesh'], r['grad_accum'],
+         tuple(r.get('overrides') or ())): r for r in ok}
   cmp_lines = []
-  for (cfg, st, topo, mesh, acc), h in sorted(by.items()):
-    m = by.get(('lm1b_mdlm.py', st, topo, mesh, acc)) if cfg == 'lm1b.py' else None
+  for (cfg, st, topo, mesh, acc, sets), h in sorted(by.items()):
+    m = by.get(('lm1b_mdlm.py', st, topo, mesh, acc, sets)) if cfg == 'lm1b.py' else None
     if m:
       hs, ms_ = h['roofline']['step_s'], m['roofline']['step_s']
       cmp_lines.append(
@@ -677,14 +689,15 @@ def page_with_table(page: str, table_md: str) -> str:
   return page[:i + len(TABLE_BEGIN)] + '\n' + table_md + page[j:]
 
 
-def default_tpu_cells(steps: list[str], mesh: str, grad_accum: int) -> list[dict[str, Any]]:
+def default_tpu_cells(steps: list[str], mesh: str, grad_accum: int,
+                      overrides: tuple[str, ...] = ()) -> list[dict[str, Any]]:
   """The published table: every config's steps on the 8-chip slices, and the LM1B HMDLM / MDLM
   and OpenWebText train steps on >= 256 chips of v5e and v5p."""
-  cells = tpu_plan(list(TPU_CONFIGS), ['v5e:2x4'], steps, mesh, grad_accum)
+  cells = tpu_plan(list(TPU_CONFIGS), ['v5e:2x4'], steps, mesh, grad_accum, 0, overrides)
   cells += tpu_plan(['lm1b.py', 'lm1b_mdlm.py', 'multimdm_owt.py'], list(TPU_TOPOLOGIES_256),
-                    [s for s in steps if s == 'train'], mesh, grad_accum)
+                    [s for s in steps if s == 'train'], mesh, grad_accum, 0, overrides)
   cells += tpu_plan(list(TPU_CONFIGS), [t for t in TPU_TOPOLOGIES_8 if t != 'v5e:2x4'], steps,
-                    mesh, grad_accum)
+                    mesh, grad_accum, 0, overrides)
   return cells
 
 
@@ -734,6 +747,10 @@ def tpu_main(p: argparse.ArgumentParser, a: argparse.Namespace) -> dict[str, Any
                'a comma-separated subset of train,sample')
   common.check(p, a.grad_accum >= 0, '--grad_accum', a.grad_accum, 'must be >= 0')
   common.check(p, a.batch >= 0, '--batch', a.batch, 'must be >= 0')
+  sets = tuple(a.set or ())
+  for o in sets:
+    common.check(p, re.fullmatch(r'[a-z_]\w*(\.\w+)+=\S+', o) is not None, '--set', o,
+                 'a config override SECTION.FIELD=VALUE (e.g. model.remat=block)')
   topos = a.topologies.split(',') if a.topologies else []
   for t in topos:
     try:
@@ -768,9 +785,9 @@ def tpu_main(p: argparse.ArgumentParser, a: argparse.Namespace) -> dict[str, Any
     return res
   if a.configs or a.topologies:
     cells = tpu_plan(configs, topos or list(TPU_TOPOLOGIES_8), steps, a.mesh, a.grad_accum,
-                     a.batch)
+                     a.batch, sets)
   else:
-    cells = default_tpu_cells(steps, a.mesh, a.grad_accum)
+    cells = default_tpu_cells(steps, a.mesh, a.grad_accum, sets)
   out = run_tpu_cells(cells, path, a.timeout_s, a.retry_errors)
   return out
 
@@ -801,6 +818,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
   p.add_argument('--batch', type=int, default=0,
                  help='tpu: global batch of every cell (data.batch_size and data.eval_batch_size; '
                  '0: the config\'s)')
+  p.add_argument('--set', action='append', default=None, metavar='SECTION.FIELD=VALUE',
+                 help='tpu: a config override of every cell (repeatable), applied before '
+                 '--mesh/--grad_accum/--batch and recorded in the cell (e.g. model.remat=block)')
   p.add_argument('--retry_errors', action='store_true', help='tpu: recompile cells that failed')
   p.add_argument('--max_batch', default=None, metavar='CONFIG',
                  help='tpu: bisect the largest global batch (a power of two) of CONFIG whose '

@@ -29,6 +29,7 @@ VARIANTS = ('two_pass', 'single_pass')
 BACKBONES = ('dit', 'gpt2')
 POSITION_EMBEDDINGS = ('rotary', 'learned', 'sudoku', 'sudoku_rel')
 COMPUTE_DTYPES = ('float32', 'bfloat16')
+REMAT_POLICIES = ('none', 'block', 'dots')  # models/dit.py REMAT_POLICIES (same keys, tested)
 SUDOKU_CELLS = 81
 
 
@@ -87,6 +88,10 @@ class ModelConfig:
   # network, and so an MDLM twin, never sees them.
   candidates_pathway_only: bool = False
   dtype: str = 'float32'  # compute dtype: 'float32' | 'bfloat16'; parameters stay float32
+  # Rematerialisation of each DiT block in the backward pass (jax.checkpoint, docs/method.md
+  # §4.6): 'none' | 'block' (keep only the blocks' inputs: least memory, one more forward of
+  # the blocks) | 'dots' (also keep the blocks' weight matmuls). Same parameters and values.
+  remat: str = 'none'
 
   @classmethod
   def from_section(cls, cfg_model: Any) -> ModelConfig:
@@ -146,6 +151,10 @@ class ModelConfig:
                 'num_heads')
     if self.dtype not in COMPUTE_DTYPES:
       raise bad('dtype', f'allowed {COMPUTE_DTYPES}')
+    if self.remat not in REMAT_POLICIES:
+      raise bad('remat', f'allowed {REMAT_POLICIES}')
+    if self.remat != 'none' and self.backbone != 'dit':
+      raise bad('remat', "rematerialisation is implemented for model.backbone='dit' only")
     if self.sudoku_candidates and (self.seq_len, self.vocab_size, self.mask_id) != (
         SUDOKU_CELLS, 10, 9):
       raise bad('sudoku_candidates', 'the candidate features need a Sudoku grid: model.seq_len '
@@ -303,6 +312,9 @@ class SampleSection:
   num_steps: int = 128
   temperature: float = 1.0
   top_p: float = 1.0  # nucleus mass of the token draws (docs/method.md §8.5); 1 = the full law
+  # 'inclusive' keeps the token whose cumulative mass crosses top_p (Hugging Face's rule);
+  # 'exclusive' drops it (ReMDM's and ADLM's code), keeping at least the most probable token.
+  nucleus: str = 'inclusive'
   greedy: bool = False
   # 'ancestral' (Algorithm 2) | 'confidence' | 'remask' (MGDM, §13.3) | 'remdm' (ReMDM, §13.5)
   ordering: str = 'ancestral'

@@ -17,6 +17,7 @@ from hmdlm_jax.config.hdlm import HDLMConfig
 VARIANTS = schema.VARIANTS
 ORDERINGS = ('ancestral', 'confidence', 'remask', 'remdm')
 REMASK_SCHEDULES = ('linear', 'cosine')
+NUCLEUS_RULES = ('inclusive', 'exclusive')
 REMDM_SCHEDULES = ('loop', 'cap', 'rescale')
 LEVEL_CONTEXTS = ('candidates', 'none')
 HIER_OBJECTIVES = ('bound', 'cross_entropy')
@@ -113,6 +114,7 @@ class SampleConfig:
     mask_id: the MASK token id.
     temperature: τ > 0 for token draws (log f / τ); unused when greedy.
     top_p: nucleus mass in (0, 1] of the tempered token law (1 = no truncation; §8.5).
+    nucleus: 'inclusive' (the token crossing top_p is kept) | 'exclusive' (dropped; §8.5).
     greedy: argmax tokens instead of draws.
     ordering: 'ancestral' (Algorithm 2) | 'confidence' (top-k by score) | 'remask' (MGDM's top-k
       mask-predict, docs/method.md §13.3; MGDM only) | 'remdm' (ReMDM's remasking sampler,
@@ -135,6 +137,7 @@ class SampleConfig:
   mask_id: int
   temperature: float = _SAMPLE.temperature
   top_p: float = _SAMPLE.top_p
+  nucleus: str = _SAMPLE.nucleus
   greedy: bool = _SAMPLE.greedy
   ordering: str = _SAMPLE.ordering
   use_cache: bool = _SAMPLE.use_cache
@@ -164,6 +167,8 @@ class SampleConfig:
       raise ValueError(f'sample.temperature must be a finite number > 0 (use sample.greedy=True '
                        f'for argmax decoding), got {self.temperature!r}.')
     _check_number('sample.top_p', self.top_p, lo=0.0, hi=1.0, lo_open=True, hi_open=False)
+    if self.nucleus not in NUCLEUS_RULES:
+      raise ValueError(f'sample.nucleus must be one of {NUCLEUS_RULES}, got {self.nucleus!r}.')
     if self.ordering not in ORDERINGS:
       raise ValueError(f'sample.ordering must be one of {ORDERINGS}, got {self.ordering!r}.')
     if self.level_context not in LEVEL_CONTEXTS:
@@ -205,7 +210,8 @@ class SampleConfig:
     config = _typed(config, 'SampleConfig.from_config')
     sm, m = config.sample, config.model
     return cls(num_steps=sm.num_steps, num_levels=m.num_levels, mask_id=m.mask_id,
-               temperature=sm.temperature, top_p=sm.top_p, greedy=sm.greedy, ordering=sm.ordering,
+               temperature=sm.temperature, top_p=sm.top_p, nucleus=sm.nucleus, greedy=sm.greedy,
+               ordering=sm.ordering,
                use_cache=sm.use_cache, prior_corrected=m.prior_corrected_head,
                variant=m.variant,
                # The pass-1 cache may reuse logits only if nothing in the network reads t.

@@ -9,7 +9,9 @@ OpenWebText (docs/method.md §6). Recipes as configs/multimdm_lm1b.py (`:rand`, 
 `:distill`, `:mdlm_distill`); or start from MDLM's released OWT checkpoint converted by
 `python -m hmdlm_jax.convert_mdlm` (MASK = 50257): --config.init.mdlm_checkpoint=mdlm_owt.npz.
 Vocabulary: 50,257 GPT-2 ids, then MDLM's MASK or the 50 masks. Batch 1,024 × 1,024 tokens needs
-`train.grad_accum` on small meshes. Details: docs/results/multimdm.md.
+`train.grad_accum` on small meshes. Small slices (v5e-8, 16 GB chips): --config.model.remat=block
+with --config.train.grad_accum=8 (16: more headroom); accumulation alone does not fit. Compiled:
+docs/results/performance.md ("TPU slices, by compilation"). Details: docs/results/multimdm.md.
 """
 
 from __future__ import annotations

@@ -65,7 +65,8 @@ def build_model(cfg_model: Any, features: ModelFeatures | None = None) -> nn.Mod
       single_pass=cfg.variant == 'single_pass', position_embedding=cfg.position_embedding,
       seq_len=cfg.seq_len, tie_embeddings=cfg.tie_embeddings, dtype=cfg.dtype,
       given_state=cfg.given_state, cluster_head=cfg.cluster_head, mask_id=cfg.mask_id,
-      pathway=pathway.settings(cfg), denoiser_layers=cfg.denoiser_layers, features=features)
+      pathway=pathway.settings(cfg), denoiser_layers=cfg.denoiser_layers, features=features,
+      **({'remat': cfg.remat} if cfg.backbone == 'dit' else {}))  # model.remat: DiT only
 
 
 def heads_salt(heads: tuple[str, ...]) -> int:

@@ -9,6 +9,7 @@ correction are applied in processes/parameterization.py.
 
 The method, the initialisation and the parameter counts: docs/method.md §4 (§4.1, §4.4, §4.6);
 the hierarchy parts (tables, heads contract): models/hierarchy.py; the level pathway: pathway.py.
+`model.remat` rematerialises each block in the backward pass (REMAT_POLICIES; docs/method.md §4.6).
 """
 
 from __future__ import annotations
@@ -77,6 +78,31 @@ class DDiTBlock(nn.Module):
     return layers.constrain(x, ('batch', 'length', 'embed'))
 
 
+# model.remat -> the jax.checkpoint policy of every block (docs/method.md §4.6): what a block's
+# forward keeps for the backward pass; the rest is recomputed there. 'none' = no jax.checkpoint
+# at all (the program without remat); 'block' = nothing inside a block (only its inputs, the
+# residual stream and c, stay live between the passes: least memory, one more forward of the
+# blocks); 'dots' = the results of the matmuls without batch dimensions (the Dense projections;
+# the attention scores, softmax, norms and GELU are recomputed).
+REMAT_POLICIES: dict[str, Any] = {
+    'none': None,
+    'block': jax.checkpoint_policies.nothing_saveable,
+    'dots': jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
+}
+
+
+def _remat_block(policy: str) -> type[DDiTBlock]:
+  # static_argnums counts self: `train` (argument 4) selects dropout, a Python bool.
+  return nn.remat(DDiTBlock, policy=REMAT_POLICIES[policy], static_argnums=(4,))
+
+
+# One lifted class per policy: the module name is explicit at every use (blocks_{i}, ...), so the
+# parameter paths are the same with and without remat and checkpoints load either way.
+BLOCK_CLASSES: dict[str, type[DDiTBlock]] = {
+    name: DDiTBlock if policy is None else _remat_block(name)
+    for name, policy in REMAT_POLICIES.items()}
+
+
 class DiT(hierarchy.HierarchicalBackbone):
   """MDLM DiT + HMDLM level table / hierarchy head (docs/method.md §4.6).
 
@@ -119,6 +145,14 @@ class DiT(hierarchy.HierarchicalBackbone):
   # Fields and their defaults (MDLM's LM1B DiT): hierarchy.HierarchicalBackbone.
   token_embed_name: ClassVar[str] = 'vocab_embed'
   embedding_std: ClassVar[float | None] = None  # MDLM's (torch) defaults
+  remat: str = 'none'  # model.remat: a key of REMAT_POLICIES (every block built by `block_class`)
+
+  @property
+  def block_class(self) -> type[DDiTBlock]:
+    """DDiTBlock, or its jax.checkpoint of policy `remat` (same parameters, same outputs)."""
+    if self.remat not in BLOCK_CLASSES:
+      raise ValueError(f'model.remat={self.remat!r} is invalid: allowed {tuple(BLOCK_CLASSES)}.')
+    return BLOCK_CLASSES[self.remat]
 
   def trunk(self, x: Array, t: Array, rope: tuple[Array, Array] | None,
             train: bool) -> tuple[Array, Array]:
@@ -126,9 +160,9 @@ class DiT(hierarchy.HierarchicalBackbone):
     x = layers.constrain(x, ('batch', 'length', 'embed'))
     c = self.conditioning(t)
     for i in range(self.num_layers):
-      x = DDiTBlock(self.num_heads, self.mlp_dim, self.dropout, rope is not None,
-                    self.compute_dtype, self.features.relations,
-                    name=f'blocks_{i}')(x, c, rope, train)
+      x = self.block_class(self.num_heads, self.mlp_dim, self.dropout, rope is not None,
+                           self.compute_dtype, self.features.relations,
+                           name=f'blocks_{i}')(x, c, rope, train)
     return x, c
 
   def conditioning(self, t: Array) -> Array:
@@ -155,6 +189,6 @@ class DiT(hierarchy.HierarchicalBackbone):
 
   def block(self, name: str, mlp_dim: int, num_heads: int) -> hierarchy.BlockFn:
     """One adaLN-zero block like the trunk's (identity at init), for the hierarchy trunk."""
-    return DDiTBlock(num_heads, mlp_dim, self.dropout,
-                     self.position_embedding == 'rotary', self.compute_dtype,
-                     self.features.relations, name=name)
+    return self.block_class(num_heads, mlp_dim, self.dropout,
+                            self.position_embedding == 'rotary', self.compute_dtype,
+                            self.features.relations, name=name)
