@@ -4,8 +4,8 @@ Memory, per device: the train state's bytes exactly (its abstract leaves under t
 shardings), plus for a train step the gradient (the parameters' bytes), the batch, and what the
 backward pass keeps at the least: every trunk layer's input [b, L, H] and, when the loss reads
 them, the dense token logits [b, L, V], both float32 (b: one device's micro-batch rows; the larger
-of the loss's differentiated network calls). Nothing is rematerialised, so this is a lower bound:
-a refusal never stops a run that would fit. It is compared with the device's `bytes_limit`, or on
+of the loss's differentiated network calls). Even `model.remat='block'` keeps these, so this is a
+lower bound: a refusal never stops a run that would fit. It is compared with the device's `bytes_limit`, or on
 a CPU host with MemAvailable shared by its devices. Disk: one checkpoint (about the state's bytes)
 must fit in a local workdir's free space; a URL (gs://) is not checked.
 """
