@@ -12,8 +12,7 @@ weight decay), 2,500 warm-up steps then constant, clip 1.0, EMA 0.9999, bfloat16
 γ = 3e-3 with the ramp min(γ, k / num_steps), τ = 5. Data: `--config.data.corpus_dir=DIR` (prepared
 by hmdlm_jax.data.prepare --tokenizer=gpt2). The authors' checkpoints (adlm-medium/large.ckpt) start
 it via `--config.init.adlm_checkpoint` (hmdlm_jax.convert_adlm, docs/usage.md). `:remdm`: the
-paper's remasking rows (Tables 2, 3, 7, 8): ReMDM 'loop' (§13.5), top-p 0.9 with their exclusive
-nucleus rule (sample.nucleus), T = 4096.
+paper's remasking rows (Tables 2, 3, 7, 8): ReMDM 'loop' (§13.5), exclusive top-p 0.9, T = 4096.
 """
 
 from __future__ import annotations
