@@ -380,33 +380,45 @@ def test_remask_chain_follows_its_enumerated_law(steps, noise, schedule, seed):
   assert 0.5 * np.abs(emp - np_remask_law(toy, cfg, lowest=False)).sum() > 0.1
 
 
-def test_remask_deterministic_trajectory_matches_hand_computation():
-  """Greedy mode with a fixed-logit model: after step n exactly floor(N (n-1)/T) free positions
-  are masked, the lowest-confidence ones among those freshly predicted; givens stay."""
+@pytest.mark.parametrize('decoded', ['carry', 'repredict'])
+def test_remask_deterministic_trajectory_matches_hand_computation(decoded):
+  """Greedy mode with a model whose logits are fixed per step: after step n exactly
+  floor(N (n-1)/T) free positions are masked, the lowest-confidence ones among those predicted
+  (carry: the masked ones, decoded cells certain; repredict, MGDM's code: every free cell afresh,
+  so a decoded cell the network doubts is re-masked); givens stay."""
   rng = np.random.default_rng(0)
   b, l, steps = 3, 7, 5
-  logits = rng.normal(size=(b, l, V + 1)) * 2.0
-  model = sh.const_model(None, logits)
+  table = rng.normal(size=(steps + 1, b, l, V + 1)) * 2.0  # logits at step n = round(t T)
+
+  def model(tokens, levels, t, *, heads, token_levels=None):
+    del tokens, levels, heads, token_levels
+    return {'token': jnp.asarray(table, jnp.float32)[jnp.round(t[0] * steps).astype(jnp.int32)]}
+
   given = np.zeros((b, l), bool)
   given[:, 0] = True
   given_tok = np.zeros((b, l), np.int32)
-  cfg = sh.sample_cfg(num_steps=steps, num_levels=1, mask_id=V, ordering='remask', greedy=True)
+  cfg = sh.sample_cfg(num_steps=steps, num_levels=1, mask_id=V, ordering='remask', greedy=True,
+                      remask_decoded=decoded)
   proc = _proc(CASES['linear'], Schedule('loglinear', (0.0,)))
   state = proc.sampler_init(model, cfg, batch_size=b, seq_len=l, given_tokens=given_tok,
                             given_mask=given)
-  z = logits[..., :V] - np.log(np.exp(logits[..., :V]).sum(-1, keepdims=True))
   x = np.where(given, 0, V)
+  remasked_decoded = 0
   for n in range(steps, 0, -1):
+    z = table[n, ..., :V] - np.log(np.exp(table[n, ..., :V]).sum(-1, keepdims=True))
     state = proc.reverse_step(model, cfg, jax.random.key(0), state, jnp.int32(n))
-    conf = np.where(x == V, z.max(-1), 0.0)  # SUBS: a revealed word is certain
-    x_hat = np.where(x == V, z.argmax(-1), x)
+    fresh = (x == V) if decoded == 'carry' else np.ones_like(given)
+    conf = np.where(fresh, z.max(-1), 0.0)  # carry (SUBS): a revealed word is certain
+    x_hat = np.where(fresh & ~given, z.argmax(-1), x)
     count = (n - 1) * (l - 1) // steps
     score = np.where(given, np.inf, conf)
     cut = np.sort(score, -1)[:, count][:, None]
+    remasked_decoded += int(np.sum((score < cut) & (x != V) & ~given))
     x = np.where(score < cut, V, x_hat)
     np.testing.assert_array_equal(np.asarray(state.tokens), x)
     assert np.all((x == V).sum(-1) == count) and np.all(np.asarray(state.tokens)[:, 0] == 0)
   assert not np.any(x == V)
+  assert (remasked_decoded > 0) == (decoded == 'repredict')  # only MGDM's code re-masks
 
 
 def test_remask_ordering_is_refused_by_other_processes():

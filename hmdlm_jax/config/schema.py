@@ -322,6 +322,9 @@ class SampleSection:
   # the masked share after step n, rate = (n-1)/T ('linear') or cos(π(T-n+1)/(2T)) ('cosine').
   remask_noise: float = 0.5
   remask_schedule: str = 'linear'
+  # 'remask' only: 'carry' keeps a decoded cell's token certain (SUBS), so it is never re-masked;
+  # 'repredict' predicts every non-given cell afresh each step, as MGDM's code (§13.3).
+  remask_decoded: str = 'carry'
   # 'remdm' only (K = 1: MDLM, ADLM; docs/method.md §13.5): the remasking probability σ_t is
   # min(eta, σ_max) ('cap'), eta·σ_max ('rescale') or, for 'loop' (ADLM's runs), 0 outside
   # (t_off, t_on] and eta inside, where α is held at alpha_on; σ_max = min(1, (1 - α_s)/α_t).

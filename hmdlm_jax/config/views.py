@@ -18,6 +18,7 @@ VARIANTS = schema.VARIANTS
 ORDERINGS = ('ancestral', 'confidence', 'remask', 'remdm')
 REMASK_SCHEDULES = ('linear', 'cosine')
 NUCLEUS_RULES = ('inclusive', 'exclusive')
+REMASK_DECODED = ('carry', 'repredict')
 REMDM_SCHEDULES = ('loop', 'cap', 'rescale')
 LEVEL_CONTEXTS = ('candidates', 'none')
 HIER_OBJECTIVES = ('bound', 'cross_entropy')
@@ -119,8 +120,9 @@ class SampleConfig:
     ordering: 'ancestral' (Algorithm 2) | 'confidence' (top-k by score) | 'remask' (MGDM's top-k
       mask-predict, docs/method.md §13.3; MGDM only) | 'remdm' (ReMDM's remasking sampler,
       §13.5; K = 1: MDLM, ADLM).
-    remask_noise, remask_schedule: 'remask' only: the Gumbel scale on the confidences (greedy:
-      none) and the schedule of the masked share.
+    remask_noise, remask_schedule, remask_decoded: 'remask' only: the Gumbel scale on the
+      confidences (greedy: none), the schedule of the masked share, and whether decoded cells
+      are carried over ('carry') or predicted afresh each step ('repredict', MGDM's code).
     remdm_schedule, remdm_eta, remdm_t_on, remdm_t_off, remdm_alpha_on: 'remdm' only: the σ_t
       schedule ('loop' | 'cap' | 'rescale'), η, and the loop's phase times and held α (§13.5).
     use_cache: skip unneeded calls and reuse unchanged pass-1 outputs.
@@ -149,6 +151,7 @@ class SampleConfig:
   given_state: bool = _MODEL.given_state
   remask_noise: float = _SAMPLE.remask_noise
   remask_schedule: str = _SAMPLE.remask_schedule
+  remask_decoded: str = _SAMPLE.remask_decoded
   remdm_schedule: str = _SAMPLE.remdm_schedule
   remdm_eta: float = _SAMPLE.remdm_eta
   remdm_t_on: float = _SAMPLE.remdm_t_on
@@ -179,6 +182,9 @@ class SampleConfig:
     if self.remask_schedule not in REMASK_SCHEDULES:
       raise ValueError(f'sample.remask_schedule must be one of {REMASK_SCHEDULES}, got '
                        f'{self.remask_schedule!r}.')
+    if self.remask_decoded not in REMASK_DECODED:
+      raise ValueError(f'sample.remask_decoded must be one of {REMASK_DECODED}, got '
+                       f'{self.remask_decoded!r}.')
     self._check_remdm()
     if self.variant not in VARIANTS:
       raise ValueError(f'model.variant must be one of {VARIANTS}, got {self.variant!r}.')
@@ -218,7 +224,8 @@ class SampleConfig:
                time_conditioning=m.time_conditioning or m.pathway.time_conditioning,
                level_context=sm.level_context, hierarchy_weight=float(sm.hierarchy_weight),
                given_state=m.given_state, remask_noise=float(sm.remask_noise),
-               remask_schedule=sm.remask_schedule, remdm_schedule=sm.remdm_schedule,
+               remask_schedule=sm.remask_schedule, remask_decoded=sm.remask_decoded,
+               remdm_schedule=sm.remdm_schedule,
                remdm_eta=float(sm.remdm_eta), remdm_t_on=float(sm.remdm_t_on),
                remdm_t_off=float(sm.remdm_t_off), remdm_alpha_on=float(sm.remdm_alpha_on))
 

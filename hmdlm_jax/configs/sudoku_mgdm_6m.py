@@ -25,6 +25,6 @@ def get_config() -> ml_collections.ConfigDict:
   demo = sudoku_mgdm.get_config()
   c.process.kind = 'mgdm'
   c.process.mgdm = demo.process.mgdm
-  for field in ('num_steps', 'ordering', 'remask_noise', 'remask_schedule'):
+  for field in ('num_steps', 'ordering', 'remask_noise', 'remask_schedule', 'remask_decoded'):
     c.sample[field] = demo.sample[field]
   return c

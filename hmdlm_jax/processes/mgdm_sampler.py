@@ -4,8 +4,10 @@ Ye et al. (ICLR 2025), "Beyond Autoregression": every step predicts the argmax t
 non-given position, then re-masks the `floor(N · rate)` positions of lowest confidence, with
 Gumbel noise of scale `remask_noise · rate` on the confidences unless `greedy` (its
 'deterministic' mode). rate = k/T ('linear') or cos(π(T-k)/(2T)) ('cosine') with k = n - 1; the
-last step re-masks nothing. Revealed tokens are carried over by the SUBS parameterisation
-(log f = 0 at their token), so a decoded token changes only after it was re-masked (§13.3).
+last step re-masks nothing. `remask_decoded='repredict'` (MGDM's code) predicts every
+non-given position afresh, so a decoded cell the network doubts is re-masked; 'carry' keeps
+revealed tokens certain by the SUBS parameterisation (log f = 0 at their token), so a decoded
+token changes only after it was re-masked, which never happens greedily (§13.3).
 """
 
 from __future__ import annotations
@@ -53,7 +55,9 @@ def reverse_step(apply_fn: ApplyFn, cfg: SampleConfig, key: jax.Array, state: ba
   t_b = jnp.full((batch_size,), n.astype(jnp.float32) / cfg.num_steps, jnp.float32)
   logits = apply_fn(x, h, t_b, heads=('token',))['token']
   nan = jnp.any(jnp.isnan(logits))
-  logp = parameterization.token_log_probs(logits, x, mask_id=cfg.mask_id)  # SUBS: MASK has no mass
+  # 'repredict': every position read as masked, so decoded cells get no SUBS carry-over.
+  seen = jnp.full_like(x, cfg.mask_id) if cfg.remask_decoded == 'repredict' else x
+  logp = parameterization.token_log_probs(logits, seen, mask_id=cfg.mask_id)  # MASK has no mass
   x_hat = jnp.where(given, x, jnp.argmax(logp, axis=-1).astype(jnp.int32))
   score = jnp.max(logp, axis=-1)  # log-confidence of the argmax
   rate = remask_rate(n, cfg)
