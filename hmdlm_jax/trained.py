@@ -15,7 +15,10 @@ import contextlib
 import dataclasses
 import logging
 import os
+import secrets
 from typing import Any, Iterator, Sequence
+
+import numpy as np
 
 from hmdlm_jax import config as config_lib
 from hmdlm_jax import preflight
@@ -50,11 +53,18 @@ class Model:
     self._task, self._ctx = task, ctx
 
   def _seed(self, seed: int | None) -> int:
-    if seed is None:  # sample mode's seed
-      return tasks_base.sample_seeds(self.config)[0]
+    if seed is None:  # a fresh seed per call (returned as Samples.seed): calls share no noise
+      return secrets.randbits(32)
     if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**32:
-      raise ValueError(f'seed={seed!r} must be an int in [0, 2**32)')
+      raise ValueError(f'seed={seed!r} must be an int in [0, 2**32) (or None: a fresh seed)')
     return seed
+
+  def _drawing(self, num_steps: int | None, temperature: float | None, top_p: float | None
+               ) -> Model:
+    """This model with a call's sampling options (`with_sampling`; None keeps the config's)."""
+    fields = {k: v for k, v in (('num_steps', num_steps), ('temperature', temperature),
+                                ('top_p', top_p)) if v is not None}
+    return self.with_sampling(**fields) if fields else self
 
   def with_sampling(self, **fields: Any) -> Model:
     """This model drawing with other `sample.*` fields (e.g. num_steps=8, temperature=0.9,
@@ -74,15 +84,28 @@ class Model:
                        f'{self._task.library_refusal}')
     return self._task
 
-  def sample(self, n: int, seed: int | None = None) -> Samples:
+  def sample(self, n: int, seed: int | None = None, *, num_steps: int | None = None,
+             temperature: float | None = None, top_p: float | None = None) -> Samples:
     """`n` samples (a prompted task's are conditioned on its test rows' given positions, as in
-    sample mode); `seed` defaults to sample mode's, config.sample.seeds[0]."""
+    sample mode).
+
+    `seed`: None draws a fresh one per call, returned as `Samples.seed` (and each record's
+    'seed'); passing it back draws the same rows, and config.sample.seeds[0] gives sample mode's.
+    `num_steps`, `temperature`, `top_p`: this call's sample.* settings (None: the config's), as
+    `with_sampling`. Rows are drawn in power-of-two batches up to data.eval_batch_size (one
+    compile per batch size and settings); row i is the same whatever `n` (tasks/base.py's
+    `sample_batch_size`).
+    """
     if isinstance(n, bool) or not isinstance(n, int) or n < 1:
       raise ValueError(f'n={n!r} must be an int >= 1')
-    return self._task_for('sample').draw(self._ctx, n, self._seed(seed))
+    model = self._drawing(num_steps, temperature, top_p)
+    return model._task_for('sample').draw(model._ctx, n, self._seed(seed))
 
-  def complete(self, prompts: Sequence[str], seed: int | None = None) -> Samples:
-    """One continuation of each prompt (`BOS prompt` given; tasks/text_given.py).
+  def complete(self, prompts: Sequence[str], seed: int | None = None, *,
+               num_steps: int | None = None, temperature: float | None = None,
+               top_p: float | None = None) -> Samples:
+    """One continuation of each prompt (`BOS prompt` given; tasks/text_given.py); `seed` and the
+    sampling options as `sample`'s.
 
     Its text begins with the decoded tokenized prompt, not the prompt verbatim: for
     bert-base-uncased lower-cased and accent-stripped ('Café' -> 'cafe'), and without the pieces
@@ -90,19 +113,24 @@ class Model:
     gets one `text_given.UnknownPiecesWarning` naming them.
     """
     task = self._task_for('complete')
+    model = self._drawing(num_steps, temperature, top_p)
     given = text_given.given_rows(self.config, self._tokenizer(),
                                   _strings(prompts, 'prompts'), stacklevel=2)
-    return task.draw(self._ctx, len(given), self._seed(seed), given)
+    return task.draw(model._ctx, len(given), self._seed(seed), given)
 
-  def infill(self, texts: Sequence[str], seed: int | None = None) -> Samples:
+  def infill(self, texts: Sequence[str], seed: int | None = None, *,
+             num_steps: int | None = None, temperature: float | None = None,
+             top_p: float | None = None) -> Samples:
     """Each text with its `[MASK]` (one token) and `[MASK*n]` (n tokens) spans generated and
     every other token kept (tasks/text_given.py), as tokenized: as `complete`'s prompt, the kept
     text is decoded lower-cased / accent-stripped for bert-base-uncased, pieces outside the
-    vocabulary become `[UNK]` and a text holding any gets one `UnknownPiecesWarning`."""
+    vocabulary become `[UNK]` and a text holding any gets one `UnknownPiecesWarning`. `seed` and
+    the sampling options as `sample`'s."""
     task = self._task_for('infill')
+    model = self._drawing(num_steps, temperature, top_p)
     given = text_given.given_rows(self.config, self._tokenizer(),
                                   infills=_strings(texts, 'texts'), stacklevel=2)
-    return task.draw(self._ctx, len(given), self._seed(seed), given)
+    return task.draw(model._ctx, len(given), self._seed(seed), given)
 
   def solve(self, puzzles: Sequence[str]) -> Samples:
     """Sudoku: the grids of `puzzles` (81 characters, '.' or '0' = blank), as sample mode's
@@ -111,7 +139,10 @@ class Model:
 
   def score(self, texts: Sequence[str], *, truncate: bool = False) -> dict[str, Any]:
     """The bound (nats/token, PPL) and the process's estimates over `texts`, each one row of the
-    data: --mode=eval's numbers, by its code and settings (eval.time_seed, num_t_samples).
+    data: --mode=eval's numbers, by its code and settings (eval.time_seed, num_t_samples);
+    'per_text' lists each text's bound_nats_per_token, ppl and num_tokens from the same draws
+    (their num_tokens-weighted mean is bound_nats_per_token). A text's t is stratified over the
+    rows of its batch, as in --mode=eval, so its numbers depend on the texts scored with it.
 
     A text longer than a row holds (model.seq_len - 2 tokens) is refused: one ValueError naming
     it, its token count and model.seq_len. `truncate=True` scores only its first model.seq_len - 2
@@ -124,12 +155,30 @@ class Model:
     task = self._task_for('score')
     if not isinstance(truncate, bool):
       raise ValueError(f'truncate={truncate!r} must be True or False')
-    batches = text_given.score_batches(self.config, self._tokenizer(), _strings(texts, 'texts'),
-                                       truncate=truncate)
-    return task.perplexity(self._ctx, batches)
+    batches = _padded(text_given.score_batches(self.config, self._tokenizer(),
+                                               _strings(texts, 'texts'), truncate=truncate),
+                      int(self.config.data.eval_batch_size))
+    # A second pass over the same draws: evaluate_perplexity returns only the aggregate.
+    return {**task.perplexity(self._ctx, batches),
+            'per_text': task.per_text_scores(self._ctx, batches)}
 
   def _tokenizer(self) -> Any:
     return text_data.checked_tokenizer(self.config)
+
+
+def _padded(batches: list[dict[str, np.ndarray]], eval_batch_size: int
+            ) -> list[dict[str, np.ndarray]]:
+  """`batches` [B, L] with a short first batch padded to `sample_batch_size` rows of weight 0
+  (not scored): the perplexity program then compiles once per power-of-two bucket. The numbers
+  do not change: t is stratified over the valid rows, a row's noise does not depend on B."""
+  first = batches[0]
+  n = len(first['tokens'])
+  size = tasks_base.sample_batch_size(n, eval_batch_size)
+  if size == n:
+    return batches
+  padded = {k: np.concatenate([v, np.repeat(v[:1], size - n, axis=0)]) for k, v in first.items()}
+  padded['weight'] = (np.arange(size) < n).astype(np.float32)  # batches.VALID_FIELDS: validity
+  return [padded, *batches[1:]]
 
 
 @contextlib.contextmanager

@@ -116,7 +116,7 @@ def test_infill_keeps_every_unmasked_token_and_fills_the_spans(model, text_run):
 def test_sample_seeded_and_quiet(model, text_run, capsys):
   before = dir_hash(text_run['workdir'])
   a, b = model.sample(3, seed=5), model.sample(3, seed=5)
-  assert len(a) == 3 and a.texts == b.texts and not a.given.any()
+  assert len(a) == 3 and a.texts == b.texts and not a.given.any() and a.seed == 5
   assert ((a.reveal_step >= 1) & (a.reveal_step <= model.config.sample.num_steps)).all()
   assert capsys.readouterr().out == '' and dir_hash(text_run['workdir']) == before
 
@@ -131,10 +131,85 @@ def test_score_equals_eval_mode(model, text_run, jax_cache, tmp_path):
   assert proc.returncode == 0, proc.stderr[-3000:]
   with open(out / f'eval_{STEPS}_test_allrows.json', encoding='utf-8') as f:
     want = json.load(f)['results']['perplexity']
+  per_text = got.pop('per_text')
   assert want['num_sequences'] == 6 and set(got) == set(want)
   for k, v in want.items():
     assert got[k] == (pytest.approx(v, rel=1e-12) if isinstance(v, float) else v), k
   assert 'ppl_appendix_e_estimate' in got  # the task's estimates, not the bound alone
+  # Per text, from eval's own draws (two batches, the last padded): their token-weighted mean is
+  # eval's bound (breaks if a row's keys, t or validity differ from evaluate_perplexity's).
+  tokens = np.array([p['num_tokens'] for p in per_text])
+  nats = np.array([p['bound_nats_per_token'] for p in per_text])
+  assert len(per_text) == 6 and tokens.sum() == want['num_tokens']
+  assert (nats * tokens).sum() / tokens.sum() == pytest.approx(want['bound_nats_per_token'],
+                                                               rel=1e-12)
+  assert [p['ppl'] for p in per_text] == pytest.approx(np.exp(nats).tolist(), rel=1e-12)
+
+
+def test_score_pads_to_a_bucket_and_counts_tokens_per_text(model, text_run):
+  texts = text_run['test'][:3]  # one batch of 3, padded to 4 with rows that are not scored
+  got = model.score(texts, truncate=True)
+  tok = _tok(model)
+  unpadded = model._task.perplexity(  # pylint: disable=protected-access
+      model._ctx, text_given.score_batches(  # pylint: disable=protected-access
+          model.config, tok, texts, truncate=True))
+  for k, v in unpadded.items():  # same draws; only float32 rounding of the [4, L] shape differs
+    assert got[k] == (pytest.approx(v, rel=1e-6) if isinstance(v, float) else v), k
+  for text, p in zip(texts[:2], got['per_text']):  # a text's token count is its own
+    alone = model.score([text], truncate=True)
+    assert p['num_tokens'] == alone['num_tokens'] == alone['per_text'][0]['num_tokens']
+    assert alone['per_text'][0]['bound_nats_per_token'] == pytest.approx(
+        alone['bound_nats_per_token'], rel=1e-12)
+
+
+def _sampler_compiles(model) -> int:
+  """The sampler programs compiled on this model's network (one jit per settings and batch size,
+  each with a trace per input signature: unconditional or given rows)."""
+  programs = model._ctx.apply_fn.network._programs  # pylint: disable=protected-access
+  return sum(fn._cache_size() for key, fn in programs.items()  # pylint: disable=protected-access
+             if key[0] == 'sample')
+
+
+def test_sampling_compiles_once_per_bucket_and_padding_keeps_rows(text_run):
+  # A network of its own (nothing compiled yet), eval batches of 8: buckets 1, 2, 4, 8.
+  m = hmdlm_jax.load(text_run['workdir'], overrides=['--config.data.eval_batch_size=8',
+                                                     '--config.sample.num_steps=2'])
+  draws, compiles = {}, []
+  for n in (1, 3, 4, 5, 9):  # buckets 1, 4, 4, 8, 8 + 8 (over the eval batch: batches of 8)
+    draws[n] = m.sample(n, seed=7)
+    compiles.append(_sampler_compiles(m))
+  assert compiles == [1, 2, 2, 3, 3] and [len(draws[n]) for n in draws] == [1, 3, 4, 5, 9]
+  for field in ('tokens', 'levels', 'reveal_step'):  # row i is the same in every bucket
+    rows = {n: getattr(d, field) for n, d in draws.items()}
+    np.testing.assert_array_equal(rows[1], rows[9][:1])
+    np.testing.assert_array_equal(rows[3], rows[4][:3])
+    np.testing.assert_array_equal(rows[4], rows[5][:4])
+    np.testing.assert_array_equal(rows[5], rows[9][:5])
+
+
+def test_default_seed_is_fresh_per_call_and_returned(model):
+  a, b = model.sample(3), model.sample(3)  # bucket 4: compiled by test_sample_seeded_and_quiet
+  assert a.seed != b.seed and a.texts != b.texts  # calls share no noise
+  assert [r['seed'] for r in a.records] == [a.seed] * 3
+  c = model.complete([PROMPT, 'Thou art'])
+  # The returned seed draws the same rows again (here in bucket 1, not 2: padding keeps rows).
+  one = model.complete([PROMPT], seed=c.seed)
+  assert one.seed == c.seed and one.texts == c.texts[:1]
+
+
+def test_call_time_sampling_options(model):
+  opts = {'num_steps': 2, 'temperature': 0.5, 'top_p': 0.9}
+  fixed = model.with_sampling(**opts)  # complete / infill share one program: one compile
+  done = model.complete([PROMPT], seed=3, **opts)
+  np.testing.assert_array_equal(done.tokens, fixed.complete([PROMPT], seed=3).tokens)
+  assert done.reveal_step.max() <= 3 and model.config.sample.num_steps == 8  # this call only
+  filled = model.infill([INFILL], seed=3, **opts)
+  np.testing.assert_array_equal(filled.tokens, fixed.infill([INFILL], seed=3).tokens)
+  assert (filled.reveal_step[~filled.given] <= 2).all()
+  with pytest.raises(ValueError, match='sample.num_steps must be an integer >= 1, got 0'):
+    model.sample(1, num_steps=0)  # sample's options go the same way (with_sampling)
+  with pytest.raises(ValueError, match=r'sample.top_p=1.5 must lie in \(0, 1\]'):
+    model.complete([PROMPT], top_p=1.5)
 
 
 def test_score_refuses_a_text_longer_than_the_model_holds(model, text_run):

@@ -47,14 +47,15 @@ class EvalContext:
 class Samples(Sequence[str]):
   """Generated rows: a sequence of their texts (Sudoku: 81-digit grids), with per position
   `tokens`, `levels`, `reveal_step` (the sampler step that revealed it; T + 1 = given) and
-  `given` arrays [N, L], and `records`, the rows as sample mode saves them
-  (samples_<step>.jsonl)."""
+  `given` arrays [N, L], `records`, the rows as sample mode saves them (samples_<step>.jsonl),
+  and `seed`, the sampling seed they were drawn with (passing it back draws the same rows)."""
   texts: tuple[str, ...]
   tokens: np.ndarray
   levels: np.ndarray
   reveal_step: np.ndarray
   given: np.ndarray
   records: tuple[dict[str, Any], ...]
+  seed: int | None = None
 
   def __getitem__(self, i: Any) -> Any:
     return self.texts[i]
@@ -66,6 +67,18 @@ class Samples(Sequence[str]):
 def record_field(records: Sequence[Mapping[str, Any]], name: str) -> np.ndarray:
   """Field `name` of every record, stacked."""
   return np.asarray([r[name] for r in records])
+
+
+def sample_batch_size(num: int, eval_batch_size: int) -> int:
+  """The rows of one sampler batch drawing `num` rows: the smallest power of two >= `num`, at
+  most `eval_batch_size` (more rows run in batches of it). The sampler compiles once per batch
+  shape, so any `num` reuses one of ~log2(eval_batch_size) + 1 programs; the padding rows are
+  dropped, and they change no kept row: a row's noise is its slice of [B, ...] draws, which
+  under JAX's partitionable threefry (the default) does not depend on B."""
+  if num < 1 or eval_batch_size < 1:
+    raise ValueError(f'sample_batch_size: num={num} and eval_batch_size={eval_batch_size} must '
+                     'be >= 1')
+  return min(1 << (num - 1).bit_length(), eval_batch_size)
 
 
 def sample_seeds(config: config_lib.Config) -> tuple[int, ...]:

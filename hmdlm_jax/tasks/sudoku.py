@@ -397,14 +397,14 @@ class SudokuTask(base.Task):
     quiz = inputs.quiz
     batch = sudoku_pipeline.sudoku_batch(quiz)  # tokens: clues, MASK elsewhere
     cfg = SampleConfig.from_config(ctx.config)
-    size = min(len(quiz), int(ctx.config.data.eval_batch_size))
+    size = base.sample_batch_size(len(quiz), int(ctx.config.data.eval_batch_size))
     run = samples.sampler(ctx.apply_fn, ctx.process, cfg, batch_size=size,
                           seq_len=sudoku.NUM_CELLS)
     key = jax.random.fold_in(jax.random.PRNGKey(int(ctx.config.seed)),
                              base.sample_seeds(ctx.config)[0])
     records, lines = [], []
-    chunks = [{k: v[i:i + size] for k, v in batch.items()} for i in range(0, len(quiz), size)]
-    for j, (b, valid) in enumerate(batches_lib.fixed_batches(chunks, what='puzzles')):
+    # Batches of exactly `size` rows, the last padded (one compile per bucket; padding dropped).
+    for j, (b, valid) in enumerate(batches_lib.rebatch([batch], size)):
       given = samples.given_inputs(b, ctx.process, cfg)
       out = jax.device_get(run(jax.random.fold_in(key, j), *given))
       for r in np.flatnonzero(valid):
@@ -430,17 +430,20 @@ class SudokuTask(base.Task):
     return records, '\n'.join(lines)
 
   def draw(self, ctx: base.EvalContext, num: int, seed: int, given: None = None) -> base.Samples:
-    """`num` unconditional grids (hmdlm_jax.load's `Model.sample`)."""
+    """`num` unconditional grids with sampling seed `seed` (hmdlm_jax.load's `Model.sample`), in
+    batches of `base.sample_batch_size` rows (padding dropped)."""
     del given
     key = jax.random.fold_in(jax.random.PRNGKey(int(ctx.config.seed)), seed)
     rows = samples.sample_rows(
         ctx.apply_fn, key, ctx.process, SampleConfig.from_config(ctx.config), num_samples=num,
-        seq_len=sudoku.NUM_CELLS, batch_size=min(int(ctx.config.data.eval_batch_size), num))
+        seq_len=sudoku.NUM_CELLS,
+        batch_size=base.sample_batch_size(num, int(ctx.config.data.eval_batch_size)))
     grids = [''.join(map(str, sudoku.from_tokens(t))) for t in rows.tokens]
     records = [{'index': i, 'prediction': g, 'levels': rows.levels[i].tolist(),
-                'reveal_step': rows.reveal_step[i].tolist()} for i, g in enumerate(grids)]
+                'reveal_step': rows.reveal_step[i].tolist(), 'seed': seed}
+               for i, g in enumerate(grids)]
     return base.Samples(tuple(grids), rows.tokens, rows.levels, rows.reveal_step, rows.given,
-                        tuple(records))
+                        tuple(records), seed)
 
   def solve(self, ctx: base.EvalContext, puzzles: Sequence[str]) -> base.Samples:
     """The grids of `puzzles` solved as sample mode's --inputs (hmdlm_jax.load's `Model.solve`);
@@ -450,7 +453,8 @@ class SudokuTask(base.Task):
     digits = np.asarray([[int(c) for c in r['prediction']] for r in records])
     return base.Samples(tuple(r['prediction'] for r in records), digits,
                         base.record_field(records, 'levels'),
-                        base.record_field(records, 'reveal_step'), quiz > 0, tuple(records))
+                        base.record_field(records, 'reveal_step'), quiz > 0, tuple(records),
+                        base.sample_seeds(ctx.config)[0])
 
   def summary(self, results: Mapping[str, Any]) -> list[str]:
     lines = [f'Sudoku: {results["num_puzzles"]} puzzles, seeds {results["seeds"]}']

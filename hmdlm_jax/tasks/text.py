@@ -18,6 +18,7 @@ import os
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 from hmdlm_jax import config as config_lib
@@ -144,7 +145,8 @@ class TextTask(base.Task):
 
   def _samples(self, ctx: base.EvalContext, num: int, seed: int,
                given: text_given.GivenRows | None = None) -> samples_lib.SampledRows:
-    """`num` samples with sampling seed `seed`, in batches of data.eval_batch_size (one compile);
+    """`num` samples with sampling seed `seed`, in batches of `base.sample_batch_size` rows (one
+    compile per power-of-two bucket up to data.eval_batch_size; padding rows dropped);
     conditioned on `given`'s rows (one sample each), else on the test rows' given positions for a
     prompted task."""
     config = ctx.config
@@ -153,7 +155,8 @@ class TextTask(base.Task):
         self.test_batches(config) if self.prompted else None)
     return samples_lib.sample_rows(
         ctx.apply_fn, key, ctx.process, SampleConfig.from_config(config), num_samples=num,
-        seq_len=int(config.model.seq_len), batch_size=min(int(config.data.eval_batch_size), num),
+        seq_len=int(config.model.seq_len),
+        batch_size=base.sample_batch_size(num, int(config.data.eval_batch_size)),
         prompts=prompts, progress=ctx.progress)
 
   def generate(self, ctx: base.EvalContext, num: int, seed: int,
@@ -175,7 +178,7 @@ class TextTask(base.Task):
     records, _ = self.generate(ctx, num, seed, given)
     field = functools.partial(base.record_field, records)
     return base.Samples(tuple(r['text'] for r in records), field('tokens'), field('levels'),
-                        field('reveal_step'), field('given').astype(bool), tuple(records))
+                        field('reveal_step'), field('given').astype(bool), tuple(records), seed)
 
   def perplexity(self, ctx: base.EvalContext, batches: Iterable[batches_lib.Batch],
                  max_examples: int | None = None) -> dict[str, Any]:
@@ -186,6 +189,35 @@ class TextTask(base.Task):
         ctx.apply_fn, ctx.process, batches, time_seed=int(config.eval.time_seed),
         num_t_samples=int(config.eval.num_t_samples), t_min=float(config.loss.t_min),
         max_examples=max_examples, progress=ctx.progress)
+
+  def per_text_scores(self, ctx: base.EvalContext, batches: Sequence[batches_lib.Batch]
+                      ) -> list[dict[str, Any]]:
+    """Each valid row's bound (nats/token, PPL, num_tokens), in order, from the draws `perplexity`
+    makes on the same `batches` (its t, masks and keys: evaluation/perplexity.py), so their
+    token-weighted mean is its bound_nats_per_token. A row's t is stratified over its batch's
+    rows, so a text's numbers depend on the texts scored with it (both are unbiased)."""
+    config, process = ctx.config, ctx.process
+    # perplexity.py's own step and times (one compile shared with `perplexity`); the test that the
+    # weighted mean equals its aggregate keeps this loop's keys in step with evaluate_perplexity.
+    step = perplexity._perplexity_step(ctx.apply_fn, process)  # pylint: disable=protected-access
+    num_t, t_min = int(config.eval.num_t_samples), float(config.loss.t_min)
+    base_key = jax.random.PRNGKey(int(config.eval.time_seed))
+    rows = []
+    for j, (batch, valid) in enumerate(batches_lib.fixed_batches(batches, what='texts')):
+      batch = process.prepare_batch(batch)
+      n_tok = (batch['loss_mask'] & valid[:, None]).sum(-1)  # [B]
+      device_batch = {k: jnp.asarray(v) for k, v in batch.items()}
+      nats = np.zeros(valid.shape, np.float64)  # [B] bound nats/token, averaged over t-samples
+      for r in range(num_t):
+        k_t, k_mask = jax.random.split(jax.random.fold_in(jax.random.fold_in(base_key, j), r))
+        t = perplexity._stratified_times(k_t, valid, t_min)  # pylint: disable=protected-access
+        values = jax.device_get(step(device_batch, k_mask, jnp.asarray(t)))
+        nats += sum(np.asarray(v, np.float64) for n, v in values.items()
+                    if n not in process.estimate_names) / num_t
+      rows.extend({'bound_nats_per_token': float(nats[i]),
+                   'ppl': perplexity._exp(float(nats[i])),  # pylint: disable=protected-access
+                   'num_tokens': int(n_tok[i])} for i in np.flatnonzero(valid))
+    return rows
 
   def evaluate(self, ctx: base.EvalContext, max_examples: int | None, with_samples: bool
                ) -> dict[str, Any]:
