@@ -9,6 +9,7 @@ demo's `python -m hmdlm_jax.main --config=configs/sudoku.py --workdir=/tmp/hmdlm
 `--minutes=0` only samples), solves one puzzle with the configured sampler (T = 81, confidence
 ordering) and writes
   docs/images/sudoku_reveal.png   reveal order of the solve (colour = step, outline = drawn level)
+  docs/images/sudoku_reveal.json  the solve it is drawn from (tests/test_docs_images.py redraws it)
   docs/images/sudoku_reveal.gif   the solving process, one frame per reveal step
   docs/images/schedules_lm1b.png  α_k and hazards of the LM1B schedule δ = (0, 0.25)
   docs/images/ordering_lm1b.png   per-step reveal probabilities on T = 256 (Appendix D)
@@ -17,6 +18,7 @@ ordering) and writes
 from __future__ import annotations
 
 import argparse
+import json
 import pathlib
 import sys
 
@@ -49,6 +51,26 @@ def pick_puzzle(choice: str) -> str:
   return choice
 
 
+def draw_reveal(record: dict, out: pathlib.Path) -> int:
+  """Draws out/sudoku_reveal.png and .gif from a solve record (docs/images/sudoku_reveal.json,
+  which tests/test_docs_images.py redraws to keep the README's picture current); returns the
+  number of wrong cells."""
+  tokens, solution = np.asarray(record['tokens']), np.asarray(record['solution'])
+  levels, steps = np.asarray(record['levels']), np.asarray(record['reveal_step'])
+  num_steps, num_levels = record['num_steps'], record['num_levels']
+  wrong = int(np.sum(tokens + 1 != solution))
+  title = (f"{record['num_layers']}-layer HMDLM (K = {num_levels}), T = {num_steps}, "
+           f'{wrong} wrong cell(s)')
+  sudoku_pictures.plot_sudoku_reveal(record['quiz'], tokens, levels, steps, num_steps,
+                                     title=title, num_levels=num_levels, solution=solution,
+                                     path=out / 'sudoku_reveal.png')
+  sudoku_pictures.sudoku_reveal_gif(record['quiz'], tokens, steps, levels,
+                                    out / 'sudoku_reveal.gif', fps=3, num_steps=num_steps,
+                                    num_levels=num_levels, solution=solution,
+                                    dpi=60)  # keeps the GIF small for the docs
+  return wrong
+
+
 def main(argv: list[str] | None = None) -> int:
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument('--workdir', default='/tmp/hmdlm_sudoku')
@@ -73,19 +95,15 @@ def main(argv: list[str] | None = None) -> int:
   puzzle = pick_puzzle(args.puzzle)
   rec = hmdlm_main.run('sample', config, str(workdir), inputs=[puzzle], overwrite=True)[0]
   _, solution = sudoku_data.count_solutions(sudoku_csv.parse_puzzle(puzzle))
-  tokens = np.array([int(c) for c in rec['prediction']]) - 1
-  levels, steps = np.array(rec['levels']), np.array(rec['reveal_step'])
-  num_steps, num_levels = int(config.sample.num_steps), int(config.model.num_levels)
-  wrong = int(np.sum(tokens + 1 != solution))
+  record = {'quiz': rec['quiz'], 'tokens': [int(c) - 1 for c in rec['prediction']],
+            'levels': [int(v) for v in rec['levels']],
+            'reveal_step': [int(v) for v in rec['reveal_step']],
+            'solution': [int(v) for v in np.asarray(solution).reshape(-1)],
+            'num_steps': int(config.sample.num_steps), 'num_levels': int(config.model.num_levels),
+            'num_layers': int(config.model.num_layers), 'config': args.config}
   out = pathlib.Path(args.out)
-  title = (f'{config.model.num_layers}-layer HMDLM (K = {num_levels}), T = {num_steps}, '
-           f'{wrong} wrong cell(s)')
-  sudoku_pictures.plot_sudoku_reveal(rec['quiz'], tokens, levels, steps, num_steps, title=title,
-                                     num_levels=num_levels, solution=solution,
-                                     path=out / 'sudoku_reveal.png')
-  sudoku_pictures.sudoku_reveal_gif(rec['quiz'], tokens, steps, levels, out / 'sudoku_reveal.gif',
-                                    fps=3, num_steps=num_steps, num_levels=num_levels,
-                                    solution=solution, dpi=60)  # keeps the GIF small for the docs
+  (out / 'sudoku_reveal.json').write_text(json.dumps(record, indent=1) + '\n', encoding='utf-8')
+  wrong = draw_reveal(record, out)
   lm1b = schedules.Schedule('loglinear', (0.0, 0.25))
   visualize.plot_schedules(lm1b, path=out / 'schedules_lm1b.png')
   visualize.plot_reveal_ordering(lm1b, 256, path=out / 'ordering_lm1b.png')
