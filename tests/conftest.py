@@ -3,22 +3,31 @@
 The tests' own JAX runs at XLA backend optimisation level 0 (compile-bound tests; the compute-bound
 ones ask for `OPTIMISED`), and the files that read the reference run share one xdist worker.
 Training runs go through subprocesses (`python -m hmdlm_jax.main`), which share one persistent
-JAX compilation cache for the whole session: every run of configs/tiny_test.py on one CPU device
-compiles the same program, so only the first one pays for XLA.
+JAX compilation cache for the whole session, both xdist workers included: every run of
+configs/tiny_test.py on one CPU device compiles the same program, so only the first one pays for
+XLA. The xdist scheduler starts the longest files first (tests/fixtures/ci_file_seconds.json).
+(The tests' own in-process JAX has no persistent cache: measured on test_hdlm.py and
+test_sampling.py, 16 of 460 compilations hit it, 3% of their compile time.)
 """
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
+import importlib.util
 import json
 import os
+import pathlib
+import shutil
 import subprocess
 import sys
-from typing import Any
+from typing import Any, Callable
 
 import pytest
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# JAX locks its compilation cache (below) with the filelock package, which torch brings.
+_HAVE_FILELOCK = importlib.util.find_spec('filelock') is not None
 
 # The tests' own JAX (set before any test module initialises a backend): XLA backend optimisation
 # level 0. Most tests compile a small program once and run it a few times, and XLA:CPU compiles
@@ -51,17 +60,78 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
     return None
   from xdist import scheduler  # pylint: disable=g-import-not-at-top  (only with pytest-xdist)
 
+  seconds = _file_seconds()
+
   class ReferenceRunTogether(scheduler.LoadFileScheduling):
+    """loadfile, the reference-run files as one unit, and the longest unit first."""
+
     def _split_scope(self, nodeid: str) -> str:
       path = super()._split_scope(nodeid)
       return 'reference_run' if os.path.basename(path) in REFERENCE_RUN_FILES else path
 
+    def _assign_work_unit(self, node: Any) -> None:
+      # Longest processing time first (tests/fixtures/ci_file_seconds.json): the files that take
+      # minutes start at once, and the short ones fill in at the end on whichever worker is
+      # free, so both workers finish together. (xdist's own order is by number of tests.)
+      if self.workqueue:
+        def weight(scope: str) -> float:
+          names = (REFERENCE_RUN_FILES if scope == 'reference_run' else
+                   (os.path.basename(scope),))
+          return sum(seconds.get(n, DEFAULT_FILE_SECONDS) for n in names)
+        heaviest = max(self.workqueue, key=weight)  # the first of equals: the usual order
+        self.workqueue.move_to_end(heaviest, last=False)
+      super()._assign_work_unit(node)
+
   return ReferenceRunTogether(config, log)
+
+
+# A file not in tests/fixtures/ci_file_seconds.json (a new one): scheduled as a short file.
+DEFAULT_FILE_SECONDS = 5.0
+
+
+def _file_seconds() -> dict[str, float]:
+  """file name -> seconds its tests took in a CI-like run (setup, call and teardown summed);
+  written by tests/fixtures/file_seconds.py from `pytest --durations=0` output."""
+  path = os.path.join(REPO, 'tests', 'fixtures', 'ci_file_seconds.json')
+  try:
+    with open(path, encoding='utf-8') as f:
+      return {k: float(v) for k, v in json.load(f)['seconds'].items()}
+  except (OSError, ValueError, KeyError):
+    return {}
 
 
 # The reference run: configs/tiny_test.py for REF_STEPS steps, a checkpoint every REF_CKPT steps.
 REF_STEPS = 100
 REF_CKPT = 20
+
+
+def session_dir(tmp_path_factory: pytest.TempPathFactory) -> pathlib.Path:
+  """The session's temporary folder that every xdist worker shares: under xdist each worker's
+  basetemp is <session>/popen-gwN, so its parent; without xdist the basetemp itself."""
+  base = tmp_path_factory.getbasetemp()
+  return base.parent if os.environ.get('PYTEST_XDIST_WORKER') else base
+
+
+def once_per_session(tmp_path_factory: pytest.TempPathFactory, name: str,
+                     make: Callable[[str], dict[str, Any]]) -> dict[str, Any]:
+  """`make(folder)` once for the whole session, whichever xdist worker asks first.
+
+  The first caller makes <session>/<name>/ under a file lock and records make's (JSON) result
+  next to it; a caller on another worker waits for the lock and reads the record. A `make` that
+  raises records nothing: the next caller starts again from an empty folder (and fails the same
+  way, so every test that needs it reports the failure).
+  """
+  root = session_dir(tmp_path_factory)
+  folder, record = root / name, root / f'{name}.json'
+  with open(root / f'{name}.lock', 'a', encoding='utf-8') as lock:
+    fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+    if record.is_file():
+      return json.loads(record.read_text(encoding='utf-8'))
+    shutil.rmtree(folder, ignore_errors=True)
+    folder.mkdir()
+    result = make(str(folder))
+    record.write_text(json.dumps(result), encoding='utf-8')
+    return result
 
 
 @pytest.fixture(scope='session')
@@ -72,7 +142,11 @@ def puzzle_cache(tmp_path_factory: pytest.TempPathFactory) -> str:
 
 @pytest.fixture(scope='session')
 def jax_cache(tmp_path_factory: pytest.TempPathFactory) -> str:
-  return str(tmp_path_factory.mktemp('jax_compilation_cache'))
+  """The persistent JAX compilation cache of every subprocess of the session, shared by the xdist
+  workers: a program that one worker's runs compiled is read, not compiled, by the other's."""
+  path = session_dir(tmp_path_factory) / 'jax_compilation_cache'
+  path.mkdir(exist_ok=True)
+  return str(path)
 
 
 def subprocess_env(jax_cache: str, devices: int = 1) -> dict[str, str]:
@@ -87,6 +161,10 @@ def subprocess_env(jax_cache: str, devices: int = 1) -> dict[str, str]:
       JAX_COMPILATION_CACHE_DIR=jax_cache,
       JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS='0',
       JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES='-1',
+      # A size limit turns on JAX's file lock around every cache read and write, so a process
+      # never reads an entry that another (the other worker's, or a second process of the same
+      # test) is still writing. 8 GiB: never reached by the session (about 0.5 MB an entry).
+      **({'JAX_COMPILATION_CACHE_MAX_SIZE': str(8 << 30)} if _HAVE_FILELOCK else {}),
       PYTHONPATH=REPO + os.pathsep + env.get('PYTHONPATH', ''),
       TF_CPP_MIN_LOG_LEVEL='2',
   )
@@ -150,8 +228,11 @@ def load_checkpoint_state(workdir: str, step: int) -> dict[str, Any]:
 def reference_run(tmp_path_factory: pytest.TempPathFactory, puzzle_cache: str,
                   jax_cache: str) -> dict[str, Any]:
   """configs/tiny_test.py (HMDLM, K=6) for REF_STEPS steps, uninterrupted, on one CPU device."""
-  workdir = str(tmp_path_factory.mktemp('reference_run'))
-  proc = run_cmd(main_cmd(workdir, puzzle_cache), jax_cache, timeout=240)
-  assert proc.returncode == 0, f'reference run failed:\n{proc.stderr[-4000:]}'
-  return {'workdir': workdir, 'stdout': proc.stdout, 'stderr': proc.stderr,
-          'cmd_flags': main_cmd(workdir, puzzle_cache)[3:]}
+  def make(workdir: str) -> dict[str, Any]:
+    proc = run_cmd(main_cmd(workdir, puzzle_cache), jax_cache, timeout=240)
+    assert proc.returncode == 0, f'reference run failed:\n{proc.stderr[-4000:]}'
+    return {'workdir': workdir, 'stdout': proc.stdout, 'stderr': proc.stderr,
+            'cmd_flags': main_cmd(workdir, puzzle_cache)[3:]}
+  # Made once for the session: the files that read it without REFERENCE_RUN_FILES's grouping
+  # (tests/test_lease.py) read the same run on the other worker. Every reader leaves it as it is.
+  return once_per_session(tmp_path_factory, 'reference_run', make)

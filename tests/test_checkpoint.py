@@ -89,6 +89,11 @@ def test_sigkill_then_resume_is_bitwise_identical(reference_run, tmp_path, puzzl
   assert final == ref_loss
 
 
+# Nightly (CI time, issue 66): the loop's stop on a signal, with a checkpoint of the step it
+# stopped at, stays in CI through test_ctrl_c_saves_current_step_and_exits_130 below (the same
+# handler, SIGINT) and test_preemption.py::test_sigterm_on_one_process_stops_both_at_one_saved_step
+# (SIGTERM: 'Received SIGTERM at step N: checkpoint saved', exit 0, checkpoint N restores).
+@pytest.mark.slow
 def test_sigterm_saves_current_step_and_exits_0(tmp_path, puzzle_cache, jax_cache):
   workdir = str(tmp_path / 'run')
   done = _start_and_signal(main_cmd(workdir, puzzle_cache), jax_cache, signal.SIGTERM, workdir,

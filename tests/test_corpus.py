@@ -373,6 +373,12 @@ def test_bad_inputs_and_fields_are_clear(prepared, tok, tmp_path):
     corpus.check_corpus_config(config)
 
 
+# Nightly (CI time, issue 66). CI keeps: corpus training through the entry point in
+# test_corpus_gcs.py::test_training_reads_a_gs_corpus, the final evaluation over a prepared
+# corpus's test split in test_launch.py::test_tpu_slice_setup_run_logs_resume_stop[1], and Grain
+# worker processes in test_worker_process_iterator_resumes_exactly (above) and
+# test_child_processes.py::test_kill_9_leaves_no_data_worker (the entry point, 2 workers).
+@pytest.mark.slow
 def test_training_on_a_prepared_corpus(prepared, tmp_path, jax_cache):
   """A few steps of configs/text.py on the corpus through the entry point, 1 Grain worker."""
   out, _, _ = prepared
