@@ -31,6 +31,7 @@ from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 import numpy as np
 
+from hmdlm_jax import lease
 from hmdlm_jax import storage
 from hmdlm_jax.processes import schedules as schedules_lib
 
@@ -285,7 +286,9 @@ def new_figure(figsize: tuple[float, float], dpi: int = 100) -> Figure:
 
 
 def write_bytes(path: str | os.PathLike[str], data: bytes) -> None:
-  """Writes `data` to a local path or URL (hmdlm_jax/storage.py), creating its folder."""
+  """Writes `data` to a local path or URL (hmdlm_jax/storage.py), creating its folder; fenced
+  (lease.check_held: a run whose lease was taken over writes no picture)."""
+  lease.check_held()
   path = storage.absolute(path)
   storage.makedirs(os.path.dirname(path))
   storage.write_bytes(path, data)

@@ -108,10 +108,13 @@ def test_a_dead_pid_elsewhere_proves_nothing(tmp_path, capsys, fields):
 
 def test_a_lost_lease_fences_every_writer(tmp_path, capsys):
   """Taken over while this run stalled: the heartbeat marks it lost, and the metrics writer,
-  the run record and a checkpoint save raise LeaseLost before writing anything."""
+  the run record, a checkpoint save and the eval / sample outputs (reports, samples, pictures)
+  raise LeaseLost before writing anything."""
   import ml_collections  # pylint: disable=g-import-not-at-top
   from hmdlm_jax import metrics as metrics_lib  # pylint: disable=g-import-not-at-top
+  from hmdlm_jax import visualize  # pylint: disable=g-import-not-at-top
   from hmdlm_jax import workdir as workdir_lib  # pylint: disable=g-import-not-at-top
+  from hmdlm_jax.evaluation import reports  # pylint: disable=g-import-not-at-top
   with lease.hold(str(tmp_path), lease.TRAIN_LEASE, '--workdir') as held:
     writer = metrics_lib.MetricsWriter(str(tmp_path), tensorboard=False)
     writer.write(1, 'train', {'loss': 1.0})
@@ -129,6 +132,13 @@ def test_a_lost_lease_fences_every_writer(tmp_path, capsys):
     with pytest.raises(lease.LeaseLost):
       workdir_lib.start_run(ml_collections.ConfigDict({'seed': 0}), str(tmp_path), 'train',
                             workdir=str(tmp_path), step=0, write_config=True)
+    # An eval / sample run's outputs: its report, its samples, its pictures.
+    with pytest.raises(lease.LeaseLost):
+      reports.write_json(str(tmp_path / 'eval_2.json'), {'x': 1.0})
+    with pytest.raises(lease.LeaseLost):
+      reports.write_jsonl(str(tmp_path / 'samples_2.jsonl'), [{'x': 1}])
+    with pytest.raises(lease.LeaseLost):
+      visualize.write_bytes(str(tmp_path / 'pictures' / 'a.png'), b'png')
     assert dir_hash(str(tmp_path)) == before
     writer.close()
     ckpt.close()

@@ -14,6 +14,7 @@ from typing import Any, Iterable, Mapping, Sequence
 import jax
 import numpy as np
 
+from hmdlm_jax import lease
 from hmdlm_jax import metrics as metrics_lib
 from hmdlm_jax import storage
 
@@ -123,17 +124,19 @@ def json_safe(o: Any) -> Any:
 
 
 def write_json(path: str, obj: Any) -> None:
-  """Atomic JSON write (storage.write_text); process 0 only."""
+  """Atomic JSON write (storage.write_text); process 0 only; fenced (lease.check_held)."""
   if jax.process_index() != 0:
     return
+  lease.check_held()
   storage.makedirs(os.path.dirname(storage.absolute(path)))
   storage.write_text(path, json.dumps(json_safe(obj), indent=2, allow_nan=False))
 
 
 def write_jsonl(path: str, records: Iterable[Mapping[str, Any]]) -> None:
-  """One JSON object per line, written atomically; process 0 only."""
+  """One JSON object per line, written atomically; process 0 only; fenced (lease.check_held)."""
   if jax.process_index() != 0:
     return
+  lease.check_held()
   storage.makedirs(os.path.dirname(storage.absolute(path)))
   storage.write_text(path, ''.join(json.dumps(json_safe(r), allow_nan=False) + '\n'
                                    for r in records))
