@@ -175,8 +175,9 @@ class Checkpointer:
     # So `_writing` is also the step whose manifest the callback writes.
     self.wait()
     # Fenced: the lease file itself is read (not only the heartbeat's flag), so a run whose lease
-    # was taken over while it stalled saves nothing more (docs/design.md, "Leases").
-    lease_lib.check_held(direct=True)
+    # was taken over while it stalled saves nothing more; every process stops, not only process 0,
+    # which holds the lease (docs/design.md, "Leases").
+    lease_lib.check_held_everywhere()
     self._writing = int(step)
     with self._naming_refused_writes():
       self._mngr.save(int(step), args=args, force=True)

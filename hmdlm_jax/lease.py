@@ -314,6 +314,20 @@ def refuse_if_held(directory: str, name: str, flag: str) -> None:
     raise LeaseError(message)
 
 
+def check_held_everywhere() -> None:
+  """`check_held(direct=True)` on process 0, its outcome on every process (one collective, which
+  every process must reach: a checkpoint save): LeaseLost on all of them alike."""
+  message = ''
+  if jax.process_index() == 0:
+    try:
+      check_held(direct=True)
+    except LeaseLost as e:
+      message = str(e)
+  message = _agree(message)
+  if message:
+    raise LeaseLost(message)
+
+
 def acquire(directory: str, name: str, flag: str, *, heartbeat_s: float | None = None,
             stale_s: float | None = None) -> Lease:
   """Takes the lease DIRECTORY/NAME (the directory is created); LeaseError when a live run holds

@@ -123,7 +123,7 @@ def test_a_lost_lease_fences_every_writer(tmp_path, capsys):
     _lease_file(tmp_path, host='other-host', pid=7)  # another run took it over
     before = dir_hash(str(tmp_path))
     with pytest.raises(lease.LeaseLost) as e:  # read directly: no beat has run yet
-      ckpt.save(2, {'x': 1}, None)
+      ckpt.save(2, {'x': 1}, None)  # lease.check_held_everywhere: process 0's outcome for all
     assert held.lost is not None
     assert ("lost its lease to another run (host other-host, pid 7, heartbeat 0 s ago; "
             f"{held.path}): stopped before writing;") in str(e.value)
@@ -491,3 +491,26 @@ def test_every_process_of_a_second_job_is_refused(tmp_path, puzzle_cache, jax_ca
     lines.append(errors[0])
   assert lines[0] == lines[1] and 'is in use by another run (host other-host, pid 1' in lines[0]
   assert dir_hash(str(workdir)) == before
+
+
+def test_the_save_check_is_agreed_by_every_process(tmp_path, monkeypatch):
+  """check_held_everywhere broadcasts process 0's outcome (lease._agree, one collective): a peer,
+  which holds no lease, raises process 0's LeaseLost; while the lease is held nobody raises."""
+  sent: list[str] = []  # what process 0 broadcast; a peer receives the last of it
+
+  def agree(message: str) -> str:
+    if lease.jax.process_index() == 0:
+      sent.append(message)
+    return sent[-1]
+
+  monkeypatch.setattr(lease, '_agree', agree)
+  with lease.hold(str(tmp_path), lease.TRAIN_LEASE, '--workdir'):
+    lease.check_held_everywhere()
+    assert sent == ['', '']  # the lease taken (hold), then the save's check: both fine
+    _lease_file(tmp_path, host='other-host', pid=7)
+    with pytest.raises(lease.LeaseLost, match='host other-host, pid 7'):
+      lease.check_held_everywhere()
+    monkeypatch.setattr(lease.jax, 'process_index', lambda: 1)  # a peer: no lease of its own
+    with pytest.raises(lease.LeaseLost, match='host other-host, pid 7'):
+      lease.check_held_everywhere()
+    monkeypatch.undo()
