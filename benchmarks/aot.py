@@ -292,10 +292,10 @@ def table(records: list[dict[str, Any]]) -> str:
 # ----------------------------------------------------------------------------- TPU (compile-only)
 
 # Published per-chip peak dense bf16 FLOP/s, HBM bandwidth (bytes/s) and HBM capacity (bytes);
-# sources in benchmarks/README.md ("TPU AOT"). The compile-only client shows v4 as two devices per
-# chip (its TensorCores, no megacore), so a v4 device gets half of each per-chip figure.
+# sources in benchmarks/README.md ("TPU AOT"). v4 is compiled in megacore mode, one device per chip
+# as JAX runs it (jax.make_mesh refuses a v4 mesh of TensorCores).
 TPU_CHIPS: dict[str, dict[str, float]] = {
-    'v4': dict(flops=275e12, hbm=1.2e12, mem=32 * 2**30, devices_per_chip=2),
+    'v4': dict(flops=275e12, hbm=1.2e12, mem=32 * 2**30, devices_per_chip=1),
     'v5e': dict(flops=197e12, hbm=819e9, mem=16 * 2**30, devices_per_chip=1),
     'v5p': dict(flops=459e12, hbm=2.765e12, mem=95 * 2**30, devices_per_chip=1),
     'v6e': dict(flops=918e12, hbm=1.64e12, mem=32 * 2**30, devices_per_chip=1),
@@ -354,6 +354,8 @@ def tpu_topology(topology: str) -> Any:
   kw = {}
   if topology_devices(topology) < 4:  # libtpu's default host bounds are 2x2x1 chips
     kw['chips_per_host_bounds'] = [int(x) for x in (topology.split(':')[1].split('x') + ['1'])[:3]]
+  if tpu_generation(topology) == 'v4':
+    kw['chip_config_name'] = 'megacore'  # one device per chip (MaxText's setting for v4)
   return topologies.get_topology_desc(platform='tpu', topology_name=topology, **kw)
 
 

@@ -86,7 +86,7 @@ def test_the_model_flops_are_the_configs_count(tiny_cells):
 
 def test_the_roofline_is_the_hand_computation():
   """t = max(flops / peak, bytes / HBM bandwidth) per device from the published per-chip peaks;
-  a v4 device is half a chip; a non-positive optimal_seconds is dropped."""
+  a v4 device is a whole chip (megacore); a non-positive optimal_seconds is dropped."""
   rec = {'topology': 'v5e:2x4', 'devices': 8, 'batch': 512, 'seq_len': 128,
          'xla_flops_per_device': 1.97e12, 'xla_bytes_accessed_per_device': 16.38e9,
          'xla_optimal_seconds': -3.0, 'model_flops_per_step': 8 * 0.5 * 1.97e12,
@@ -99,23 +99,23 @@ def test_the_roofline_is_the_hand_computation():
   assert rf['tokens_per_s_per_chip'] == pytest.approx(512 * 128 / 0.020 / 8)
   assert rf['optimal_seconds'] is None
   assert rf['peak_fraction'] == pytest.approx(0.5) and rf['fits']
-  rec.update(topology='v4:2x2x2', devices=16, xla_optimal_seconds=0.5,
-             memory={'peak_bytes': 15 * 2**30})
+  rec.update(topology='v4:2x2x2', devices=8, xla_optimal_seconds=0.5,
+             memory={'peak_bytes': 30 * 2**30})
   rf = aot.tpu_roofline(rec)
-  assert rf['t_compute_s'] == pytest.approx(1.97e12 / 137.5e12)
-  assert rf['t_memory_s'] == pytest.approx(16.38e9 / 0.6e12)
-  assert rf['device_hbm_bytes'] == 16 * 2**30 and not rf['fits']  # 15 of 16 GiB: < 10% free
+  assert rf['t_compute_s'] == pytest.approx(1.97e12 / 275e12)
+  assert rf['t_memory_s'] == pytest.approx(16.38e9 / 1.2e12)
+  assert rf['device_hbm_bytes'] == 32 * 2**30 and not rf['fits']  # 30 of 32 GiB: < 10% free
   assert rf['optimal_seconds'] == 0.5
   assert rf['tokens_per_s_per_chip'] == pytest.approx(512 * 128 / rf['step_s'] / 8)
   # XLA counts a micro-batch loop's body once: no roofline for train.grad_accum > 1
   rec.update(step='train', grad_accum=4)
   rf = aot.tpu_roofline(rec)
-  assert rf['step_s'] is None and 'mfu' not in rf and rf['device_hbm_bytes'] == 16 * 2**30
+  assert rf['step_s'] is None and 'mfu' not in rf and rf['device_hbm_bytes'] == 32 * 2**30
 
 
 def test_topology_names_and_meshes():
   assert aot.topology_devices('v5e:16x16') == 256 and aot.topology_devices('v5p:4x8x8') == 256
-  assert aot.topology_devices('v4:2x2x2') == 16  # two TensorCores per chip
+  assert aot.topology_devices('v4:2x2x2') == 8  # megacore: one device per chip
   assert aot.mesh_shape('data', 8) == (8, 1, 1) and aot.mesh_shape('1.2.4', 8) == (1, 2, 4)
   with pytest.raises(ValueError):
     aot.mesh_shape('2.2.1', 8)
